@@ -1,0 +1,219 @@
+"""Attention masks, multi-head scaled dot-product attention, and its explicit key/value cache.
+
+Shape letters, used the same way in every module of the package:
+  B batch, S source length, T target (query) length, D model dim (`emb_dim`), N heads,
+  H head dim (D / N), F feed-forward dim, V vocabulary, K beams, L cache length (max decode length).
+Masks are boolean, True where attention is allowed, shaped [B, 1, T, S] (broadcast over heads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+
+# --------------------------------------------------------------------------------------------
+# Masks
+# --------------------------------------------------------------------------------------------
+def padding_mask(query_valid: Array, key_valid: Array) -> Array:
+  """Allows attention between real (non-padding) positions only.
+
+  Args:
+    query_valid: bool [B, T], True at real query positions.
+    key_valid: bool [B, S], True at real key positions.
+  Returns:
+    bool [B, 1, T, S].
+  """
+  return query_valid[:, None, :, None] & key_valid[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+  """bool [1, 1, T, T]: query t may look at keys 0..t (never ahead)."""
+  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def segment_mask(query_segments: Array, key_segments: Array) -> Array:
+  """Keeps packed examples apart: attention only within the same segment id.
+
+  Example: one packed row with segments [1, 1, 2, 2, 0] lets positions 0-1 see each other and
+  positions 2-3 see each other; position 4 (padding, segment 0) matches only other padding,
+  which the padding mask removes.
+
+  Args:
+    query_segments: int [B, T]; key_segments: int [B, S].
+  Returns:
+    bool [B, 1, T, S].
+  """
+  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+  """Logical AND of the masks that are not None (None when all are None)."""
+  present = [m for m in masks if m is not None]
+  if not present:
+    return None
+  combined = present[0]
+  for mask in present[1:]:
+    combined = combined & mask
+  return combined
+
+
+# --------------------------------------------------------------------------------------------
+# Scaled dot-product attention
+# --------------------------------------------------------------------------------------------
+def scaled_dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    implementation: str | None = None,
+) -> Array:
+  """softmax(Q K^T / sqrt(H) + mask) V, per head.
+
+  Without attention dropout this is `jax.nn.dot_product_attention` (the cuDNN fused kernel on
+  GPU when `implementation="cudnn"` or when XLA picks it). With dropout on the attention weights
+  (training only) the weights are materialised, since the fused kernels do not drop them.
+
+  Args:
+    query: [B, T, N, H]; key, value: [B, S, N, H].
+    mask: bool, broadcastable to [B, N, T, S]; True where attention is allowed.
+    dropout_rate: probability of dropping an attention weight; needs `dropout_rng` when > 0.
+    implementation: None (XLA decides), "xla" or "cudnn".
+  Returns:
+    [B, T, N, H] in the query's dtype.
+  """
+  if dropout_rate == 0.0:
+    return jax.nn.dot_product_attention(
+        query, key, value, mask=mask, implementation=implementation)
+  head_dim = query.shape[-1]
+  # [B, N, T, S]
+  logits = jnp.einsum("btnh,bsnh->bnts", query, key).astype(jnp.float32)
+  logits = logits / jnp.sqrt(jnp.float32(head_dim))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+  weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(value.dtype)
+  # [B, T, N, H]
+  return jnp.einsum("bnts,bsnh->btnh", weights, value)
+
+
+# --------------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------------
+@flax.struct.dataclass
+class KeyValues:
+  """Projected keys and values of one attention layer."""
+
+  keys: Array  # [B, L or S, N, H]
+  values: Array  # [B, L or S, N, H]
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-head attention
+# --------------------------------------------------------------------------------------------
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention: heads of Q = X W_Q, K = X W_K, V = X W_V, concatenated, then W_O.
+
+  The projections carry no bias, as in the paper's equations. Kernels are stored per head
+  ([D, N, H] and [N, H, D]) with logical axis names for sharding.
+  """
+
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+  implementation: str | None = None
+
+  def setup(self):
+    init = nn.initializers.xavier_uniform()
+    projection = dict(
+        features=(self.num_heads, self.head_dim), use_bias=False, dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=nn.with_logical_partitioning(init, ("embed", "heads", "kv")))
+    self.query = nn.DenseGeneral(**projection)
+    self.key = nn.DenseGeneral(**projection)
+    self.value = nn.DenseGeneral(**projection)
+    self.output = nn.DenseGeneral(
+        features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=False,
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=nn.with_logical_partitioning(init, ("heads", "kv", "embed")))
+
+  def __call__(self, queries_from: Array, keys_from: Array, mask: Array | None, *,
+               train: bool = False) -> Array:
+    """Attends from `queries_from` [B, T, D] to `keys_from` [B, S, D]; returns [B, T, D]."""
+    return self.attend(queries_from, self.project_keys_values(keys_from), mask, train=train)
+
+  def project_keys_values(self, keys_from: Array) -> KeyValues:
+    """[B, S, D] -> keys and values [B, S, N, H]."""
+    return KeyValues(keys=self.key(keys_from), values=self.value(keys_from))
+
+  def attend(self, queries_from: Array, key_values: KeyValues, mask: Array | None, *,
+             train: bool = False) -> Array:
+    """Attends from `queries_from` [B, T, D] to precomputed keys/values; returns [B, T, D]."""
+    query = self.query(queries_from)  # [B, T, N, H]
+    dropout_rate = self.dropout_rate if train else 0.0
+    rng = self.make_rng("dropout") if dropout_rate > 0 else None
+    attended = scaled_dot_product_attention(
+        query, key_values.keys.astype(query.dtype), key_values.values.astype(query.dtype), mask,
+        dropout_rate=dropout_rate, dropout_rng=rng, implementation=self.implementation)
+    return self.output(attended)  # [B, T, D]
+
+  def attend_grouped(self, queries_from: Array, key_values: KeyValues,
+                     key_mask: Array) -> Array:
+    """Cross-attention for decoding, with keys/values shared by groups of query rows.
+
+    Query row r belongs to key row r // K, with K = query rows / key rows: the K beams of one
+    sentence attend to that sentence's keys/values, which are never copied per beam.
+
+    Args:
+      queries_from: [B*K, 1, D], one decoding step for every beam.
+      key_values: keys/values [B, S, N, H].
+      key_mask: bool [B, S], True at real source positions.
+    Returns:
+      [B*K, 1, D].
+    """
+    rows = queries_from.shape[0]
+    batch = key_values.keys.shape[0]
+    beams = rows // batch
+    query = self.query(queries_from)  # [B*K, 1, N, H]
+    # The K beams of a sentence become K query positions of that sentence: [B, K, N, H].
+    query = query.reshape(batch, beams, self.num_heads, self.head_dim)
+    mask = key_mask[:, None, None, :]  # [B, 1, 1, S]
+    attended = jax.nn.dot_product_attention(
+        query, key_values.keys.astype(query.dtype), key_values.values.astype(query.dtype),
+        mask=mask, implementation=self.implementation)  # [B, K, N, H]
+    attended = attended.reshape(rows, 1, self.num_heads, self.head_dim)
+    return self.output(attended)  # [B*K, 1, D]
+
+  def attend_cached(self, queries_from: Array, cache: KeyValues,
+                    index: Array) -> tuple[Array, KeyValues]:
+    """Causal self-attention for one decoding step, writing this step into the cache in place.
+
+    Args:
+      queries_from: [B, 1, D], the current position of every row.
+      cache: keys/values [B, L, N, H]; positions >= `index` are not yet written.
+      index: int32 scalar, the position being decoded (the same for all rows).
+    Returns:
+      ([B, 1, D], the cache with position `index` written).
+    """
+    new = self.project_keys_values(queries_from)  # [B, 1, N, H]
+    start = (0, index, 0, 0)
+    cache = KeyValues(
+        keys=jax.lax.dynamic_update_slice(cache.keys, new.keys.astype(cache.keys.dtype), start),
+        values=jax.lax.dynamic_update_slice(
+            cache.values, new.values.astype(cache.values.dtype), start))
+    cache_length = cache.keys.shape[1]
+    mask = (jnp.arange(cache_length) <= index)[None, None, None, :]  # [1, 1, 1, L]
+    return self.attend(queries_from, cache, mask), cache

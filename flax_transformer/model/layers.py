@@ -1,0 +1,131 @@
+"""Building blocks around attention: embeddings, positional encodings, the feed-forward network,
+and the residual + LayerNorm connection. Shape letters as in `attention.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer.config import ModelConfig
+
+Array = jax.Array
+
+
+def sinusoidal_positions(max_len: int, dim: int) -> np.ndarray:
+  """The paper's encodings: PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(same).
+
+  Returns:
+    float32 [max_len, D], sines at even and cosines at odd features.
+  """
+  positions = np.arange(max_len, dtype=np.float64)[:, None]  # [max_len, 1]
+  even_features = np.arange(0, dim, 2, dtype=np.float64)  # 2i
+  angles = positions / np.power(10000.0, even_features / dim)  # [max_len, ceil(D/2)]
+  table = np.zeros((max_len, dim), dtype=np.float64)
+  table[:, 0::2] = np.sin(angles)
+  table[:, 1::2] = np.cos(angles[:, : dim // 2])
+  return table.astype(np.float32)
+
+
+class Embedder(nn.Module):
+  """Token embeddings scaled by sqrt(D), and (tied) logits from the same table."""
+
+  vocab_size: int
+  emb_dim: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    # stddev D^-0.5 makes the scaled embedding sqrt(D) * E[id] unit-variance.
+    init = nn.initializers.normal(stddev=self.emb_dim**-0.5)
+    self.table = self.param(
+        "embedding", nn.with_logical_partitioning(init, ("vocab", "embed")),
+        (self.vocab_size, self.emb_dim), self.param_dtype)
+
+  def __call__(self, ids: Array) -> Array:
+    """int [B, T] -> [B, T, D], multiplied by sqrt(D) as in the paper."""
+    embedded = jnp.take(self.table, ids, axis=0).astype(self.dtype)
+    return embedded * jnp.sqrt(jnp.asarray(self.emb_dim, self.dtype))
+
+  def logits(self, x: Array) -> Array:
+    """[B, T, D] -> [B, T, V], the output projection tied to this table (no scaling, no bias)."""
+    return jnp.einsum("btd,vd->btv", x, self.table.astype(self.dtype))
+
+
+class PositionalEncoding(nn.Module):
+  """Adds position information: fixed sinusoids (the paper) or a learned table."""
+
+  kind: str
+  max_len: int
+  emb_dim: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, positions: Array) -> Array:
+    """int [B, T] positions -> [B, T, D] encodings."""
+    if self.kind == "sinusoidal":
+      table = jnp.asarray(sinusoidal_positions(self.max_len, self.emb_dim))
+    else:
+      table = self.param(
+          "position_embedding",
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+          (self.max_len, self.emb_dim), self.param_dtype)
+    return jnp.take(table, positions, axis=0).astype(self.dtype)
+
+
+class FeedForward(nn.Module):
+  """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+  mlp_dim: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """[B, T, D] -> [B, T, D]."""
+    emb_dim = x.shape[-1]
+    init = nn.initializers.xavier_uniform()
+    hidden = nn.Dense(
+        self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wi",
+        kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
+    hidden = nn.relu(hidden)  # [B, T, F]
+    return nn.Dense(
+        emb_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wo",
+        kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(hidden)
+
+
+def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
+  """LayerNorm over D with a learned scale and bias, statistics in float32."""
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
+      param_dtype=config.parameter_dtype, name=name,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+def residual(x: Array, sublayer: Callable[[Array], tuple[Array, Any]], norm: nn.LayerNorm,
+             dropout: nn.Dropout, *, pre_norm: bool, train: bool) -> tuple[Array, Any]:
+  """Residual connection and LayerNorm around one sub-layer f, which returns (y, extra).
+
+  post-norm (the paper): LayerNorm(x + Dropout(f(x))).
+  pre-norm:              x + Dropout(f(LayerNorm(x))).
+  `extra` (e.g. an updated cache) is passed through untouched.
+
+  Args:
+    x: [B, T, D].
+  Returns:
+    ([B, T, D], extra).
+  """
+  if pre_norm:
+    y, extra = sublayer(norm(x))
+    return x + dropout(y, deterministic=not train), extra
+  y, extra = sublayer(x)
+  return norm(x + dropout(y, deterministic=not train)), extra

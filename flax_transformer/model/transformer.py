@@ -1,0 +1,328 @@
+"""The encoder-decoder Transformer: encoder and decoder stacks, teacher-forced logits, and the
+explicit cache for step-by-step decoding. Shape letters as in `attention.py`.
+
+Decoding uses three calls, each a method of `Transformer` run through `model.apply`:
+  encoded = encode(inputs)                                  # once per batch
+  cross = precompute_cross_attention(encoded, inputs)       # cross-attention K/V, once per batch
+  cache = init_cache(batch_size, max_decode_len)            # empty self-attention K/V
+  logits, cache = decode_step(ids, cache, cross)            # once per output position
+`cross` leads with B and is shared by all K beams of a sentence; `cache` leads with B*K.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from flax_transformer.config import ModelConfig
+from flax_transformer.model.attention import (
+    KeyValues,
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    segment_mask,
+)
+from flax_transformer.model.layers import (
+    Embedder,
+    FeedForward,
+    PositionalEncoding,
+    layer_norm,
+    residual,
+)
+
+Array = jax.Array
+
+# The decoder's first input: position t reads targets[t - 1], position 0 reads this id (padding).
+DECODER_START_ID = 0
+
+
+@flax.struct.dataclass
+class DecoderCache:
+  """Self-attention keys/values of the tokens decoded so far."""
+
+  self_attention: tuple[KeyValues, ...]  # one per decoder layer, [B, L, N, H]
+  index: Array  # int32 []: the next position to decode, the same for all rows
+
+
+@flax.struct.dataclass
+class CrossAttentionCache:
+  """Cross-attention keys/values, computed once from the encoder output."""
+
+  layers: tuple[KeyValues, ...]  # one per decoder layer, [B, S, N, H]
+  source_mask: Array  # bool [B, S], True at real source tokens
+
+
+def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
+  """The decoder's inputs: targets moved one step right, `DECODER_START_ID` first.
+
+  With packed rows every example restarts: targets [a b c d] with segments [1 1 2 2] become
+  [0 a 0 c].
+
+  Args:
+    targets: int [B, T]; segment_ids: int [B, T] or None.
+  Returns:
+    int [B, T].
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
+  if segment_ids is not None:
+    previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segment_ids != previous, DECODER_START_ID, shifted)
+  return shifted
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_decode_len: int) -> DecoderCache:
+  """An empty decoder cache for `batch_size` rows and up to `max_decode_len` positions."""
+  if max_decode_len > config.max_len:
+    raise ValueError(
+        f"max_decode_len ({max_decode_len}) exceeds the model's max_len ({config.max_len}).")
+  shape = (batch_size, max_decode_len, config.num_heads, config.head_dim)  # [B, L, N, H]
+  empty = KeyValues(keys=jnp.zeros(shape, config.compute_dtype),
+                    values=jnp.zeros(shape, config.compute_dtype))
+  return DecoderCache(
+      self_attention=tuple(empty for _ in range(config.num_decoder_layers)),
+      index=jnp.zeros((), jnp.int32))
+
+
+def _attention(config: ModelConfig) -> MultiHeadAttention:
+  return MultiHeadAttention(
+      num_heads=config.num_heads, head_dim=config.head_dim,
+      dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
+      param_dtype=config.parameter_dtype, implementation=config.attention_implementation)
+
+
+def _default_positions(ids: Array) -> Array:
+  return jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention, then the feed-forward network, each inside residual + LayerNorm."""
+
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    self.self_attention = _attention(c)
+    self.self_attention_norm = layer_norm(c)
+    self.feed_forward = FeedForward(c.mlp_dim, c.compute_dtype, c.parameter_dtype)
+    self.feed_forward_norm = layer_norm(c)
+    self.dropout = nn.Dropout(c.dropout_rate)
+
+  def __call__(self, x: Array, mask: Array | None, *, train: bool = False) -> Array:
+    """x [B, S, D], mask bool [B, 1, S, S] -> [B, S, D]."""
+    block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=train)
+    x, _ = residual(x, lambda h: (self.self_attention(h, h, mask, train=train), None),
+                    self.self_attention_norm, **block)
+    x, _ = residual(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, **block)
+    return x
+
+
+class DecoderLayer(nn.Module):
+  """Causal self-attention, cross-attention to the encoder output, then the FFN."""
+
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    self.self_attention = _attention(c)
+    self.self_attention_norm = layer_norm(c)
+    self.cross_attention = _attention(c)
+    self.cross_attention_norm = layer_norm(c)
+    self.feed_forward = FeedForward(c.mlp_dim, c.compute_dtype, c.parameter_dtype)
+    self.feed_forward_norm = layer_norm(c)
+    self.dropout = nn.Dropout(c.dropout_rate)
+
+  def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
+               cross_mask: Array | None, *, train: bool = False) -> Array:
+    """x [B, T, D], encoded [B, S, D], masks [B, 1, T, T] and [B, 1, T, S] -> [B, T, D]."""
+    block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=train)
+    x, _ = residual(x, lambda h: (self.self_attention(h, h, self_mask, train=train), None),
+                    self.self_attention_norm, **block)
+    x, _ = residual(
+        x, lambda h: (self.cross_attention(h, encoded, cross_mask, train=train), None),
+        self.cross_attention_norm, **block)
+    x, _ = residual(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, **block)
+    return x
+
+  def cross_key_values(self, encoded: Array) -> KeyValues:
+    """Projects the encoder output [B, S, D] to this layer's cross-attention K/V [B, S, N, H]."""
+    return self.cross_attention.project_keys_values(encoded)
+
+  def decode_step(self, x: Array, cache: KeyValues, index: Array, cross: KeyValues,
+                  source_mask: Array) -> tuple[Array, KeyValues]:
+    """One position: x [B*K, 1, D], cache [B*K, L, N, H], cross [B, S, N, H] -> [B*K, 1, D]."""
+    block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=False)
+    x, cache = residual(x, lambda h: self.self_attention.attend_cached(h, cache, index),
+                        self.self_attention_norm, **block)
+    x, _ = residual(
+        x, lambda h: (self.cross_attention.attend_grouped(h, cross, source_mask), None),
+        self.cross_attention_norm, **block)
+    x, _ = residual(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, **block)
+    return x, cache
+
+
+class Encoder(nn.Module):
+  """Scaled embeddings + positions, dropout, then the stack of encoder layers."""
+
+  config: ModelConfig
+  embedder: Embedder
+
+  def setup(self):
+    c = self.config
+    self.positional_encoding = PositionalEncoding(
+        c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype)
+    distinct = 1 if c.share_layer_weights else c.num_encoder_layers
+    self.layers = [EncoderLayer(c) for _ in range(distinct)]
+    self.dropout = nn.Dropout(c.dropout_rate)
+    if c.norm_placement == "pre":
+      self.final_norm = layer_norm(c)
+
+  def __call__(self, inputs: Array, positions: Array, mask: Array | None, *,
+               train: bool = False) -> Array:
+    """inputs int [B, S], positions int [B, S], mask [B, 1, S, S] -> [B, S, D]."""
+    x = self.embedder(inputs) + self.positional_encoding(positions)
+    x = self.dropout(x, deterministic=not train)
+    for depth in range(self.config.num_encoder_layers):
+      x = self.layers[depth % len(self.layers)](x, mask, train=train)
+    if self.config.norm_placement == "pre":
+      x = self.final_norm(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Target embeddings + positions, the decoder layers, and the output projection."""
+
+  config: ModelConfig
+  embedder: Embedder
+
+  def setup(self):
+    c = self.config
+    self.positional_encoding = PositionalEncoding(
+        c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype)
+    distinct = 1 if c.share_layer_weights else c.num_decoder_layers
+    self.layers = [DecoderLayer(c) for _ in range(distinct)]
+    self.dropout = nn.Dropout(c.dropout_rate)
+    if c.norm_placement == "pre":
+      self.final_norm = layer_norm(c)
+    if not c.tie_output_projection:
+      self.output_projection = nn.DenseGeneral(
+          c.vocab_size, use_bias=False, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
+          kernel_init=nn.with_logical_partitioning(
+              nn.initializers.xavier_uniform(), ("embed", "vocab")))
+
+  def __call__(self, decoder_inputs: Array, positions: Array, encoded: Array,
+               self_mask: Array | None, cross_mask: Array | None, *,
+               train: bool = False) -> Array:
+    """Teacher-forced: decoder_inputs int [B, T], encoded [B, S, D] -> logits float32 [B, T, V]."""
+    x = self.embedder(decoder_inputs) + self.positional_encoding(positions)
+    x = self.dropout(x, deterministic=not train)
+    for depth in range(self.config.num_decoder_layers):
+      x = self.layers[depth % len(self.layers)](x, encoded, self_mask, cross_mask, train=train)
+    return self._logits(x)
+
+  def _logits(self, x: Array) -> Array:
+    """[B, T, D] -> float32 [B, T, V]."""
+    if self.config.norm_placement == "pre":
+      x = self.final_norm(x)
+    if self.config.tie_output_projection:
+      logits = self.embedder.logits(x)
+    else:
+      logits = self.output_projection(x)
+    return logits.astype(jnp.float32)
+
+  def cross_attention_cache(self, encoded: Array, source_mask: Array) -> CrossAttentionCache:
+    """Cross-attention K/V of every layer from encoded [B, S, D], computed once."""
+    distinct = [layer.cross_key_values(encoded) for layer in self.layers]
+    return CrossAttentionCache(
+        layers=tuple(distinct[d % len(distinct)] for d in range(self.config.num_decoder_layers)),
+        source_mask=source_mask)
+
+  def decode_step(self, ids: Array, cache: DecoderCache,
+                  cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
+    """ids int [B*K, 1] at position `cache.index` -> (logits float32 [B*K, V], cache)."""
+    positions = jnp.full(ids.shape, cache.index, jnp.int32)  # [B*K, 1]
+    x = self.embedder(ids) + self.positional_encoding(positions)
+    new_self_attention = []
+    for depth in range(self.config.num_decoder_layers):
+      layer = self.layers[depth % len(self.layers)]
+      x, layer_cache = layer.decode_step(
+          x, cache.self_attention[depth], cache.index, cross.layers[depth], cross.source_mask)
+      new_self_attention.append(layer_cache)
+    logits = self._logits(x)[:, 0]  # [B*K, V]
+    return logits, DecoderCache(self_attention=tuple(new_self_attention), index=cache.index + 1)
+
+
+class Transformer(nn.Module):
+  """The encoder-decoder Transformer of Vaswani et al. (2017).
+
+  `apply(variables, inputs, targets)` gives logits [B, T, V] where position t is the
+  distribution of targets[:, t] given the inputs and targets[:, :t]. Id 0 is padding.
+  `train=True` turns dropout on (pass `rngs={"dropout": key}`).
+  """
+
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    embedder = dict(vocab_size=c.vocab_size, emb_dim=c.emb_dim, dtype=c.compute_dtype,
+                    param_dtype=c.parameter_dtype)
+    self.embedder = Embedder(**embedder)  # Source (and, when shared, target) embeddings.
+    if not c.share_embeddings:
+      self.target_embedder = Embedder(**embedder)
+    target_embedder = self.embedder if c.share_embeddings else self.target_embedder
+    self.encoder = Encoder(c, self.embedder)
+    self.decoder = Decoder(c, target_embedder)
+
+  def __call__(self, inputs: Array, targets: Array, *, inputs_segment_ids: Array | None = None,
+               targets_segment_ids: Array | None = None, inputs_positions: Array | None = None,
+               targets_positions: Array | None = None, train: bool = False) -> Array:
+    """inputs int [B, S], targets int [B, T] (+ packing metadata) -> logits float32 [B, T, V]."""
+    encoded = self.encode(inputs, inputs_segment_ids=inputs_segment_ids,
+                          inputs_positions=inputs_positions, train=train)
+    return self.decode_logits(
+        encoded, inputs, targets, inputs_segment_ids=inputs_segment_ids,
+        targets_segment_ids=targets_segment_ids, targets_positions=targets_positions,
+        train=train)
+
+  def encode(self, inputs: Array, *, inputs_segment_ids: Array | None = None,
+             inputs_positions: Array | None = None, train: bool = False) -> Array:
+    """inputs int [B, S] -> encoder output [B, S, D]."""
+    valid = inputs > 0
+    mask = combine_masks(
+        padding_mask(valid, valid),
+        None if inputs_segment_ids is None else segment_mask(inputs_segment_ids,
+                                                             inputs_segment_ids))
+    positions = _default_positions(inputs) if inputs_positions is None else inputs_positions
+    return self.encoder(inputs, positions, mask, train=train)
+
+  def decode_logits(self, encoded: Array, inputs: Array, targets: Array, *,
+                    inputs_segment_ids: Array | None = None,
+                    targets_segment_ids: Array | None = None,
+                    targets_positions: Array | None = None, train: bool = False) -> Array:
+    """Teacher-forced decoder: encoded [B, S, D], targets int [B, T] -> logits [B, T, V]."""
+    target_valid, source_valid = targets > 0, inputs > 0
+    packed = targets_segment_ids is not None and inputs_segment_ids is not None
+    self_mask = combine_masks(
+        padding_mask(target_valid, target_valid), causal_mask(targets.shape[1]),
+        segment_mask(targets_segment_ids, targets_segment_ids) if packed else None)
+    cross_mask = combine_masks(
+        padding_mask(target_valid, source_valid),
+        segment_mask(targets_segment_ids, inputs_segment_ids) if packed else None)
+    positions = _default_positions(targets) if targets_positions is None else targets_positions
+    decoder_inputs = shift_right(targets, targets_segment_ids)
+    return self.decoder(decoder_inputs, positions, encoded, self_mask, cross_mask, train=train)
+
+  def precompute_cross_attention(self, encoded: Array, inputs: Array) -> CrossAttentionCache:
+    """Cross-attention K/V of every decoder layer, from encoded [B, S, D] and inputs [B, S]."""
+    return self.decoder.cross_attention_cache(encoded, inputs > 0)
+
+  def init_cache(self, batch_size: int, max_decode_len: int) -> DecoderCache:
+    """An empty self-attention cache (see the module-level `init_cache`)."""
+    return init_cache(self.config, batch_size, max_decode_len)
+
+  def decode_step(self, ids: Array, cache: DecoderCache,
+                  cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
+    """One decoding step for every row: ids int [B*K, 1] -> (logits [B*K, V], new cache)."""
+    return self.decoder.decode_step(ids, cache, cross)

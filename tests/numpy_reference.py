@@ -1,0 +1,134 @@
+"""An independent float64 NumPy implementation of the paper's equations, for the model tests.
+
+It shares no code with `flax_transformer`; it only reads the weights out of a Flax parameter
+tree. Letters: b batch, s source length, t target length, d model dim, n heads, h head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+NEG_INF = -1e30
+
+
+def f64(tree: Any) -> Any:
+  """Every leaf of a (nested dict) parameter tree as a float64 NumPy array."""
+  if isinstance(tree, dict):
+    return {k: f64(v) for k, v in tree.items()}
+  return np.asarray(tree, dtype=np.float64)
+
+
+def sinusoids(max_len: int, dim: int) -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+  table = np.zeros((max_len, dim))
+  for pos in range(max_len):
+    for feature in range(dim):
+      i2 = feature - feature % 2
+      angle = pos / 10000 ** (i2 / dim)
+      table[pos, feature] = math.sin(angle) if feature % 2 == 0 else math.cos(angle)
+  return table
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+  x = x - x.max(axis=-1, keepdims=True)
+  e = np.exp(x)
+  return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+              keep: np.ndarray | None = None, rate: float = 0.0) -> np.ndarray:
+  """softmax(q k^T / sqrt(h) + mask) v with q [b,t,n,h], k/v [b,s,n,h], mask [b,1|n,t,s]."""
+  scores = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
+  if mask is not None:
+    scores = np.where(mask, scores, NEG_INF)
+  weights = softmax(scores)
+  if keep is not None:
+    weights = np.where(keep, weights / (1 - rate), 0.0)
+  return np.einsum("bnts,bsnh->btnh", weights, v)
+
+
+def multi_head(p: dict, x_query: np.ndarray, x_key: np.ndarray,
+               mask: np.ndarray | None) -> np.ndarray:
+  """Concat(head_1..head_n) W_O with head_i = attention(x W_Q^i, x W_K^i, x W_V^i)."""
+  q = np.einsum("btd,dnh->btnh", x_query, p["query"]["kernel"])
+  k = np.einsum("bsd,dnh->bsnh", x_key, p["key"]["kernel"])
+  v = np.einsum("bsd,dnh->bsnh", x_key, p["value"]["kernel"])
+  heads = attention(q, k, v, mask)
+  b, t, n, h = heads.shape
+  w_o = p["output"]["kernel"].reshape(n * h, -1)
+  return heads.reshape(b, t, n * h) @ w_o
+
+
+def layer_norm(p: dict, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def feed_forward(p: dict, x: np.ndarray) -> np.ndarray:
+  hidden = np.maximum(0.0, x @ p["wi"]["kernel"] + p["wi"]["bias"])
+  return hidden @ p["wo"]["kernel"] + p["wo"]["bias"]
+
+
+def sublayer(x: np.ndarray, norm: dict, fn, pre_norm: bool) -> np.ndarray:
+  if pre_norm:
+    return x + fn(layer_norm(norm, x))
+  return layer_norm(norm, x + fn(x))
+
+
+def encoder_layer(p: dict, x: np.ndarray, mask: np.ndarray, pre_norm: bool) -> np.ndarray:
+  x = sublayer(x, p["self_attention_norm"],
+               lambda h: multi_head(p["self_attention"], h, h, mask), pre_norm)
+  return sublayer(x, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h),
+                  pre_norm)
+
+
+def decoder_layer(p: dict, y: np.ndarray, memory: np.ndarray, self_mask: np.ndarray,
+                  cross_mask: np.ndarray, pre_norm: bool) -> np.ndarray:
+  y = sublayer(y, p["self_attention_norm"],
+               lambda h: multi_head(p["self_attention"], h, h, self_mask), pre_norm)
+  y = sublayer(y, p["cross_attention_norm"],
+               lambda h: multi_head(p["cross_attention"], h, memory, cross_mask), pre_norm)
+  return sublayer(y, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h),
+                  pre_norm)
+
+
+def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+  """Logits [b, t, v] of the whole model for unpacked, 0-padded inputs [b, s] and targets [b, t]."""
+  p = f64(params)
+  pre_norm = cfg.norm_placement == "pre"
+  d = cfg.emb_dim
+  source_table = p["embedder"]["embedding"]
+  target_table = source_table if cfg.share_embeddings else p["target_embedder"]["embedding"]
+
+  def positions(module: dict, length: int) -> np.ndarray:
+    if cfg.positional_encoding == "learned":
+      return module["positional_encoding"]["position_embedding"][:length]
+    return sinusoids(length, d)
+
+  def stack(module: dict, count: int, fn, x):
+    for depth in range(count):
+      name = "layers_0" if cfg.share_layer_weights else f"layers_{depth}"
+      x = fn(module[name], x)
+    return layer_norm(module["final_norm"], x) if pre_norm else x
+
+  src_valid, tgt_valid = inputs > 0, targets > 0
+  enc_mask = (src_valid[:, None, :, None] & src_valid[:, None, None, :])
+  x = source_table[inputs] * math.sqrt(d) + positions(p["encoder"], inputs.shape[1])
+  memory = stack(p["encoder"], cfg.num_encoder_layers,
+                 lambda lp, h: encoder_layer(lp, h, enc_mask, pre_norm), x)
+
+  t = targets.shape[1]
+  decoder_in = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+  causal = np.tril(np.ones((t, t), bool))[None, None]
+  self_mask = tgt_valid[:, None, :, None] & tgt_valid[:, None, None, :] & causal
+  cross_mask = tgt_valid[:, None, :, None] & src_valid[:, None, None, :]
+  y = target_table[decoder_in] * math.sqrt(d) + positions(p["decoder"], t)
+  y = stack(p["decoder"], cfg.num_decoder_layers,
+            lambda lp, h: decoder_layer(lp, h, memory, self_mask, cross_mask, pre_norm), y)
+  if cfg.tie_output_projection:
+    return y @ target_table.T
+  return y @ p["decoder"]["output_projection"]["kernel"]
