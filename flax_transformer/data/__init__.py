@@ -1,0 +1,34 @@
+"""Input pipeline: TFDS sources (WMT by name, local parallel text, the synthetic pair),
+the shared SentencePiece vocabulary, and grain pipelines of packed train and padded eval batches.
+
+  data = DataConfig.from_config(config.data)
+  tokenizer = train_or_load_tokenizer(data, workdir)
+  batches = train_iterator(data, tokenizer, process_index=..., process_count=...)
+  evals = eval_batches(data, tokenizer, data.eval_split)
+  pairs = split_texts(data, data.test_split)          # raw (source, target) text, for BLEU
+
+Special ids (PAD_ID 0, EOS_ID 1, UNK_ID 2) are defined in `tokenizer.py`.
+"""
+
+from flax_transformer.data.pipeline import (
+    DataConfig,
+    eval_batches,
+    split_texts,
+    train_dataset,
+    train_iterator,
+    train_or_load_tokenizer,
+)
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+__all__ = [
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "DataConfig",
+    "Tokenizer",
+    "eval_batches",
+    "split_texts",
+    "train_dataset",
+    "train_iterator",
+    "train_or_load_tokenizer",
+]

@@ -1,0 +1,131 @@
+"""SentencePiece tokenizer: one vocabulary shared by source and target, and the special ids.
+
+The special ids live here and nowhere else:
+
+  PAD_ID = 0  padding, and the decoder's start (BOS) token: the model shifts targets right by one
+              position and fills the first with 0, so no separate BOS piece exists.
+  EOS_ID = 1  ends every source and target sequence.
+  UNK_ID = 2  characters the vocabulary cannot spell (never produced with byte fallback).
+
+`Tokenizer.encode` returns the pieces of a sentence without EOS; the pipeline appends it.
+`Tokenizer.decode` stops at the first EOS and ignores padding, so a row of decoder output
+(`[7, 12, 1, 0, 0]`) decodes to its sentence.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+# Vocabularies at least this big reserve 256 byte pieces, so any character round-trips; smaller
+# (toy) vocabularies keep every id for real pieces.
+BYTE_FALLBACK_MIN_VOCAB = 2048
+
+VOCAB_FILENAME = "vocab.model"
+
+
+class Tokenizer:
+  """A SentencePiece model with the package's special ids (pad 0, eos 1, unk 2, no BOS)."""
+
+  def __init__(self, model_proto: bytes, path: str = ""):
+    self._proto = model_proto
+    self.path = path
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
+    if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
+      raise ValueError(
+          f"SentencePiece model {path or '<bytes>'} has (pad, eos, unk, bos) ids {ids}; this "
+          f"package needs ({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Train it with "
+          "train_or_load_tokenizer or pass pad_id=0 eos_id=1 unk_id=2 bos_id=-1.")
+
+  @classmethod
+  def load(cls, path: str | os.PathLike) -> Tokenizer:
+    """Loads a SentencePiece model file written by `train_tokenizer` (or compatible)."""
+    path = Path(path)
+    if not path.is_file():
+      raise FileNotFoundError(f"SentencePiece model not found: {path}")
+    return cls(path.read_bytes(), str(path))
+
+  @property
+  def vocab_size(self) -> int:
+    """V, the number of ids (including pad, eos and unk)."""
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without EOS."""
+    return self._sp.encode(text, out_type=int)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, without EOS (one call into SentencePiece)."""
+    return self._sp.encode(list(texts), out_type=int)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids` up to the first EOS, skipping padding."""
+    pieces = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        pieces.append(i)
+    return self._sp.decode(pieces)
+
+  def id_to_piece(self, i: int) -> str:
+    return self._sp.id_to_piece(int(i))
+
+  def __getstate__(self):  # Picklable for grain worker processes.
+    return {"proto": self._proto, "path": self.path}
+
+  def __setstate__(self, state):
+    self.__init__(state["proto"], state["path"])
+
+
+def train_tokenizer(
+    sentences: Iterable[str], *, vocab_size: int, model_type: str, path: str | os.PathLike
+) -> Tokenizer:
+  """Trains SentencePiece on `sentences` and writes the model atomically to `path`.
+
+  `vocab_size` is a soft limit (`hard_vocab_limit=False`): a small corpus that cannot fill it gets
+  a smaller vocabulary instead of an error; `Tokenizer.vocab_size` reports the real size.
+  """
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences),
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+      character_coverage=1.0,
+      byte_fallback=vocab_size >= BYTE_FALLBACK_MIN_VOCAB,
+      hard_vocab_limit=False,
+      normalization_rule_name="nmt_nfkc",
+      num_threads=1,  # Deterministic, so every process trains the same vocabulary.
+      minloglevel=2,
+  )
+  proto = model.getvalue()
+  write_atomically(Path(path), proto)
+  return Tokenizer(proto, str(path))
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+  """Writes `data` to `path` through a temporary file in the same folder and os.replace."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+  logging.info("Wrote %s (%d bytes).", path, len(data))

@@ -1,0 +1,113 @@
+"""Tests of the SentencePiece tokenizer: special ids, EOS/PAD handling, exact round trips on
+Multi30k, and training once per workdir."""
+
+import gzip
+import pickle
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from flax_transformer.data import pipeline
+from flax_transformer.data import tokenizer as tok
+from flax_transformer.data.pipeline import DataConfig
+
+MULTI30K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k"
+SENTENCES = ["A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",
+             "Zwei Hunde spielen im Schnee.", "A girl in a pink dress climbs stairs."] * 20
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+  path = tmp_path_factory.mktemp("vocab") / "small.model"
+  return tok.train_tokenizer(SENTENCES, vocab_size=60, model_type="bpe", path=path)
+
+
+def test_special_ids_and_no_bos(small):
+  assert (tok.PAD_ID, tok.EOS_ID, tok.UNK_ID) == (0, 1, 2)
+  assert [small.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
+  ids = small.encode("A man rides a bike.")
+  assert ids and tok.EOS_ID not in ids and tok.PAD_ID not in ids
+  assert small.vocab_size <= 60 and Path(small.path).is_file()
+
+
+def test_decode_stops_at_eos_and_skips_padding(small):
+  ids = small.encode("Two dogs play")
+  other = small.encode("in the snow!")
+  assert small.decode([*ids, tok.EOS_ID, *other, tok.PAD_ID]) == "Two dogs play"
+  assert small.decode([tok.PAD_ID, *ids, tok.PAD_ID]) == "Two dogs play"
+
+
+def test_pickle_round_trip(small):
+  clone = pickle.loads(pickle.dumps(small))
+  assert clone.encode("Ein Mann fährt") == small.encode("Ein Mann fährt")
+  assert clone.path == small.path
+
+
+def test_foreign_special_ids_rejected(tmp_path):
+  import io
+
+  import sentencepiece as spm
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(SENTENCES), model_writer=model,
+                                 vocab_size=40, minloglevel=2)  # Defaults: unk 0, bos 1, eos 2.
+  with pytest.raises(ValueError, match=r"needs \(0, 1, 2, -1\)"):
+    tok.Tokenizer(model.getvalue())
+
+
+def _lines(name):
+  with gzip.open(MULTI30K / f"{name}.gz", "rt", encoding="utf-8") as f:
+    return f.read().splitlines()
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K}")
+def test_multi30k_round_trip_exact(tmp_path):
+  train = _lines("train.en")[:4000] + _lines("train.de")[:4000]
+  tokenizer = tok.train_tokenizer(train, vocab_size=4000, model_type="unigram",
+                                  path=tmp_path / "m.model")
+  held_out = [s for name in ("val.en", "val.de", "test_2016_flickr.en", "test_2016_flickr.de")
+              for s in _lines(name)]
+  # Byte fallback (vocab >= 2048) spells digits unseen in this small sample.
+  assert tokenizer.vocab_size > tok.BYTE_FALLBACK_MIN_VOCAB
+  # "Ordinary" = already NFKC-normal with single spaces: what normalization leaves untouched.
+  ordinary = [s for s in held_out
+              if unicodedata.normalize("NFKC", s) == s and " ".join(s.split()) == s]
+  assert len(ordinary) > 0.99 * len(held_out)
+  assert any(ch in "".join(ordinary) for ch in "äöüßé")  # Accents are exercised.
+  failures = [s for s in ordinary if tokenizer.decode(tokenizer.encode(s)) != s]
+  assert failures == []
+
+
+def test_train_once_per_workdir_then_reuse(tmp_path, monkeypatch):
+  data = DataConfig.from_config(dict(source="synthetic", tfds_data_dir=str(tmp_path / "tfds"),
+                                     synthetic_num_train=200, synthetic_num_eval=5,
+                                     synthetic_num_test=5, vocab_size=200,
+                                     vocab_max_chars=3000))
+  first = pipeline.train_or_load_tokenizer(data, str(tmp_path / "work"))
+  model = tmp_path / "work" / tok.VOCAB_FILENAME
+  assert first.path == str(model) and model.is_file()
+  assert not list((tmp_path / "work").glob("*.tmp"))  # Written atomically, no leftovers.
+
+  def fail(*args, **kwargs):
+    raise AssertionError("trained again")
+
+  monkeypatch.setattr(pipeline, "train_tokenizer", fail)
+  again = pipeline.train_or_load_tokenizer(data, str(tmp_path / "work"))
+  sentence = pipeline.split_texts(data, "test")[0][1]
+  assert again.encode(sentence) == first.encode(sentence)
+  given = DataConfig.from_config({**vars(data), "vocab_path": str(model)})
+  assert pipeline.train_or_load_tokenizer(given, str(tmp_path / "other")).path == str(model)
+  missing = DataConfig.from_config({**vars(data), "vocab_path": str(tmp_path / "none.model")})
+  with pytest.raises(FileNotFoundError, match=r"config\.data\.vocab_path"):
+    pipeline.train_or_load_tokenizer(missing, str(tmp_path / "other"))
+
+
+def test_training_sample_respects_max_chars(tmp_path):
+  data = DataConfig.from_config(dict(source="synthetic", tfds_data_dir=str(tmp_path),
+                                     synthetic_num_train=300, synthetic_num_eval=5,
+                                     synthetic_num_test=5, vocab_max_chars=2000))
+  sample = pipeline._tokenizer_sample(data)
+  pairs = pipeline.split_texts(data, "train")
+  sources, targets = {s for s, _ in pairs}, {t for _, t in pairs}
+  assert 1900 < sum(map(len, sample)) <= 2000
+  assert any(s in sources for s in sample) and any(s in targets for s in sample)
