@@ -1,0 +1,92 @@
+"""The quick start: the embedded synthetic language pair and a tiny model, on CPU in minutes.
+
+python train.py --config=configs/default.py --workdir=/tmp/ft_default
+Ends by printing BLEU/chrF on the held-out test split and a few example translations.
+Every other config starts from this one and overrides what differs.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The default experiment config; every field is commented."""
+  config = ml_collections.ConfigDict()
+
+  # --- model: flax_transformer.config.ModelConfig fields; `preset` names a preset to start from.
+  config.model = model = ml_collections.ConfigDict()
+  model.preset = "tiny"  # "tiny" | "small" | "base" | "big" | "" (no preset: all fields below).
+  model.emb_dim = 64  # D, the model width (d_model).
+  model.num_heads = 4  # N attention heads; D must be divisible by N.
+  model.mlp_dim = 256  # F, the feed-forward inner width (d_ff).
+  model.num_encoder_layers = 2  # Encoder depth.
+  model.num_decoder_layers = 2  # Decoder depth.
+  model.dropout_rate = 0.1  # Dropout on embeddings and sub-layer outputs.
+  model.attention_dropout_rate = 0.0  # Dropout on attention weights (costly on CPU; 0 = off).
+  model.max_len = 64  # Longest source/target the positional encodings cover.
+  model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16" (params stay float32).
+
+  # --- data: validated by flax_transformer.data.pipeline.DataConfig.
+  config.data = data = ml_collections.ConfigDict()
+  data.source = "synthetic"  # "synthetic" | "tfds" | "local".
+  data.tfds_name = ""  # TFDS dataset name when source="tfds", e.g. "wmt14_translate/de-en".
+  data.tfds_data_dir = ""  # Where TFDS prepares/reads data ("" = TFDS default).
+  data.local_dir = ""  # Folder of {split}.{lang}[.gz] files when source="local".
+  data.train_split = "train"  # Split trained on.
+  data.eval_split = "validation"  # Split evaluated every eval.eval_every_steps.
+  data.test_split = "test"  # Held-out split scored at the end (eval.test_at_end).
+  data.source_lang = "en"  # Source language code.
+  data.target_lang = "de"  # Target language code.
+  data.synthetic_num_train = 20_000  # Synthetic train pairs.
+  data.synthetic_num_eval = 200  # Synthetic validation pairs.
+  data.synthetic_num_test = 500  # Synthetic test pairs (held out, no overlap).
+  data.vocab_path = ""  # SentencePiece model to use; "" = train one into WORKDIR/vocab.model.
+  data.vocab_size = 512  # Pieces of the trained shared vocabulary.
+  data.vocab_model_type = "unigram"  # "unigram" | "bpe".
+  data.vocab_max_chars = 2_000_000  # Characters of training text sampled to train the vocab.
+  data.max_length = 32  # Longest train pair in tokens (incl. EOS), also the packed row length.
+  data.batch_tokens = 4096  # Global target tokens per step; rows = batch_tokens // max_length.
+  data.eval_batch_size = 64  # Eval rows per batch and process.
+  data.eval_max_length = 40  # Eval sentences longer than this (tokens) are truncated, counted.
+  data.seed = 0  # Shuffling and synthetic generation.
+  data.num_workers = 0  # grain worker processes (0 = in the training process).
+
+  # --- train: optimisation and the loop (flax_transformer.experiment.TrainConfig).
+  config.train = train = ml_collections.ConfigDict()
+  train.num_train_steps = 600  # Optimizer updates in all (BLEU ~99 on the test split by then).
+  train.optimizer = "adam"  # "adam" | "adamw" (decoupled weight decay on matrices).
+  train.schedule = "warmup_rsqrt"  # "rsqrt" (paper) | "warmup_rsqrt" | "warmup_cosine" |
+  # "constant" (see flax_transformer/training/optim.py).
+  train.learning_rate = 3e-3  # Peak LR; for "rsqrt" the multiplier of D^-0.5 (paper: 1.0).
+  train.warmup_steps = 200  # Linear warmup updates.
+  train.end_learning_rate_factor = 0.0  # "warmup_cosine": final LR = factor * learning_rate.
+  train.adam_b1 = 0.9  # Adam beta1 (paper 0.9).
+  train.adam_b2 = 0.98  # Adam beta2 (paper 0.98).
+  train.adam_eps = 1e-9  # Adam epsilon (paper 1e-9).
+  train.weight_decay = 0.0  # AdamW decoupled weight decay (optimizer="adamw" only).
+  train.grad_clip_norm = 1.0  # Global-norm gradient clipping; 0 = off.
+  train.label_smoothing = 0.1  # Label smoothing eps (paper 0.1).
+  train.grad_accum_steps = 1  # Micro-batches per update (same result, less activation memory).
+  train.fsdp = False  # Shard params and optimizer state over devices (else replicate them).
+  train.seed = 0  # Parameter init and dropout.
+  train.log_every_steps = 100  # Console/TensorBoard/metrics.jsonl line every N steps.
+  train.peak_flops_per_device = 0.0  # Peak FLOP/s for MFU; 0 = known accelerators only.
+
+  # --- checkpoint: orbax CheckpointManager in WORKDIR/checkpoints.
+  config.checkpoint = checkpoint = ml_collections.ConfigDict()
+  checkpoint.save_every_steps = 300  # Save every N steps (and always at the end).
+  checkpoint.max_to_keep = 3  # Keep the last K checkpoints.
+  checkpoint.async_save = True  # Write checkpoints in the background where supported.
+
+  # --- eval: periodic evaluation on data.eval_split, and the final test split.
+  config.eval = evaluation = ml_collections.ConfigDict()
+  evaluation.eval_every_steps = 300  # Loss/accuracy (and BLEU/chrF) every N steps; 0 = at end.
+  evaluation.translate = True  # Also decode the eval split for sacreBLEU BLEU and chrF.
+  evaluation.test_at_end = True  # Score data.test_split at the end of training.
+  evaluation.num_examples_to_show = 3  # Example translations logged at each evaluation.
+
+  # --- decode: beam search used for BLEU.
+  config.decode = decode = ml_collections.ConfigDict()
+  decode.beam_size = 4  # K hypotheses kept per sentence.
+  decode.length_penalty = 0.6  # GNMT alpha: scores divided by ((5 + n) / 6) ** alpha.
+  decode.max_decode_len = 0  # L, longest output; 0 = data.eval_max_length (within model.max_len).
+  return config

@@ -1,0 +1,34 @@
+"""WMT14 English->German, the paper's big model (Transformer big, 28.4 BLEU in the paper).
+
+python train.py --config=configs/wmt14_en_de_big.py --workdir=DIR           # float32
+python train.py --config=configs/wmt14_en_de_big.py:bf16 --workdir=DIR      # bfloat16 compute
+
+Differences from configs/wmt14_en_de_base.py, as in the paper: D 1024, 16 heads, F 4096,
+dropout 0.3 (the paper's En-De big; 0.1 for En-Fr), 300k steps (3.5 days on 8 P100s); the
+paper averaged the last 20 checkpoints. FSDP shards the 213M parameters and Adam's moments.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import ml_collections
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  """The big recipe; `variant` "bf16" computes in bfloat16 (params and Adam stay float32)."""
+  spec = importlib.util.spec_from_file_location(
+      "flax_transformer_wmt14_base_config", Path(__file__).with_name("wmt14_en_de_base.py"))
+  base = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(base)
+  config = base.get_config(variant)
+  model = config.model
+  model.preset = "big"  # D 1024, 16 heads, F 4096, 6+6 layers.
+  model.emb_dim = 1024  # d_model.
+  model.num_heads = 16  # h.
+  model.mlp_dim = 4096  # d_ff.
+  model.dropout_rate = 0.3  # P_drop for En-De big.
+  model.attention_dropout_rate = 0.1  # On attention weights.
+  config.train.num_train_steps = 300_000  # The big model's 300k steps.
+  config.train.fsdp = True  # Shard params + Adam state over the devices.
+  config.checkpoint.max_to_keep = 20  # The paper averaged the last 20 checkpoints.
+  return config

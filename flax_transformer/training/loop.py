@@ -1,0 +1,141 @@
+"""The step loop: run train steps, log, check for non-finite losses, save, evaluate, stop on signal.
+
+Steps are dispatched asynchronously; their metrics stay on the devices until a log, save, eval
+or stop point fetches them all at once, so the host never waits for a step it does not need.
+Every fetched step is checked for a non-finite loss before anything is saved, so a checkpoint
+never holds a state produced by a non-finite step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from flax_transformer.training import checkpoints
+from flax_transformer.training import metrics as metrics_lib
+from flax_transformer.training.preemption import Preempted, PreemptionWatcher
+from flax_transformer.training.state import TrainState
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss of `step` was NaN or infinite; the run stopped without saving that state."""
+
+  def __init__(self, step: int, value: float, last_checkpoint: int | None):
+    kept = (f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None
+            else "no checkpoint was saved before it")
+    super().__init__(
+        f"Non-finite training loss ({value}) at step {step}; stopped, {kept}. Lower "
+        "config.train.learning_rate, raise warmup_steps or set grad_clip_norm.")
+    self.step = step
+
+
+@dataclasses.dataclass
+class LoopSettings:
+  """What the loop needs besides the state and the steps."""
+
+  num_train_steps: int
+  log_every_steps: int
+  save_every_steps: int
+  eval_every_steps: int  # 0: evaluate only at the end (done by the caller).
+  flops_per_step: float = 0.0  # For MFU; 0 = not reported.
+  peak_flops: float = 0.0  # All devices together; 0 = unknown.
+
+
+def run(
+    state: TrainState, *, train_step: Callable, batches: Iterator[dict], data_iter: Any,
+    manager: ocp.CheckpointManager, settings: LoopSettings, writer: metrics_lib.MetricWriter,
+    evaluate: Callable[[TrainState, int], None] | None = None,
+) -> TrainState:
+  """Trains from `state.step` to `settings.num_train_steps`; saves at the end.
+
+  Args:
+    state: the initial or restored state.
+    train_step: (state, global batch) -> (state, metrics), the jitted step.
+    batches: global batches (already on the devices) in order.
+    data_iter: the data iterator whose position is checkpointed (or None).
+    manager: the checkpoint manager.
+    settings: step counts and FLOPs for MFU.
+    writer: metric sink (process 0 writes).
+    evaluate: called with (state, step) every `eval_every_steps`.
+
+  Raises:
+    Preempted: after saving, when SIGTERM/SIGINT arrived.
+    NonFiniteLossError: naming the first step with a non-finite loss.
+  """
+  total = settings.num_train_steps
+  pending: list[tuple[int, dict]] = []
+  clock = _Clock(int(state.step))
+  bar = metrics_lib.ProgressBar(total, int(state.step), enabled=writer.enabled)
+  with PreemptionWatcher() as watcher:
+    for step in range(int(state.step) + 1, total + 1):
+      state, step_metrics = train_step(state, next(batches))
+      pending.append((step, step_metrics))
+      bar.update(step)
+      stop = watcher.should_stop(step)
+      log = step % settings.log_every_steps == 0 or step == total
+      save = step % settings.save_every_steps == 0 or step == total or stop
+      evaluate_now = evaluate is not None and settings.eval_every_steps > 0 and (
+          step % settings.eval_every_steps == 0)
+      if not (log or save or evaluate_now):
+        continue
+      fetched = _check_finite(pending, manager)
+      pending.clear()
+      if log:
+        bar.clear()
+        _log_train(step, fetched, clock, settings, writer)
+      if save:
+        checkpoints.save(manager, state, data_iter)
+      if evaluate_now:
+        bar.clear()
+        evaluate(state, step)
+      clock.restart(step)
+      if stop:
+        manager.wait_until_finished()
+        raise Preempted(step, watcher.signum)
+  bar.clear()
+  manager.wait_until_finished()
+  return state
+
+
+def _check_finite(pending: list[tuple[int, dict]], manager) -> list[dict]:
+  fetched = jax.device_get([m for _, m in pending])
+  for (step, _), values in zip(pending, fetched, strict=True):
+    if not np.isfinite(values["loss"]):
+      manager.wait_until_finished()
+      raise NonFiniteLossError(step, float(values["loss"]), manager.latest_step())
+  return fetched
+
+
+class _Clock:
+  """Wall time since the last restart (log, save or eval), for tokens/s and s/step."""
+
+  def __init__(self, step: int):
+    self.restart(step)
+
+  def restart(self, step: int) -> None:
+    self.step, self.time = step, time.perf_counter()
+
+
+def _log_train(step: int, fetched: list[dict], clock: _Clock, settings: LoopSettings,
+               writer: metrics_lib.MetricWriter) -> None:
+  sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "num_tokens")}
+  scalars = metrics_lib.reduce_metrics(sums)
+  # `fetched` holds exactly the steps since the clock's last restart.
+  elapsed = max(time.perf_counter() - clock.time, 1e-9)
+  scalars.update(
+      learning_rate=float(fetched[-1]["learning_rate"]),
+      grad_norm=float(np.mean([float(m["grad_norm"]) for m in fetched])),
+      tokens_per_second=sums["num_tokens"] / elapsed,
+      seconds_per_step=elapsed / len(fetched))
+  if settings.flops_per_step and settings.peak_flops:
+    scalars["mfu"] = settings.flops_per_step / scalars["seconds_per_step"] / settings.peak_flops
+  writer.write(step, "train", scalars)
+  if writer.enabled:
+    logging.info("%s", metrics_lib.train_line(step, settings.num_train_steps, scalars))

@@ -1,0 +1,65 @@
+"""Label-smoothed cross entropy and accuracy, summed over real (non-padding) target tokens.
+
+Letters: B batch, T target length, V vocab.
+
+The smoothed target distribution is q = (1 - eps) * onehot(y) + eps / V (Szegedy et al., 2016, as
+the paper uses with eps = 0.1). Its cross entropy with p = softmax(z) is
+
+  -sum_v q_v log p_v = logsumexp(z) - (1 - eps) * z_y - eps * mean_v(z_v),
+
+so it needs one logsumexp, one gather and one mean over V: no dense [B, T, V] one-hot target and
+no second pass for the unsmoothed loss (that is `logsumexp(z) - z_y`, reported as `nll`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class LossSums(NamedTuple):
+  """Sums over the real target tokens of a batch (float32 scalars); divide by `num_tokens`."""
+
+  loss: jax.Array  # Label-smoothed cross entropy, the training objective.
+  nll: jax.Array  # Unsmoothed negative log-likelihood (log perplexity once divided).
+  correct: jax.Array  # Tokens whose argmax prediction is the target.
+  num_tokens: jax.Array  # Real (non-padding) target tokens.
+
+
+def token_losses(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float
+) -> tuple[jax.Array, jax.Array]:
+  """Per-token smoothed loss and nll, both float32 [B, T], from logits [B, T, V] and ids [B, T]."""
+  logits = logits.astype(jnp.float32)
+  # [B, T]
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = log_normalizer - target_logit
+  if not label_smoothing:
+    return nll, nll
+  mean_logit = jnp.mean(logits, axis=-1)
+  smoothed = log_normalizer - (1.0 - label_smoothing) * target_logit - label_smoothing * mean_logit
+  return smoothed, nll
+
+
+def loss_sums(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float, pad_id: int = 0
+) -> LossSums:
+  """Sums of the losses and correct predictions over the tokens of `targets` that are not padding.
+
+  Args:
+    logits: float [B, T, V]; logits[:, t] predicts targets[:, t].
+    targets: int32 [B, T]; `pad_id` marks padding (packed rows pad with it too).
+    label_smoothing: eps in [0, 1).
+    pad_id: the padding id, whose positions carry no loss.
+  """
+  weights = (targets != pad_id).astype(jnp.float32)  # [B, T]
+  smoothed, nll = token_losses(logits, targets, label_smoothing)
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return LossSums(
+      loss=jnp.sum(smoothed * weights),
+      nll=jnp.sum(nll * weights),
+      correct=jnp.sum(correct * weights),
+      num_tokens=jnp.sum(weights))

@@ -1,0 +1,209 @@
+"""The training job: validate the config, build data, model, mesh and state, restore, train.
+
+`train_and_evaluate(config, workdir)` is what `train.py` runs. Restarting it with the same
+workdir continues from the latest checkpoint (params, optimizer state, step, RNG and data
+position), logging the step and every config value that changed since `config.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from flax_transformer import experiment as experiment_lib
+from flax_transformer.data import pipeline
+from flax_transformer.model.transformer import Transformer
+from flax_transformer.training import checkpoints, evaluation, loop, optim, steps
+from flax_transformer.training import metrics as metrics_lib
+from flax_transformer.training import sharding as sharding_lib
+from flax_transformer.training import state as state_lib
+
+
+@dataclasses.dataclass
+class _Job:
+  """What the setup builds: the model, optimizer, mesh, state, data and sinks."""
+
+  exp: experiment_lib.Experiment
+  model: Transformer
+  optimizer: Any
+  schedule: Any
+  mesh: Any
+  shardings: state_lib.TrainState
+  state: state_lib.TrainState
+  tokenizer: Any
+  train_iter: Any
+  manager: Any
+  writer: metrics_lib.MetricWriter
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str
+) -> dict[str, evaluation.SplitResult]:
+  """Trains as `config` says, in `workdir`; returns the final evaluation of each split.
+
+  Raises:
+    experiment.ConfigError: before anything is compiled, for a bad config.
+    training.checkpoints.CheckpointMismatchError: the workdir holds another model's checkpoint.
+    training.preemption.Preempted: after saving, when SIGTERM/SIGINT arrived.
+    training.loop.NonFiniteLossError: when a step's loss is NaN or infinite.
+  """
+  job = _setup(config, Path(workdir))
+  exp, writer = job.exp, job.writer
+  train_step = steps.jit_train_step(
+      job.mesh, job.shardings, model=job.model, optimizer=job.optimizer, schedule=job.schedule,
+      label_smoothing=exp.train.label_smoothing, accum_steps=exp.train.grad_accum_steps)
+  batches = _device_batches(job.train_iter, job.mesh)
+  first = next(batches)
+  train_step = _compile(train_step, job.state, first, writer)
+  evaluators = _evaluators(exp, job.model, job.mesh, job.shardings.params, job.tokenizer)
+  last_eval = {}
+
+  def evaluate(state, step):
+    last_eval["eval"] = (step, evaluators["eval"].run(
+        state.params, step, writer, exp.eval.num_examples_to_show))
+
+  try:
+    state = loop.run(
+        job.state, train_step=train_step, batches=_chain(first, batches),
+        data_iter=job.train_iter, manager=job.manager, settings=_loop_settings(exp, job.model),
+        writer=writer, evaluate=evaluate)
+    return _final_evaluation(exp, state, evaluators, writer, last_eval)
+  finally:
+    job.manager.close()
+    writer.close()
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: Path) -> _Job:
+  """Validates, builds everything, and restores the latest checkpoint or initialises."""
+  exp = experiment_lib.load(config)
+  is_chief = jax.process_index() == 0
+  if is_chief:
+    workdir.mkdir(parents=True, exist_ok=True)
+  tokenizer = pipeline.train_or_load_tokenizer(exp.data, str(workdir))
+  _keep_vocabulary(exp, workdir, is_chief)
+  model = Transformer(exp.model_config(tokenizer.vocab_size))
+  optimizer, schedule = optim.make_optimizer(exp.train, model.config.emb_dim)
+  mesh = sharding_lib.make_mesh()
+  abstract, shardings = state_lib.state_shardings(
+      model, optimizer, mesh, fsdp=exp.train.fsdp, seed=exp.train.seed)
+  train_iter = pipeline.train_iterator(
+      exp.data, tokenizer, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  manager = checkpoints.make_manager(
+      workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save)
+  _log_config_changes(config, workdir)
+  state = _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter)
+  if is_chief:  # Only once the checkpoint is known to fit the config.
+    checkpoints.write_json_atomic(
+        workdir / checkpoints.CONFIG_FILE, json.loads(config.to_json_best_effort()))
+  logging.info("Model: %s; %s parameters; mesh %s; fsdp=%s.", model.config,
+               f"{_count(abstract.params):,}", dict(mesh.shape), exp.train.fsdp)
+  return _Job(exp=exp, model=model, optimizer=optimizer, schedule=schedule, mesh=mesh,
+              shardings=shardings, state=state, tokenizer=tokenizer, train_iter=train_iter,
+              manager=manager, writer=metrics_lib.MetricWriter(workdir, enabled=is_chief))
+
+
+def _loop_settings(exp: experiment_lib.Experiment, model: Transformer) -> loop.LoopSettings:
+  return loop.LoopSettings(
+      num_train_steps=exp.train.num_train_steps, log_every_steps=exp.train.log_every_steps,
+      save_every_steps=exp.checkpoint.save_every_steps,
+      eval_every_steps=exp.eval.eval_every_steps,
+      flops_per_step=metrics_lib.train_flops_per_step(
+          model.config, exp.global_batch_rows, exp.data.max_length),
+      peak_flops=jax.device_count() * metrics_lib.peak_flops_per_device(
+          jax.devices()[0], exp.train.peak_flops_per_device))
+
+
+def _keep_vocabulary(exp, workdir: Path, is_chief: bool) -> None:
+  """Copies a given vocab_path into WORKDIR/vocab.model so the workdir restores on its own."""
+  target = workdir / checkpoints.VOCAB_FILE
+  if is_chief and exp.data.vocab_path and not target.exists():
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(Path(exp.data.vocab_path).read_bytes())
+    tmp.replace(target)
+
+
+def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter):
+  step = manager.latest_step()
+  if step is None:
+    logging.info("No checkpoint in %s: starting from scratch.", manager.directory)
+    return state_lib.create_train_state(model, optimizer, shardings, seed=exp.train.seed)
+  state = checkpoints.restore(manager, step, abstract, shardings, train_iter)
+  logging.info("Restored step %d from %s.", step, manager.directory)
+  return state
+
+
+def _log_config_changes(config: ml_collections.ConfigDict, workdir: Path) -> None:
+  """Logs every value that differs from the saved config.json (a restart)."""
+  path = workdir / checkpoints.CONFIG_FILE
+  if path.exists():
+    current = json.loads(config.to_json_best_effort())
+    changes = checkpoints.config_differences(json.loads(path.read_text()), current)
+    logging.info("Config changes since the saved %s:%s", path,
+                 "".join(f"\n  {line}" for line in changes) or " none.")
+
+
+def _device_batches(train_iter, mesh):
+  sharding = sharding_lib.batch_sharding(mesh)
+  for batch in train_iter:
+    yield sharding_lib.global_batch(batch, sharding)
+
+
+def _chain(first, rest):
+  yield first
+  yield from rest
+
+
+def _compile(train_step, state, batch, writer):
+  """Compiles ahead of the loop so step timings exclude compilation; logs compile time."""
+  start = time.perf_counter()
+  compiled = train_step.lower(state, batch).compile()
+  seconds = time.perf_counter() - start
+  logging.info("Compiled the train step in %.1f s.", seconds)
+  writer.write(int(state.step), "train", {"compile_seconds": seconds})
+  return compiled
+
+
+def _evaluators(exp, model, mesh, param_shardings, tokenizer) -> dict:
+  eval_step = steps.jit_eval_step(
+      mesh, param_shardings, model=model, label_smoothing=exp.train.label_smoothing)
+  translate = None
+  if exp.eval.translate:
+    translate = evaluation.make_translate(
+        model, mesh, param_shardings, beam_size=exp.decode.beam_size,
+        max_decode_len=exp.decode_length(model.config),
+        length_penalty=exp.decode.length_penalty)
+  evaluators = {}
+  for name, split in (("eval", exp.data.eval_split), ("test", exp.data.test_split)):
+    if name == "test" and not exp.eval.test_at_end:
+      continue
+    batches = pipeline.eval_batches(exp.data, tokenizer, split,
+                                    process_index=jax.process_index(),
+                                    process_count=jax.process_count())
+    evaluators[name] = evaluation.SplitEvaluator(
+        name=name, batches=batches, pairs=pipeline.split_texts(exp.data, split),
+        eval_step=eval_step, translate=translate, tokenizer=tokenizer, mesh=mesh)
+  return evaluators
+
+
+def _final_evaluation(exp, state, evaluators, writer, done) -> dict[str, evaluation.SplitResult]:
+  """Evaluates every split at the final step, reusing an evaluation the loop just made."""
+  step = int(state.step)
+  results = {}
+  for name, evaluator in evaluators.items():
+    if name in done and done[name][0] == step:
+      results[name] = done[name][1]
+    else:
+      results[name] = evaluator.run(state.params, step, writer, exp.eval.num_examples_to_show)
+  return results
+
+
+def _count(params: Any) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))

@@ -1,0 +1,118 @@
+"""Experiment config validation (`flax_transformer.experiment.load`) and the shipped configs."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flax_transformer import experiment
+from flax_transformer.experiment import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _config(name: str = "default", variant: str | None = None):
+  spec = importlib.util.spec_from_file_location(f"config_{name}", CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config() if variant is None else module.get_config(variant)
+
+
+def _load(config, devices: int = 8, processes: int = 1):
+  return experiment.load(config, num_devices=devices, num_processes=processes)
+
+
+def test_default_config_is_valid():
+  exp = _load(_config())
+  assert exp.data.source == "synthetic"
+  assert exp.global_batch_rows == 4096 // 32
+  assert exp.model_config(512).emb_dim == 64
+
+
+@pytest.mark.parametrize("group, key, value, message", [
+    ("train", "learning_rat", 1.0, "Unknown config key(s) config.train.learning_rat; allowed"),
+    ("train", "num_train_steps", 1.5, "config.train.num_train_steps must be of type int"),
+    ("train", "fsdp", 1, "config.train.fsdp must be of type bool"),
+    ("train", "schedule", "linear", "config.train.schedule must be one of ('rsqrt',"),
+    ("train", "warmup_steps", 5000, "config.train.warmup_steps (5000) must not exceed"),
+    ("train", "label_smoothing", 1.0, "config.train.label_smoothing must lie in [0, 1)"),
+    ("train", "weight_decay", 0.1, "needs config.train.optimizer='adamw'"),
+    ("checkpoint", "save_every_steps", 0, "config.checkpoint.save_every_steps must be > 0"),
+    ("decode", "beam_size", 0, "config.decode.beam_size must be > 0"),
+    ("eval", "bleu", True, "Unknown config key(s) config.eval.bleu"),
+    ("model", "num_heads", 5, "config.model: ModelConfig.emb_dim (64) must be divisible"),
+    ("model", "hidden", 5, "config.model: Unknown config key(s) model.hidden"),
+    ("data", "source", "web", "config.data: config.data.source must be one of"),
+    ("decode", "max_decode_len", 65, "config.decode.max_decode_len (65) exceeds"),
+])
+def test_bad_values_name_the_key(group, key, value, message):
+  config = _config().to_dict()  # As a config file might write it, without ConfigDict's types.
+  config[group][key] = value
+  with pytest.raises(ConfigError) as error:
+    _load(config)
+  assert message in str(error.value)
+
+
+def test_batch_must_split_over_devices_and_micro_batches():
+  config = _config()
+  config.data.batch_tokens = 12 * 32  # 12 rows: not divisible by 8 devices
+  with pytest.raises(ConfigError, match=r"12 rows per step .* multiple of 256"):
+    _load(config)
+  config.data.batch_tokens = 16 * 32
+  _load(config)  # 16 rows, 8 devices: fine
+  config.train.grad_accum_steps = 4  # micro-batches of 4 rows cannot feed 8 devices
+  with pytest.raises(ConfigError, match="grad_accum_steps"):
+    _load(config)
+  _load(config, devices=4)
+  config.train.grad_accum_steps = 1
+  config.data.batch_tokens = 24 * 32  # 24 rows: 6 per process, 2 per device
+  with pytest.raises(ConfigError, match="eval_batch_size"):
+    _load(config, devices=3 * 4, processes=4)  # 64 eval rows per process over 3 devices
+
+
+def test_lengths_must_fit_the_model():
+  config = _config()
+  config.data.eval_max_length = 100
+  with pytest.raises(ConfigError, match=r"config.data.eval_max_length \(100\) exceeds"):
+    _load(config)
+
+
+@pytest.mark.parametrize("variant", ["", "bf16"])
+def test_wmt14_configs_have_the_papers_settings(variant):
+  base, big = _config("wmt14_en_de_base", variant), _config("wmt14_en_de_big", variant)
+  for config in (base, big):
+    exp = _load(config)
+    train = exp.train
+    assert (train.optimizer, train.adam_b1, train.adam_b2, train.adam_eps) == (
+        "adam", 0.9, 0.98, 1e-9)
+    assert (train.schedule, train.learning_rate, train.warmup_steps) == ("rsqrt", 1.0, 4000)
+    assert train.label_smoothing == 0.1
+    assert 24_000 <= exp.data.batch_tokens <= 26_000
+    assert (exp.data.source_lang, exp.data.target_lang) == ("en", "de")
+    assert exp.model_config(37000).dtype == ("bfloat16" if variant else "float32")
+  base_model, big_model = (_load(c).model_config(37000) for c in (base, big))
+  assert (base_model.emb_dim, base_model.num_heads, base_model.mlp_dim) == (512, 8, 2048)
+  assert (big_model.emb_dim, big_model.num_heads, big_model.mlp_dim) == (1024, 16, 4096)
+  assert (base_model.dropout_rate, big_model.dropout_rate) == (0.1, 0.3)
+  assert (_load(base).train.num_train_steps, _load(big).train.num_train_steps) == (
+      100_000, 300_000)
+
+
+def test_multi30k_requires_its_data_folder():
+  config = _config("multi30k_en_de")
+  with pytest.raises(ConfigError, match=r"config\.data\.local_dir"):
+    _load(config)
+  config.data.local_dir = "/some/folder"
+  assert _load(config).data.test_split == "test_2016_flickr"
+
+
+def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
+  result = subprocess.run(
+      [sys.executable, str(CONFIGS.parent / "train.py"), f"--config={CONFIGS / 'default.py'}",
+       f"--workdir={tmp_path}", "--config.train.warmup_steps=999999"],
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert "error: config.train.warmup_steps (999999) must not exceed" in result.stderr
+  assert not (tmp_path / "checkpoints").exists()

@@ -1,0 +1,139 @@
+"""End to end through `train.py` (real subprocesses): the shrunk default config trains, writes
+and restores checkpoints, and resumes exactly: 2N straight == N + restart + N == SIGTERM mid-run
++ restart, bitwise on CPU.
+
+The runs share a persistent compilation cache, so only the first one pays for compiling.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from flax_transformer.training import checkpoints
+
+REPO = Path(__file__).resolve().parents[1]
+TOTAL_STEPS = 24  # 2N
+HALF_STEPS = 12  # N
+
+# The default config shrunk to seconds: a 1+1-layer model, a few hundred synthetic pairs.
+SHRUNK = {
+    "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
+    "model.num_decoder_layers": 1, "model.max_len": 32,
+    "data.synthetic_num_train": 400, "data.synthetic_num_eval": 16,
+    "data.synthetic_num_test": 16, "data.vocab_size": 160, "data.max_length": 24,
+    "data.batch_tokens": 384, "data.eval_batch_size": 8, "data.eval_max_length": 24,
+    "train.num_train_steps": TOTAL_STEPS, "train.warmup_steps": 4, "train.log_every_steps": 1,
+    "checkpoint.save_every_steps": 8, "checkpoint.max_to_keep": 2,
+    "eval.eval_every_steps": 0, "eval.translate": False, "eval.test_at_end": False,
+}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  root = tmp_path_factory.mktemp("resume")
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  return root, env
+
+
+def _command(workdir: Path, root: Path, **changes) -> list[str]:
+  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(root / "tfds")})
+  overrides.update({k.replace("__", "."): v for k, v in changes.items()})
+  return [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
+          f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+
+
+def _train(workdir: Path, shared, **changes) -> subprocess.CompletedProcess:
+  root, env = shared
+  result = subprocess.run(_command(workdir, root, **changes), env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def _params(workdir: Path, step: int | None = None):
+  params, restored_step = checkpoints.restore_params(workdir, step)
+  return jax.tree.map(np.asarray, params), restored_step
+
+
+def _assert_identical(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+def _train_losses(workdir: Path) -> dict[int, float]:
+  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {m["step"]: m["value"] for m in lines if m["split"] == "train" and m["name"] == "loss"}
+
+
+@pytest.fixture(scope="module")
+def straight_run(shared):
+  """The reference: 2N steps without interruption (also the smoke test's run)."""
+  workdir = shared[0] / "straight"
+  result = _train(workdir, shared, eval__test_at_end=True)
+  return workdir, result
+
+
+def test_shrunk_default_config_trains_and_checkpoints(straight_run):
+  workdir, result = straight_run
+  losses = _train_losses(workdir)
+  assert sorted(losses) == list(range(1, TOTAL_STEPS + 1))
+  assert np.mean([losses[s] for s in range(21, 25)]) < np.mean([losses[s] for s in range(1, 5)])
+  saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved == [16, 24]  # every 8 steps and at the end, the last 2 kept
+  assert json.loads((workdir / "config.json").read_text())["train"]["num_train_steps"] == 24
+  assert (workdir / "vocab.model").is_file()
+  assert "test: loss" in result.stdout
+  # Restoring the final checkpoint gives a model that fits the saved config.
+  params, step = _params(workdir)
+  assert step == TOTAL_STEPS and params["embedder"]["embedding"].shape[1] == 32
+
+
+def test_n_steps_restart_n_steps_equals_2n_steps(straight_run, shared):
+  workdir = shared[0] / "halves"
+  _train(workdir, shared, train__num_train_steps=HALF_STEPS)
+  assert _params(workdir)[1] == HALF_STEPS
+  second = _train(workdir, shared)
+  assert f"Restored step {HALF_STEPS}" in second.stderr
+  assert "train.num_train_steps: 12 -> 24" in second.stderr  # config changes are logged
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
+def test_sigterm_mid_run_saves_and_resumes_exactly(straight_run, shared):
+  root, env = shared
+  workdir = root / "preempted"
+  command = _command(workdir, root)
+  process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    _wait_for_step(workdir, 2, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+  stopped_at = _params(workdir)[1]
+  assert 2 <= stopped_at < TOTAL_STEPS
+  resumed = _train(workdir, shared)
+  assert f"Restored step {stopped_at}" in resumed.stderr
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
+def _wait_for_step(workdir: Path, step: int, process: subprocess.Popen) -> None:
+  deadline = time.monotonic() + 240
+  metrics = workdir / "metrics.jsonl"
+  while time.monotonic() < deadline:
+    assert process.poll() is None, process.stderr.read()[-3000:]
+    if metrics.exists() and max(_train_losses(workdir), default=0) >= step:
+      return
+    time.sleep(0.02)
+  raise AssertionError(f"no train step {step} logged in {workdir} within the deadline")

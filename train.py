@@ -1,0 +1,62 @@
+"""Trains the Transformer: `python train.py --config=configs/NAME.py --workdir=DIR`.
+
+Override any config field with `--config.GROUP.KEY=VALUE`. Rerunning the same command continues
+from the latest checkpoint in DIR. Multi-host GPU: add `--coordinator_address=HOST:PORT
+--num_processes=N --process_id=I` on every host (omit them on TPU pods and under SLURM, where
+jax.distributed.initialize finds them). Exit status: 0 when training finished; 128 + signal
+(143 SIGTERM, 130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors.
+This file is intentionally kept short: the job lives in flax_transformer.training.trainer.
+"""
+
+import logging as std_logging
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from flax_transformer.experiment import ConfigError
+from flax_transformer.training import trainer
+from flax_transformer.training.checkpoints import CheckpointMismatchError
+from flax_transformer.training.loop import NonFiniteLossError
+from flax_transformer.training.preemption import Preempted
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the vocabulary.")
+flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
+flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _quiet_libraries(record) -> bool:
+  """Keeps warnings and errors of orbax/grain/TFDS, drops their per-save INFO chatter."""
+  chatty = ("/orbax/", "/grain/", "/tensorflow_datasets/")
+  return record.levelno >= std_logging.WARNING or not any(p in record.pathname for p in chatty)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  std_logging.getLogger("absl").addFilter(_quiet_libraries)
+  if FLAGS.coordinator_address or FLAGS.num_processes or FLAGS.process_id is not None:
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
+               jax.devices())
+  try:
+    results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except Preempted as stop:
+    logging.warning("%s", stop)
+    sys.exit(stop.exit_code)
+  except (ConfigError, CheckpointMismatchError, NonFiniteLossError) as error:
+    sys.exit(f"error: {error}")
+  if jax.process_index() == 0:
+    for split, result in results.items():
+      print(f"{split}: " + " | ".join(f"{k} {v:.4g}" for k, v in result.scalars.items()))
+      if result.examples:
+        print(result.examples)
+
+
+if __name__ == "__main__":
+  app.run(main)
