@@ -95,17 +95,20 @@ def scaled_dot_product_attention(
   if dropout_rate == 0.0:
     return jax.nn.dot_product_attention(
         query, key, value, mask=mask, implementation=implementation)
-  head_dim = query.shape[-1]
-  # [B, N, T, S]
-  logits = jnp.einsum("btnh,bsnh->bnts", query, key).astype(jnp.float32)
-  logits = logits / jnp.sqrt(jnp.float32(head_dim))
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)
+  weights = attention_weights(query, key, mask)  # [B, N, T, S]
   keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
   weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(value.dtype)
   # [B, T, N, H]
   return jnp.einsum("bnts,bsnh->btnh", weights, value)
+
+
+def attention_weights(query: Array, key: Array, mask: Array | None) -> Array:
+  """softmax(Q K^T / sqrt(H) + mask): query [B, T, N, H], key [B, S, N, H] -> f32 [B, N, T, S]."""
+  logits = jnp.einsum("btnh,bsnh->bnts", query, key).astype(jnp.float32)
+  logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,6 +166,9 @@ class MultiHeadAttention(nn.Module):
              train: bool = False) -> Array:
     """Attends from `queries_from` [B, T, D] to precomputed keys/values; returns [B, T, D]."""
     query = self.query(queries_from)  # [B, T, N, H]
+    if self.is_mutable_collection("intermediates"):  # For attention pictures only.
+      self.sow("intermediates", "attention_weights",
+               attention_weights(query, key_values.keys.astype(query.dtype), mask))
     dropout_rate = self.dropout_rate if train else 0.0
     rng = self.make_rng("dropout") if dropout_rate > 0 else None
     attended = scaled_dot_product_attention(

@@ -1,0 +1,170 @@
+"""`flax-transformer {translate,evaluate,average,attention,curves}`: the serving-side commands.
+
+Training has its own launcher, `python train.py --config=... --workdir=...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+# Quiet TensorFlow-style C++ logs from dependencies; must precede their import.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _add_restore_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--workdir", required=True, help="The training workdir.")
+  parser.add_argument("--step", type=int, default=None,
+                      help="Checkpoint step to restore (default: the latest).")
+  parser.add_argument("--checkpoint", default=None,
+                      help="An averaged checkpoint (from `average`) instead of a step.")
+  parser.add_argument("--beam_size", type=int, default=None, help="Beams (default: config).")
+  parser.add_argument("--length_penalty", type=float, default=None,
+                      help="alpha of ((5 + n) / 6) ** alpha (default: config).")
+  parser.add_argument("--batch_tokens", type=int, default=None,
+                      help="Padded source tokens per decoding batch (default 4096).")
+
+
+def _translator(args: argparse.Namespace):
+  from flax_transformer.translate import Translator
+
+  settings = {name: getattr(args, name) for name in ("beam_size", "length_penalty", "batch_tokens")
+              if getattr(args, name) is not None}
+  return Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint, **settings)
+
+
+def _translate_file(translator, path: str) -> list[str]:
+  from flax_transformer.translate import ProgressBar, read_lines, translate_lines
+
+  lines = read_lines(path)
+  bar = ProgressBar(sum(1 for line in lines if line.strip()))
+  outputs = translate_lines(translator, lines, progress=bar)
+  bar.close()
+  if translator.truncated:
+    print(f"Warning: {translator.truncated} line(s) of {path} exceeded the model's max_len and "
+          "were truncated.", file=sys.stderr)
+  return outputs
+
+
+def run_translate(args: argparse.Namespace) -> int:
+  from flax_transformer.translate import read_lines, write_lines_atomically
+
+  if args.input != "-":
+    read_lines(args.input)  # Fail on a missing file or bad UTF-8 before restoring anything.
+  translator = _translator(args)
+  write_lines_atomically(args.output, _translate_file(translator, args.input))
+  return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+  from flax_transformer.evaluate import score_translations
+  from flax_transformer.translate import read_lines, write_lines_atomically
+
+  sources, references = read_lines(args.src), read_lines(args.ref)
+  if len(sources) != len(references):
+    raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has "
+                     f"{len(references)}; they must be line-aligned.")
+  translator = _translator(args)
+  hypotheses = _translate_file(translator, args.src)
+  if args.output:
+    write_lines_atomically(args.output, hypotheses)
+  scores = score_translations(hypotheses, references)
+  scores.update(step=translator.step, checkpoint=args.checkpoint, src=args.src, ref=args.ref,
+                beam_size=translator.settings.beam_size,
+                length_penalty=translator.settings.length_penalty)
+  if args.json:
+    print(json.dumps(scores, indent=2))
+  else:
+    print(f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
+    print(f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})")
+  return 0
+
+
+def run_average(args: argparse.Namespace) -> int:
+  from flax_transformer.averaging import average_checkpoints
+
+  path = average_checkpoints(args.workdir, args.last)
+  print(path)
+  return 0
+
+
+def run_attention(args: argparse.Namespace) -> int:
+  from flax_transformer.translate import Translator
+  from flax_transformer.visualize import plot_attention
+
+  translator = Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint)
+  plot_attention(translator, args.text, args.output, layers=args.layers, heads=args.heads,
+                 target=args.target)
+  print(args.output)
+  return 0
+
+
+def run_curves(args: argparse.Namespace) -> int:
+  from flax_transformer.visualize import plot_training_curves
+
+  plot_training_curves(args.workdir, args.output)
+  print(args.output)
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="flax-transformer", description=__doc__)
+  commands = parser.add_subparsers(dest="command", required=True)
+
+  translate = commands.add_parser("translate", help="Translate a file (or stdin) line by line.")
+  _add_restore_arguments(translate)
+  translate.add_argument("--input", required=True, help="UTF-8 text, one sentence a line; '-'.")
+  translate.add_argument("--output", required=True, help="Output file ('-' for stdout).")
+  translate.set_defaults(run=run_translate)
+
+  evaluate = commands.add_parser("evaluate", help="Translate --src and score against --ref.")
+  _add_restore_arguments(evaluate)
+  evaluate.add_argument("--src", required=True, help="Source sentences, one a line.")
+  evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")
+  evaluate.add_argument("--output", default=None, help="Also write the translations here.")
+  evaluate.add_argument("--json", action="store_true", help="Print the scores as JSON.")
+  evaluate.set_defaults(run=run_evaluate)
+
+  average = commands.add_parser("average", help="Average the last K checkpoints' params.")
+  average.add_argument("--workdir", required=True)
+  average.add_argument("--last", type=int, required=True, help="How many checkpoints (K).")
+  average.set_defaults(run=run_average)
+
+  attention = commands.add_parser("attention", help="Draw attention maps for one sentence.")
+  attention.add_argument("--workdir", required=True)
+  attention.add_argument("--step", type=int, default=None)
+  attention.add_argument("--checkpoint", default=None)
+  attention.add_argument("--text", required=True, help="The source sentence.")
+  attention.add_argument("--target", default=None,
+                         help="Target sentence to force (default: the model's translation).")
+  attention.add_argument("--layers", type=int, nargs="*", default=None,
+                         help="Layer indices to draw (default: first and last).")
+  attention.add_argument("--heads", type=int, nargs="*", default=None,
+                         help="Head indices to draw (default: all).")
+  attention.add_argument("--output", required=True, help="PNG file to write.")
+  attention.set_defaults(run=run_attention)
+
+  curves = commands.add_parser("curves", help="Plot loss, BLEU and learning rate vs steps.")
+  curves.add_argument("--workdir", required=True)
+  curves.add_argument("--output", required=True, help="PNG file to write.")
+  curves.set_defaults(run=run_curves)
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Entry point of the `flax-transformer` command."""
+  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+  args = build_parser().parse_args(argv)
+  try:
+    return args.run(args)
+  except (FileNotFoundError, ValueError) as error:
+    print(f"flax-transformer {args.command}: error: {error}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,149 @@
+"""Pictures: attention heat maps for one sentence, and training curves from metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer.data.tokenizer import EOS_ID
+
+KINDS = (("encoder", "self_attention", "encoder self-attention"),
+         ("decoder", "self_attention", "decoder self-attention"),
+         ("decoder", "cross_attention", "cross-attention (rows: target, columns: source)"))
+
+
+def attention_maps(model, params: Any, inputs: np.ndarray,
+                   targets: np.ndarray) -> dict[str, list[np.ndarray]]:
+  """Attention weights of one sentence pair, per kind and depth.
+
+  Args:
+    inputs: int [S] source ids (with EOS); targets: int [T] target ids (with EOS).
+  Returns:
+    {"encoder/self_attention": [depth] of [N, S, S], "decoder/self_attention": [N, T, T],
+     "decoder/cross_attention": [N, T, S]}.
+  """
+  _, state = model.apply({"params": params}, jnp.asarray(inputs)[None],
+                         jnp.asarray(targets)[None], mutable=["intermediates"])
+  found: dict[str, list[np.ndarray]] = defaultdict(list)
+  stack_sizes = {"encoder": model.config.num_encoder_layers,
+                 "decoder": model.config.num_decoder_layers}
+  for stack, kind, _ in KINDS:
+    layers = state["intermediates"][stack]
+    names = sorted((n for n in layers if n.startswith("layers_")), key=lambda n: int(n[7:]))
+    # With shared layer weights one module is sown once per depth, in depth order.
+    per_depth = [w for name in names for w in layers[name][kind]["attention_weights"]]
+    if len(per_depth) != stack_sizes[stack]:
+      raise RuntimeError(f"Expected {stack_sizes[stack]} {stack} {kind} maps, got "
+                         f"{len(per_depth)}.")
+    found[f"{stack}/{kind}"] = [np.asarray(w[0]) for w in per_depth]
+  return dict(found)
+
+
+def plot_attention(translator, text: str, output: str | os.PathLike, *,
+                   layers: list[int] | None = None, heads: list[int] | None = None,
+                   target: str | None = None) -> None:
+  """Draws encoder, decoder and cross-attention maps of `text` (and its translation) to a PNG.
+
+  One row per (kind, layer), one column per head, tokens on the axes.
+  """
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  tokenizer = translator.tokenizer
+  target = translator.translate([text])[0] if target is None else target
+  source_ids = np.asarray(tokenizer.encode(text) + [EOS_ID], np.int32)
+  target_ids = np.asarray(tokenizer.encode(target) + [EOS_ID], np.int32)
+  maps = attention_maps(translator.model, translator.params, source_ids, target_ids)
+  source_tokens = [tokenizer.id_to_piece(i) for i in source_ids]
+  target_tokens = [tokenizer.id_to_piece(i) for i in target_ids]
+  labels = {"encoder/self_attention": (source_tokens, source_tokens),
+            "decoder/self_attention": (target_tokens, target_tokens),
+            "decoder/cross_attention": (target_tokens, source_tokens)}
+  num_heads = translator.model_config.num_heads
+  heads = list(range(num_heads)) if heads is None else heads
+  rows = []
+  for stack, kind, title in KINDS:
+    depth = len(maps[f"{stack}/{kind}"])
+    chosen = sorted({0, depth - 1}) if layers is None else [d for d in layers if d < depth]
+    rows += [(f"{stack}/{kind}", title, d) for d in chosen]
+  cell = 0.22 * max(len(source_tokens), len(target_tokens)) + 1.2
+  figure, axes = plt.subplots(len(rows), len(heads), squeeze=False,
+                              figsize=(cell * len(heads), cell * len(rows)))
+  for r, (key, title, depth) in enumerate(rows):
+    y_tokens, x_tokens = labels[key]
+    for c, head in enumerate(heads):
+      axis = axes[r][c]
+      axis.imshow(maps[key][depth][head], cmap="viridis", vmin=0.0, vmax=1.0)
+      axis.set_xticks(range(len(x_tokens)), x_tokens, rotation=90, fontsize=7)
+      axis.set_yticks(range(len(y_tokens)), y_tokens, fontsize=7)
+      axis.set_title(f"{title}\nlayer {depth}, head {head}", fontsize=8)
+  figure.suptitle(f"{text}  →  {target}", fontsize=10)
+  figure.tight_layout()
+  _save_figure(figure, output)
+  plt.close(figure)
+
+
+def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple[int, float]]]:
+  """metrics.jsonl as {(split, name): [(step, value), ...]} in file order."""
+  path = Path(workdir) / "metrics.jsonl"
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} not found: has training written any metrics yet?")
+  series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+  for number, line in enumerate(path.read_text().splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      series[(record["split"], record["name"])].append((int(record["step"]),
+                                                        float(record["value"])))
+    except (ValueError, KeyError) as error:
+      raise ValueError(f"{path}:{number}: not a metrics record ({error}).") from None
+  return dict(series)
+
+
+def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) -> None:
+  """Loss (train and eval), BLEU/chrF and learning rate against steps, one panel each."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  series = read_metrics(workdir)
+  panels = [("loss", ["loss"]), ("BLEU / chrF", ["bleu", "chrf"]),
+            ("learning rate", ["learning_rate", "lr"])]
+  panels = [(title, [(key, values) for key, values in sorted(series.items())
+                     if key[1] in names]) for title, names in panels]
+  panels = [(title, lines) for title, lines in panels if lines]
+  if not panels:
+    raise ValueError(f"No loss, BLEU or learning-rate metrics in {workdir}/metrics.jsonl.")
+  figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+  for axis, (title, lines) in zip(axes[0], panels, strict=True):
+    for (split, name), values in lines:
+      steps, ys = zip(*values, strict=True)
+      axis.plot(steps, ys, marker="o" if len(steps) < 30 else None, label=f"{split} {name}")
+    axis.set_title(title)
+    axis.set_xlabel("step")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+  figure.suptitle(str(Path(workdir).resolve().name))
+  figure.tight_layout()
+  _save_figure(figure, output)
+  plt.close(figure)
+
+
+def _save_figure(figure: Any, output: str | os.PathLike) -> None:
+  """Saves a PNG through a temporary file + rename."""
+  output = Path(output)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  tmp = output.with_name(f".{output.name}.tmp.png")
+  figure.savefig(tmp, dpi=110)
+  os.replace(tmp, output)
+

@@ -1,0 +1,158 @@
+"""The serving commands end to end on a real (briefly trained) workdir: translate, evaluate,
+average, attention and curves, plus `Translator.from_workdir` with real beam search.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from flax_transformer import Translator
+from flax_transformer.averaging import average_checkpoints, restore_averaged_params
+from flax_transformer.cli import main
+from flax_transformer.data.pipeline import DataConfig, split_texts
+from flax_transformer.training import checkpoints
+from flax_transformer.translate import read_lines
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 30
+
+# configs/default.py shrunk to seconds; checkpoints at steps 10, 20, 30 (all kept).
+SHRUNK = {
+    "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
+    "model.num_decoder_layers": 2, "model.max_len": 48,
+    "data.synthetic_num_train": 400, "data.synthetic_num_eval": 16,
+    "data.synthetic_num_test": 24, "data.vocab_size": 160, "data.max_length": 24,
+    "data.batch_tokens": 384, "data.eval_batch_size": 8, "data.eval_max_length": 24,
+    "train.num_train_steps": STEPS, "train.warmup_steps": 4, "train.log_every_steps": 5,
+    "checkpoint.save_every_steps": 10, "checkpoint.max_to_keep": 3,
+    "eval.eval_every_steps": 0, "eval.translate": True, "eval.test_at_end": False,
+    "decode.beam_size": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+  root = tmp_path_factory.mktemp("cli")
+  workdir = root / "workdir"
+  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(root / "tfds")})
+  command = [sys.executable, str(REPO / "train.py"),
+             f"--config={REPO / 'configs' / 'default.py'}", f"--workdir={workdir}",
+             *(f"--config.{k}={v}" for k, v in overrides.items())]
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def test_pairs(workdir) -> list[tuple[str, str]]:
+  config = json.loads((workdir / "config.json").read_text())
+  return split_texts(DataConfig.from_config(config["data"]), "test")
+
+
+def test_translator_from_workdir_restores_latest_or_given_step(workdir, test_pairs):
+  sources = [source for source, _ in test_pairs[:6]]
+  latest = Translator.from_workdir(workdir)
+  assert latest.step == STEPS and latest.settings.beam_size == 2  # config.decode's beam
+  earlier = Translator.from_workdir(workdir, step=10)
+  assert earlier.step == 10
+  outputs = latest.translate(sources)
+  assert len(outputs) == 6 and all(isinstance(o, str) for o in outputs)
+  # Batching must not change results: one by one gives the same translations.
+  assert [latest.translate([s])[0] for s in sources] == outputs
+  nbest = latest.translate_nbest(sources[:2], n=2)
+  assert all(len(h) == 2 and h[0][1] >= h[1][1] for h in nbest)
+  with pytest.raises(FileNotFoundError, match="No checkpoint for step 7"):
+    Translator.from_workdir(workdir, step=7)
+
+
+def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, tmp_path):
+  lines = [test_pairs[0][0], "", test_pairs[1][0], "   ", test_pairs[2][0]]
+  source = tmp_path / "in.txt"
+  source.write_text("\n".join(lines) + "\n")
+  output = tmp_path / "out.txt"
+  assert main(["translate", "--workdir", str(workdir), "--input", str(source),
+               "--output", str(output), "--beam_size", "3"]) == 0
+  translated = read_lines(str(output))
+  assert len(translated) == len(lines)
+  assert translated[1] == "" and translated[3] == ""
+  assert translated[0] == Translator.from_workdir(workdir, beam_size=3).translate(lines[:1])[0]
+
+
+def test_translate_command_rejects_bad_utf8_before_restoring(workdir, tmp_path, capsys):
+  source = tmp_path / "bad.txt"
+  source.write_bytes(b"fine\n\xc3\x28 broken\n")
+  output = tmp_path / "out.txt"
+  code = main(["translate", "--workdir", str(workdir), "--input", str(source),
+               "--output", str(output)])
+  assert code == 2 and "bad.txt:2: invalid UTF-8" in capsys.readouterr().err
+  assert not output.exists()
+
+
+def test_evaluate_command_scores_with_sacrebleu(workdir, test_pairs, tmp_path, capsys):
+  src, ref = tmp_path / "test.src", tmp_path / "test.ref"
+  src.write_text("".join(s + "\n" for s, _ in test_pairs))
+  ref.write_text("".join(t + "\n" for _, t in test_pairs))
+  assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref", str(ref),
+               "--json"]) == 0
+  scores = json.loads(capsys.readouterr().out)
+  assert 0.0 <= scores["bleu"] <= 100.0 and 0.0 <= scores["chrf"] <= 100.0
+  assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+  assert scores["step"] == STEPS
+  # A reference file with another line count is refused with exit status 2.
+  ref2 = tmp_path / "short.ref"
+  ref2.write_text("a\n")
+  assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref",
+               str(ref2)]) == 2
+
+
+def test_average_command_averages_parameters(workdir, capsys):
+  assert main(["average", "--workdir", str(workdir), "--last", "2"]) == 0
+  path = Path(capsys.readouterr().out.strip())
+  assert path.name == f"step_{STEPS}_last_2"
+  averaged, step = restore_averaged_params(path)
+  assert step == STEPS
+  a, _ = checkpoints.restore_params(workdir, STEPS - 10)
+  b, _ = checkpoints.restore_params(workdir, STEPS)
+  for x, y, mean in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(averaged),
+                        strict=True):
+    np.testing.assert_allclose(mean, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6, atol=1e-7)
+  translator = Translator.from_workdir(workdir, checkpoint=path)
+  assert len(translator.translate(["a b c", "d"])) == 2
+  with pytest.raises(ValueError, match="cannot average the last 5"):
+    average_checkpoints(workdir, last=5)
+
+
+def test_attention_and_curves_pictures(workdir, test_pairs, tmp_path):
+  picture = tmp_path / "attention.png"
+  assert main(["attention", "--workdir", str(workdir), "--text", test_pairs[0][0],
+               "--output", str(picture)]) == 0
+  assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+  curves = tmp_path / "curves.png"
+  assert main(["curves", "--workdir", str(workdir), "--output", str(curves)]) == 0
+  assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_attention_maps_are_distributions(workdir, test_pairs):
+  from flax_transformer.data.tokenizer import EOS_ID
+  from flax_transformer.visualize import attention_maps
+
+  translator = Translator.from_workdir(workdir)
+  tok = translator.tokenizer
+  source = np.asarray([*tok.encode(test_pairs[0][0]), EOS_ID])
+  target = np.asarray([*tok.encode(test_pairs[0][1]), EOS_ID])
+  maps = attention_maps(translator.model, translator.params, source, target)
+  s, t = len(source), len(target)
+  assert [m.shape for m in maps["encoder/self_attention"]] == [(4, s, s)]
+  assert [m.shape for m in maps["decoder/cross_attention"]] == [(4, t, s)] * 2
+  for kind in maps.values():
+    for weights in kind:
+      np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  causal = maps["decoder/self_attention"][0]
+  assert np.all(np.triu(causal, k=1) == 0)  # No weight on future positions.

@@ -1,0 +1,150 @@
+"""Translator batching, order, empty lines, truncation and file handling.
+
+The search is replaced by a copy model (each hypothesis is its own source), so the expected
+output of every line is known exactly and any mix-up of the batching order shows.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer import ModelConfig, Transformer
+from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
+from flax_transformer.predict import output_length_caps
+from flax_transformer.translate import (
+    Batch,
+    DecodeSettings,
+    Translator,
+    bucket_length,
+    plan_batches,
+    read_lines,
+    translate_lines,
+    write_lines_atomically,
+)
+
+WORDS = [
+    "a", "man", "is", "riding", "a", "red", "bike", "down", "the", "street", "while", "two",
+    "dogs", "run", "after", "him", "in", "the", "park", "near", "a", "small", "lake", "with",
+    "blue", "water"]
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.choice(WORDS, rng.integers(1, 30))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+  path = tmp_path_factory.mktemp("vocab") / "vocab.model"
+  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram", path=path)
+
+
+def copy_search(params, inputs, *, beam_size, max_decode_len, length_penalty, max_len_a,
+                max_len_b):
+  """Stands in for beam search: K hypotheses, each the source itself, cut at the length cap."""
+  del params, length_penalty
+  rows, length = inputs.shape
+  caps = output_length_caps(inputs, max_len_a, max_len_b)  # tokens before EOS
+  source = jnp.zeros((rows, max_decode_len), jnp.int32).at[:, : min(length, max_decode_len)].set(
+      inputs[:, :max_decode_len])
+  positions = jnp.arange(max_decode_len)[None]
+  copied = jnp.where(positions < caps[:, None], source,
+                     jnp.where(positions == caps[:, None], EOS_ID, 0))
+  after_eos = jnp.cumsum(copied == EOS_ID, axis=1) - (copied == EOS_ID) > 0
+  copied = jnp.where(after_eos, 0, copied)
+  sequences = jnp.repeat(copied[:, None], beam_size, axis=1)  # [B, K, L]
+  scores = -jnp.arange(beam_size, dtype=jnp.float32)[None].repeat(rows, 0)  # [B, K]
+  return sequences, scores
+
+
+def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
+  config = ModelConfig.tiny(tokenizer.vocab_size, max_len=max_len)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
+  translator = Translator(config, params, tokenizer, DecodeSettings(**settings))
+  translator._search = copy_search
+  return translator
+
+
+def test_plan_batches_covers_every_sentence_once_in_few_shapes():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 120, 500)
+  batches = plan_batches(lengths, batch_tokens=512, max_len=128)
+  seen = np.concatenate([b.indices for b in batches])
+  assert sorted(seen.tolist()) == list(range(500))
+  for batch in batches:
+    assert batch.rows & (batch.rows - 1) == 0 and len(batch.indices) <= batch.rows
+    assert batch.rows * batch.length <= 512 or batch.rows == 1
+    assert all(lengths[i] <= batch.length for i in batch.indices)
+  assert len({(b.rows, b.length) for b in batches}) <= 12
+  small = plan_batches([3, 30, 5], 64, 256)
+  assert [(b.indices.tolist(), b.rows, b.length) for b in small] == [([0, 2], 2, 8),
+                                                                      ([1], 1, 32)]
+  assert isinstance(small[0], Batch)
+
+
+def test_bucket_length():
+  assert [bucket_length(n, 100) for n in (1, 8, 9, 33, 100)] == [8, 8, 16, 64, 100]
+
+
+def test_order_is_restored_and_empty_lines_stay_empty(tokenizer):
+  translator = copy_translator(tokenizer, batch_tokens=64)
+  lines = sentences(40, seed=1)
+  lines[3] = ""
+  lines[17] = "   "
+  outputs = translator.translate(lines)
+  assert len(outputs) == len(lines)
+  for line, output in zip(lines, outputs, strict=True):
+    assert output == tokenizer.decode(tokenizer.encode(line))  # The copy of its own source.
+  assert outputs[3] == "" and outputs[17] == ""
+  nbest = translator.translate_nbest(lines[4:9], n=3, beam_size=3)
+  assert [len(h) for h in nbest] == [3, 3, 3, 3, 3]
+  assert all(h[0][1] >= h[1][1] >= h[2][1] for h in nbest)
+
+
+def test_long_lines_are_truncated_and_counted(tokenizer):
+  translator = copy_translator(tokenizer, max_len=16)
+  long_line = " ".join(["street"] * 40)
+  outputs = translator.translate(["a man", long_line])
+  assert translator.truncated == 1
+  assert outputs[0] == "a man"
+  assert len(tokenizer.encode(outputs[1])) <= 15
+
+
+def test_output_length_is_capped_relative_to_the_source(tokenizer):
+  translator = copy_translator(tokenizer, max_len_a=0.0, max_len_b=3)
+  output = translator.translate(["a man is riding a red bike"])[0]
+  assert len(tokenizer.encode(output)) == 3  # 3 tokens, then EOS
+
+
+def test_read_lines_reports_invalid_utf8_with_file_and_line(tmp_path):
+  path = tmp_path / "input.txt"
+  path.write_bytes(b"ok line\nsecond\n" + b"bad \xff byte\n")
+  with pytest.raises(ValueError, match=r"input.txt:3: invalid UTF-8"):
+    read_lines(str(path))
+  with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
+    read_lines(str(tmp_path / "missing.txt"))
+
+
+def test_failure_leaves_no_partial_output(tokenizer, tmp_path):
+  translator = copy_translator(tokenizer, batch_tokens=16)
+  output = tmp_path / "out.txt"
+  output.write_text("previous complete file\n")
+  calls = []
+
+  def failing_progress(count):
+    calls.append(count)
+    if len(calls) == 2:
+      raise RuntimeError("simulated crash mid-file")
+
+  with pytest.raises(RuntimeError):
+    write_lines_atomically(str(output), translate_lines(
+        translator, sentences(30), progress=failing_progress))
+  assert output.read_text() == "previous complete file\n"
+  assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+  lines = sentences(7) + [""]
+  write_lines_atomically(str(output), translate_lines(translator, lines))
+  assert len(read_lines(str(output))) == len(lines)
