@@ -1,0 +1,511 @@
+"""Beam search, greedy decoding and sampling over an explicit decoding state.
+
+This module knows the model only through one callable (`TokensToLogits`) and the state that
+callable carries; it imports no model code. Shape letters: B batch, K beams, L max decode
+length, V vocabulary.
+
+State protocol
+  `initial_state` is a pytree whose leaves lead with B. `beam_search` repeats every leaf for the
+  K beams (rows b*K .. b*K+K-1 belong to sentence b, so the leaves then lead with B*K) and after
+  each step reorders those rows once, so that every beam carries the state of the beam it
+  extends. 0-d leaves (such as the Transformer cache's `index`, the next position, the same for
+  all rows) are carried unchanged: never repeated, never reordered. `shared_state` (optional)
+  leaves lead with B and are never repeated or reordered; when it is given the callable is
+  called as `tokens_to_logits(ids, state, shared_state)`, otherwise `tokens_to_logits(ids,
+  state)`. `ids` is int32 [B*K, 1]: the last token of every beam, `bos_id` at the first step.
+  Greedy decoding and sampling use the same protocol with K = 1.
+
+How the Transformer plugs in (`flax_transformer.predict` does exactly this):
+  cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
+  cache = model.apply(variables, B, L, method=Transformer.init_cache)
+  step = lambda ids, cache, cross: model.apply(variables, ids, cache, cross,
+                                               method=Transformer.decode_step)
+  sequences, scores = beam_search(step, cache, shared_state=cross, batch_size=B, ...)
+  The self-attention cache is per-beam state; the cross-attention keys/values, computed once per
+  sentence, are shared state that the K beams of a sentence read without copies.
+
+Outputs
+  Token id 0 pads the output ("zeros after EOS"), so it is never emitted; its probability is not
+  renormalized away, so scores stay the model's own log-probabilities. Lengths count output
+  tokens, BOS excluded and EOS included. `max_lengths[b]` allows at most that many tokens before
+  EOS (EOS is forced next, as fairseq's max_len_a * src_len + max_len_b); `min_length` forbids
+  EOS before that many tokens; `max_decode_len` bounds every output, EOS included.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+PyTree = Any
+
+# The id that pads outputs after EOS ("zeros after EOS"); the same id as data.tokenizer.PAD_ID.
+OUTPUT_PADDING_ID = 0
+_NEG_INF = -jnp.inf
+
+
+class TokensToLogits(Protocol):
+  """One decoding step: the last token of every row -> next-token logits and the new state."""
+
+  def __call__(self, ids: Array, state: PyTree, /) -> tuple[Array, PyTree]:
+    """ids int32 [B*K, 1], state leaves [B*K, ...] -> (logits [B*K, V], new state)."""
+    ...
+
+
+class TokensToLogitsWithShared(Protocol):
+  """`TokensToLogits` that also reads a per-sentence `shared_state` (leaves [B, ...])."""
+
+  def __call__(self, ids: Array, state: PyTree, shared_state: PyTree, /
+               ) -> tuple[Array, PyTree]:
+    """ids int32 [B*K, 1], state [B*K, ...], shared_state [B, ...] -> (logits [B*K, V], state)."""
+    ...
+
+
+@flax.struct.dataclass
+class BeamState:
+  """The loop state of `beam_search`. Alive beams and finished hypotheses are kept apart."""
+
+  step: Array  # int32 []: the position decoded next = tokens per alive beam so far.
+  last_ids: Array  # int32 [B, K]: every alive beam's last token (`bos_id` before step 0).
+  alive_seqs: Array  # int32 [B, K, L]: alive beams' tokens, zeros from `step` on.
+  alive_log_probs: Array  # float32 [B, K]: their summed log-probabilities, best first; -inf = none.
+  alive_state: PyTree  # the callable's state, leaves [B*K, ...] (0-d leaves as given).
+  finished_seqs: Array  # int32 [B, K, L]: hypotheses ended by EOS, zeros after EOS.
+  finished_scores: Array  # float32 [B, K]: their length-normalized scores, best first; -inf = none.
+  all_done: Array  # bool []: no alive beam of any sentence can still enter its top K finished.
+
+
+def length_penalty_divisor(num_tokens: Array | int, alpha: float) -> Array:
+  """GNMT's length penalty ((5 + n) / 6) ** alpha for n tokens (EOS included), float32."""
+  return ((5.0 + jnp.asarray(num_tokens, jnp.float32)) / 6.0) ** alpha
+
+
+def beam_search(
+    tokens_to_logits: TokensToLogits | TokensToLogitsWithShared,
+    initial_state: PyTree,
+    *,
+    batch_size: int,
+    beam_size: int,
+    max_decode_len: int,
+    eos_id: int,
+    bos_id: int = 0,
+    length_penalty: float = 0.6,
+    shared_state: PyTree | None = None,
+    max_lengths: Array | None = None,
+    min_length: int = 0,
+    return_all: bool = True,
+) -> tuple[Array, Array]:
+  """Beam search with finished hypotheses kept apart from the K alive beams.
+
+  Every step extends each alive beam by its best tokens (one log-sum-exp and one small top-k
+  over each beam's logits; no full-vocabulary log-softmax or sort): its EOS extension is a
+  finished candidate, scored (sum of log-probs) / ((5 + n) / 6) ** length_penalty with n
+  tokens including EOS, and the K best non-EOS extensions of the sentence stay alive. So up
+  to 2K candidates per step, and K beams can finish at once. The loop stops
+  early once no alive beam can beat the worst of K finished hypotheses: alive sums only fall,
+  and the bound divides them by the largest length penalty they could still reach.
+
+  Args:
+    tokens_to_logits: the step function; see the module docstring for the state protocol.
+    initial_state: pytree, leaves [B, ...] (repeated for the K beams) or 0-d (carried as is).
+    batch_size: B. beam_size: K. max_decode_len: L, output tokens including EOS.
+    eos_id: ends a hypothesis (must not be 0, the output padding). bos_id: the first input id.
+    length_penalty: alpha of the GNMT length penalty; 0 ranks by summed log-probability.
+    shared_state: optional pytree, leaves [B, ...], passed to every call, never reordered.
+    max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
+    min_length: fewest tokens before EOS (EOS forbidden earlier).
+    return_all: True gives all K hypotheses; False only the best one.
+
+  Returns:
+    (sequences int32 [B, K, L], scores float32 [B, K]), best first; with return_all=False
+    ([B, L], [B]). Sequences exclude BOS, include EOS, and hold zeros after it. A hypothesis
+    that never emits EOS within L tokens ranks below every finished one, with score
+    (sum of log-probs) / ((5 + L) / 6) ** alpha; slots with no hypothesis at all (tiny
+    vocabularies or limits) hold zeros and score -inf.
+  """
+  _check_search_args("beam_search", batch_size, max_decode_len, eos_id, min_length)
+  if not isinstance(beam_size, int) or beam_size < 1:
+    raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}.")
+  step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
+  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  state = _initial_beam_state(initial_state, batch_size, beam_size, max_decode_len, bos_id)
+  _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, eos_id)
+  step = functools.partial(_beam_step, step_fn, eos_id, length_penalty, max_lengths, min_length)
+  final = lax.while_loop(lambda s: (s.step < max_decode_len) & ~s.all_done,
+                         lambda s: step(step(s)), state)
+  sequences, scores = _ranked_hypotheses(final, length_penalty)
+  if return_all:
+    return sequences, scores
+  return sequences[:, 0], scores[:, 0]
+
+
+def _initial_beam_state(initial_state: PyTree, batch_size: int, beam_size: int,
+                        max_decode_len: int, bos_id: int) -> BeamState:
+  """K copies of every sentence's state; only beam 0 is alive, so step 0 has no duplicates."""
+  shape = (batch_size, beam_size)
+  first_beam_only = jnp.where(jnp.arange(beam_size) == 0, 0.0, _NEG_INF).astype(jnp.float32)
+  repeat = lambda x: x if jnp.ndim(x) == 0 else jnp.repeat(x, beam_size, axis=0)
+  return BeamState(
+      step=jnp.zeros((), jnp.int32),
+      last_ids=jnp.full(shape, bos_id, jnp.int32),
+      alive_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
+      alive_log_probs=jnp.broadcast_to(first_beam_only, shape),
+      alive_state=jax.tree.map(repeat, initial_state),
+      finished_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
+      finished_scores=jnp.full(shape, _NEG_INF, jnp.float32),
+      all_done=jnp.zeros((), bool))
+
+
+def _beam_step(step_fn: TokensToLogits, eos_id: int, alpha: float, max_lengths: Array,
+               min_length: int, state: BeamState) -> BeamState:
+  """One position for every beam: score the candidates, keep K finished and K alive.
+
+  The loop body runs two steps: the beam reorder of the state writes a new buffer that a while
+  loop must copy back into its carry, and two steps per iteration halve those copies. A step
+  past L (the second of an iteration started at L - 1) changes nothing but the state.
+  """
+  batch, beams, max_len = state.alive_seqs.shape
+  valid = state.step < max_len
+  logits, new_state = step_fn(state.last_ids.reshape(batch * beams, 1), state.alive_state)
+  eos_log_probs, token_log_probs, token_ids = _expand(logits.astype(jnp.float32), eos_id, beams)
+  forced = state.step >= max_lengths  # [B]: EOS is the only choice from here on.
+  eos_allowed = (state.step >= min_length) | forced  # [B]
+
+  # Finished candidates: every alive beam followed by EOS -> [B, K].
+  eos_scores = (state.alive_log_probs + eos_log_probs.reshape(batch, beams)) / (
+      length_penalty_divisor(state.step + 1, alpha))
+  eos_scores = jnp.where(eos_allowed[:, None] & valid, eos_scores, _NEG_INF)
+  at_step = jnp.arange(max_len) == state.step  # [L]
+  eos_seqs = jnp.where(at_step, eos_id, state.alive_seqs)  # [B, K, L]
+  finished_scores, pick = lax.top_k(
+      jnp.concatenate([state.finished_scores, eos_scores], axis=1), beams)  # [B, K]
+  finished_seqs = jnp.take_along_axis(
+      jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), pick[..., None], axis=1)
+
+  # Alive candidates: the C best non-EOS tokens of every beam -> [B, K*C], keep the K best.
+  candidates = state.alive_log_probs[..., None] + token_log_probs.reshape(batch, beams, -1)
+  candidates = jnp.where(forced[:, None], _NEG_INF, candidates.reshape(batch, -1))
+  alive_log_probs, flat = lax.top_k(candidates, beams)  # [B, K]
+  parent = flat // token_log_probs.shape[-1]  # [B, K]
+  tokens = jnp.take_along_axis(token_ids.reshape(batch, -1), flat, axis=1)  # [B, K]
+  alive_seqs = jnp.where(at_step, tokens[..., None],
+                         jnp.take_along_axis(state.alive_seqs, parent[..., None], axis=1))
+  keep = lambda new, old: jnp.where(valid, new, old)
+  alive_log_probs = keep(alive_log_probs, state.alive_log_probs)
+  return BeamState(
+      step=state.step + valid.astype(jnp.int32), last_ids=keep(tokens, state.last_ids),
+      alive_seqs=keep(alive_seqs, state.alive_seqs), alive_log_probs=alive_log_probs,
+      alive_state=_gather_beams(new_state, parent),
+      finished_seqs=finished_seqs, finished_scores=finished_scores,
+      all_done=_all_done(alive_log_probs, finished_scores, state.step + 1, max_lengths,
+                         max_len, alpha))
+
+
+def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array]:
+  """Log-probabilities of EOS and of the best C = min(V, K + 2) tokens of every row.
+
+  A row's K best non-EOS, non-padding tokens are among its K + 2 best, so one top-k over the raw
+  logits (same order as log-probabilities) finds them without a full-vocabulary log-softmax;
+  EOS and padding among them get -inf.
+
+  Args:
+    logits: float32 [R, V] (R = B*K rows).
+  Returns:
+    (eos log-prob [R], token log-probs [R, C], token ids int32 [R, C]).
+  """
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [R]
+  eos_log_probs = logits[:, eos_id] - log_normalizer
+  top_logits, top_ids = _top_k(logits, min(logits.shape[-1], beams + 2))  # [R, C]
+  emittable = (top_ids != eos_id) & (top_ids != OUTPUT_PADDING_ID)
+  token_log_probs = jnp.where(emittable, top_logits - log_normalizer[:, None], _NEG_INF)
+  return eos_log_probs, token_log_probs, top_ids
+
+
+def _top_k(x: Array, k: int) -> tuple[Array, Array]:
+  """The k largest values of every row of x [R, V] and their int32 indices, largest first.
+
+  Same result as `lax.top_k` (up to the order of ties), several times faster on CPU for small k
+  and large V: XLA's top-k and argmax are scalar loops there, while max-reductions vectorize. The
+  k best values lie in the k blocks (of about 64 columns) with the largest maxima, so one max
+  per block, a top-k over the block maxima and a top-k over those k blocks suffice.
+  """
+  rows, size = x.shape
+  block = _block_size(size)
+  blocks = size // block
+  if blocks <= 2 * k:
+    values, indices = lax.top_k(x, k)
+    return values, indices.astype(jnp.int32)
+  main = blocks * block  # Columns past `main` (fewer than one block) are always candidates.
+  grouped = x[:, :main].reshape(rows, blocks, block)
+  _, best_blocks = lax.top_k(jnp.max(grouped, axis=-1), k)  # [R, k]
+  candidates = jnp.take_along_axis(grouped, best_blocks[..., None], axis=1).reshape(rows, -1)
+  candidate_ids = (best_blocks[..., None] * block + jnp.arange(block)).reshape(rows, -1)
+  if main < size:
+    candidates = jnp.concatenate([candidates, x[:, main:]], axis=1)
+    tail_ids = jnp.broadcast_to(jnp.arange(main, size), (rows, size - main))
+    candidate_ids = jnp.concatenate([candidate_ids, tail_ids], axis=1)
+  values, picked = lax.top_k(candidates, k)
+  return values, jnp.take_along_axis(candidate_ids, picked, axis=1).astype(jnp.int32)
+
+
+def _block_size(size: int) -> int:
+  """A block length near 64 that divides `size` when one in [48, 96] does, else 64."""
+  divisors = [b for b in range(48, 97) if size % b == 0]
+  return min(divisors, key=lambda b: abs(b - 64)) if divisors else 64
+
+
+def _gather_beams(state: PyTree, parent: Array) -> PyTree:
+  """Rows of every leaf [B*K, ...] reordered by parent beam int [B, K]; 0-d leaves as given."""
+  batch, beams = parent.shape
+  rows = (jnp.arange(batch, dtype=jnp.int32)[:, None] * beams + parent).reshape(-1)  # [B*K]
+  gather = lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows, axis=0, mode="clip")
+  return jax.tree.map(gather, state)
+
+
+def _all_done(alive_log_probs: Array, finished_scores: Array, num_tokens: Array,
+              max_lengths: Array, max_decode_len: int, alpha: float) -> Array:
+  """Whether no alive beam can beat its sentence's K-th finished hypothesis any more.
+
+  An alive beam now holds `num_tokens` tokens and could finish with n in [num_tokens + 1,
+  n_max] tokens. Its log-probability sum (<= 0) can only fall, and the penalty is monotonic in
+  n, so its best possible score is the sum divided by the larger penalty of the two ends.
+  """
+  n_max = jnp.minimum(max_lengths + 1, max_decode_len)  # [B]
+  largest_divisor = jnp.maximum(length_penalty_divisor(num_tokens + 1, alpha),
+                                length_penalty_divisor(n_max, alpha))  # [B]
+  best_possible = alive_log_probs[:, 0] / largest_divisor  # [B]; alive is sorted best first
+  return jnp.all(best_possible <= finished_scores[:, -1])
+
+
+def _ranked_hypotheses(final: BeamState, alpha: float) -> tuple[Array, Array]:
+  """Finished hypotheses first (best first), then unfinished alive beams fill the K slots."""
+  beams = final.alive_seqs.shape[1]
+  unfinished_scores = final.alive_log_probs / length_penalty_divisor(final.step, alpha)
+  num_finished = jnp.sum(final.finished_scores > _NEG_INF, axis=1, keepdims=True)  # [B, 1]
+  slot = jnp.arange(beams)[None, :]  # [1, K]
+  pick = jnp.where(slot < num_finished, slot, beams + slot - num_finished)  # [B, K] into 2K
+  scores = jnp.take_along_axis(
+      jnp.concatenate([final.finished_scores, unfinished_scores], axis=1), pick, axis=1)
+  sequences = jnp.take_along_axis(
+      jnp.concatenate([final.finished_seqs, final.alive_seqs], axis=1), pick[..., None], axis=1)
+  sequences = jnp.where(scores[..., None] > _NEG_INF, sequences, OUTPUT_PADDING_ID)
+  return sequences, scores
+
+
+@flax.struct.dataclass
+class _SequentialState:
+  """The loop state of greedy decoding and sampling (one hypothesis per sentence)."""
+
+  step: Array  # int32 []: the position decoded next.
+  last_ids: Array  # int32 [B]: every row's last token (`bos_id` before step 0).
+  sequences: Array  # int32 [B, L]: tokens so far, zeros after EOS.
+  log_probs: Array  # float32 [B]: summed log-probabilities up to and including EOS.
+  finished: Array  # bool [B]: EOS emitted.
+  state: PyTree  # the callable's state, leaves [B, ...].
+
+
+# (logits float32 [B, V], eos_allowed bool [B], step int32 []) -> next tokens int32 [B].
+TokenChooser = Callable[[Array, Array, Array], Array]
+
+
+def greedy_search(
+    tokens_to_logits: TokensToLogits | TokensToLogitsWithShared,
+    initial_state: PyTree,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    eos_id: int,
+    bos_id: int = 0,
+    shared_state: PyTree | None = None,
+    max_lengths: Array | None = None,
+    min_length: int = 0,
+) -> tuple[Array, Array]:
+  """Greedy decoding: the most probable emittable token at every step.
+
+  Same state protocol and length options as `beam_search` (K = 1, so `initial_state` leaves
+  [B, ...] are used as they are).
+
+  Returns:
+    (sequences int32 [B, L], scores float32 [B]): tokens up to and including EOS, zeros after;
+    the summed log-probability of those tokens (no length penalty).
+  """
+  def best(logits: Array, eos_allowed: Array, step: Array) -> Array:
+    # Padding and a forbidden EOS can take two of the three best places.
+    _, ids = _top_k(logits, min(3, logits.shape[-1]))  # [B, 3]
+    allowed = (ids != OUTPUT_PADDING_ID) & ((ids != eos_id) | eos_allowed[:, None])
+    return jnp.take_along_axis(ids, jnp.argmax(allowed, axis=1)[:, None], axis=1)[:, 0]
+
+  return _sequential_search(
+      "greedy_search", tokens_to_logits, initial_state, best, batch_size=batch_size,
+      max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
+      max_lengths=max_lengths, min_length=min_length)
+
+
+def sample(
+    tokens_to_logits: TokensToLogits | TokensToLogitsWithShared,
+    initial_state: PyTree,
+    rng: Array,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    eos_id: int,
+    bos_id: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    shared_state: PyTree | None = None,
+    max_lengths: Array | None = None,
+    min_length: int = 0,
+) -> tuple[Array, Array]:
+  """Ancestral sampling from softmax(logits / temperature), optionally top-k and nucleus (top-p).
+
+  Filters apply in the order temperature, top-k (keep the k most probable tokens; 0 = all),
+  top-p (keep the smallest most-probable set whose probability reaches `top_p`; 1 = all).
+  Same state protocol and length options as `beam_search` with K = 1.
+
+  Returns:
+    (sequences int32 [B, L], scores float32 [B]): sampled tokens up to and including EOS, zeros
+    after; the model's summed log-probability of them (log-softmax of the unfiltered logits).
+  """
+  if not temperature > 0:
+    raise ValueError(f"sample: temperature must be > 0, got {temperature!r}.")
+  if not isinstance(top_k, int) or top_k < 0:
+    raise ValueError(f"sample: top_k must be an int >= 0 (0 = no limit), got {top_k!r}.")
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"sample: top_p must lie in (0, 1], got {top_p!r}.")
+
+  def draw(logits: Array, eos_allowed: Array, step: Array) -> Array:
+    logits = logits.at[:, OUTPUT_PADDING_ID].set(_NEG_INF)
+    logits = logits.at[:, eos_id].set(jnp.where(eos_allowed, logits[:, eos_id], _NEG_INF))
+    logits = logits / temperature
+    if top_k:
+      logits = _top_k_filter(logits, top_k)
+    if top_p < 1.0:
+      logits = _top_p_filter(logits, top_p)
+    # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits).
+    noise = jax.random.gumbel(jax.random.fold_in(rng, step), logits.shape, jnp.float32)
+    return _top_k(logits + noise, 1)[1][:, 0]
+
+  return _sequential_search(
+      "sample", tokens_to_logits, initial_state, draw, batch_size=batch_size,
+      max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
+      max_lengths=max_lengths, min_length=min_length)
+
+
+def _top_k_filter(logits: Array, k: int) -> Array:
+  """-inf for every token below the k-th largest logit of its row; logits [R, V]."""
+  kth = _top_k(logits, min(k, logits.shape[-1]))[0][:, -1:]  # [R, 1]
+  return jnp.where(logits < kth, _NEG_INF, logits)
+
+
+def _top_p_filter(logits: Array, top_p: float) -> Array:
+  """-inf outside the smallest most-probable set of tokens with probability >= top_p."""
+  sorted_logits = lax.top_k(logits, logits.shape[-1])[0]  # [R, V], descending
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs  # keeps the first token always
+  threshold = jnp.min(jnp.where(mass_before < top_p, sorted_logits, jnp.inf), axis=-1,
+                      keepdims=True)  # [R, 1]
+  return jnp.where(logits < threshold, _NEG_INF, logits)
+
+
+def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_state: PyTree,
+                       choose: TokenChooser, *, batch_size: int, max_decode_len: int,
+                       eos_id: int, bos_id: int, shared_state: PyTree | None,
+                       max_lengths: Array | None, min_length: int) -> tuple[Array, Array]:
+  """The loop shared by greedy decoding and sampling; `choose` picks each next token."""
+  _check_search_args(name, batch_size, max_decode_len, eos_id, min_length)
+  step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
+  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  start = _SequentialState(
+      step=jnp.zeros((), jnp.int32), last_ids=jnp.full((batch_size,), bos_id, jnp.int32),
+      sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
+      log_probs=jnp.zeros((batch_size,), jnp.float32),
+      finished=jnp.zeros((batch_size,), bool), state=initial_state)
+  _check_step_fn(step_fn, start.last_ids[:, None], initial_state, eos_id)
+
+  def body(s: _SequentialState) -> _SequentialState:
+    logits, new_state = step_fn(s.last_ids[:, None], s.state)
+    logits = logits.astype(jnp.float32)  # [B, V]
+    forced = s.step >= max_lengths  # [B]
+    tokens = jnp.where(forced, eos_id, choose(logits, (s.step >= min_length) | forced, s.step))
+    tokens = jnp.where(s.finished, OUTPUT_PADDING_ID, tokens)  # [B]
+    log_probs = (jnp.take_along_axis(logits, tokens[:, None], axis=1)[:, 0]
+                 - jax.nn.logsumexp(logits, axis=-1))
+    return _SequentialState(
+        step=s.step + 1, last_ids=tokens,
+        sequences=jnp.where(jnp.arange(max_decode_len) == s.step, tokens[:, None], s.sequences),
+        log_probs=s.log_probs + jnp.where(s.finished, 0.0, log_probs),
+        finished=s.finished | (tokens == eos_id), state=new_state)
+
+  final = lax.while_loop(
+      lambda s: (s.step < max_decode_len) & ~jnp.all(s.finished), body, start)
+  return final.sequences, final.log_probs
+
+
+def _bind_shared(tokens_to_logits: Callable[..., Any], initial_state: PyTree,
+                 shared_state: PyTree | None, batch_size: int) -> TokensToLogits:
+  """Checks leading dimensions and returns a (ids, state) step function."""
+  _check_leading_dim("initial_state", initial_state, batch_size)
+  if shared_state is None:
+    return tokens_to_logits
+  _check_leading_dim("shared_state", shared_state, batch_size)
+  return lambda ids, state: tokens_to_logits(ids, state, shared_state)
+
+
+def _check_search_args(name: str, batch_size: int, max_decode_len: int, eos_id: int,
+                       min_length: int) -> None:
+  for arg, value in (("batch_size", batch_size), ("max_decode_len", max_decode_len)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}.")
+  if not isinstance(eos_id, int) or eos_id <= OUTPUT_PADDING_ID:
+    raise ValueError(
+        f"{name}: eos_id must be a positive int (id {OUTPUT_PADDING_ID} pads the output), "
+        f"got {eos_id!r}.")
+  if not isinstance(min_length, int) or min_length < 0:
+    raise ValueError(f"{name}: min_length must be an int >= 0, got {min_length!r}.")
+
+
+def _check_leading_dim(what: str, tree: PyTree, batch_size: int) -> None:
+  """Every leaf of `tree` must be 0-d or lead with `batch_size`."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    shape = jnp.shape(leaf)
+    if shape and shape[0] != batch_size:
+      raise ValueError(
+          f"{what}{jax.tree_util.keystr(path)} has shape {shape}; leaves must lead with "
+          f"batch_size={batch_size} (or be 0-d).")
+
+
+def _max_lengths(max_lengths: Array | None, batch_size: int, max_decode_len: int) -> Array:
+  """int32 [B]: the per-sentence cap, or `max_decode_len` (never reached) when absent."""
+  if max_lengths is None:
+    return jnp.full((batch_size,), max_decode_len, jnp.int32)
+  if jnp.shape(max_lengths) != (batch_size,):
+    raise ValueError(
+        f"max_lengths must have shape (batch_size,) = ({batch_size},), got "
+        f"{jnp.shape(max_lengths)}.")
+  return jnp.asarray(max_lengths, jnp.int32)
+
+
+def _check_step_fn(step_fn: TokensToLogits, ids: Array, state: PyTree, eos_id: int) -> None:
+  """Traces one step (no compute) and checks the logits shape and that the state keeps its form."""
+  logits, new_state = jax.eval_shape(step_fn, ids, state)
+  rows = ids.shape[0]
+  if logits.ndim != 2 or logits.shape[0] != rows:
+    raise ValueError(
+        f"tokens_to_logits must return logits [{rows}, V] for ids {ids.shape}, got "
+        f"{logits.shape}.")
+  if not 0 < eos_id < logits.shape[1]:
+    raise ValueError(f"eos_id={eos_id} is outside the vocabulary (V={logits.shape[1]}).")
+  before = [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)]
+  after = [(x.shape, x.dtype) for x in jax.tree.leaves(new_state)]
+  if jax.tree.structure(state) != jax.tree.structure(new_state) or before != after:
+    raise ValueError(
+        "tokens_to_logits must return a state with the same structure, shapes and dtypes as "
+        f"it was given; got {after}, expected {before}.")

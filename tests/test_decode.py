@@ -1,0 +1,396 @@
+"""Tests for flax_transformer.decode on toy step functions whose answers are known or enumerable.
+
+The references are independent: NumPy brute-force enumeration of every hypothesis, NumPy greedy
+decoding, analytic optima of a Markov chain, and binomial confidence bounds for sampling.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer import decode
+from flax_transformer.decode import beam_search, greedy_search, sample
+
+EOS = 1
+PAD = 0  # Also BOS.
+NUM_HASHES = 31
+
+
+def _hash(h, token):
+  """A running hash of the prefix; identical for NumPy and JAX int32 values."""
+  return (h * 7 + token + 1) % NUM_HASHES
+
+
+def _log_softmax(x):
+  x = np.asarray(x, np.float64)
+  return x - np.log(np.sum(np.exp(x - x.max()))) - x.max()
+
+
+def _length_penalty(n, alpha):
+  return ((5.0 + n) / 6.0) ** alpha
+
+
+class HashToy:
+  """Next-token logits that depend on the whole prefix (via a running hash) and the position.
+
+  Per sentence b: logits = table[b, hash(prefix)] + position_bias[len(prefix)]. The state holds
+  the hash per row and a 0-d `index` (the position); the table is per sentence and reaches the
+  step function through the closure, `shared_state`, or the (reordered) state.
+  """
+
+  def __init__(self, seed, batch, max_len, vocab=5, eos_logits=None):
+    rng = np.random.default_rng(seed)
+    self.batch, self.max_len, self.vocab = batch, max_len, vocab
+    self.table = (2.0 * rng.normal(size=(batch, NUM_HASHES, vocab))).astype(np.float32)
+    self.position_bias = rng.normal(size=(max_len, vocab)).astype(np.float32)
+    if eos_logits is not None:
+      self.position_bias[:, EOS] = eos_logits
+    self.initial_hash = rng.integers(0, NUM_HASHES, size=batch).astype(np.int32)
+
+  def initial_state(self, table_in_state=False):
+    state = {"hash": jnp.asarray(self.initial_hash), "index": jnp.zeros((), jnp.int32)}
+    if table_in_state:
+      state["table"] = jnp.asarray(self.table)
+    return state
+
+  def step(self, ids, state, shared=None):
+    """ids [R, 1]; the table comes from `shared`, the state, or the closure, in that order."""
+    if state["index"].shape != ():
+      raise AssertionError(f"the 0-d index leaf arrived with shape {state['index'].shape}")
+    rows = ids.shape[0]
+    table = shared["table"] if shared is not None else state.get("table", jnp.asarray(self.table))
+    if table.shape[0] != rows:  # One table per sentence, K consecutive rows per sentence.
+      table = table[jnp.arange(rows) // (rows // table.shape[0])]
+    new_hash = _hash(state["hash"], ids[:, 0])
+    logits = table[jnp.arange(rows), new_hash] + jnp.asarray(self.position_bias)[state["index"]]
+    return logits, {**state, "hash": new_hash, "index": state["index"] + 1}
+
+  def log_probs(self, b, prefix):
+    """NumPy float64 log-probabilities of the next token after `prefix` in sentence b."""
+    h = int(self.initial_hash[b])
+    for token in (PAD, *prefix):
+      h = _hash(h, token)
+    return _log_softmax(self.table[b, h] + self.position_bias[len(prefix)])
+
+
+def brute_force(log_probs, vocab, max_len, alpha, min_length=0, max_tokens=None):
+  """Every hypothesis, finished ones first, each group best first: [(finished, score, seq)]."""
+  emittable = [t for t in range(vocab) if t not in (PAD, EOS)]
+  hypotheses = []
+  for n in range(max_len):  # n tokens before EOS.
+    for prefix in itertools.product(emittable, repeat=n):
+      forced = max_tokens is not None and n == max_tokens
+      if (max_tokens is not None and n > max_tokens) or (n < min_length and not forced):
+        continue
+      total = sum(log_probs(prefix[:i])[t] for i, t in enumerate(prefix))
+      score = (total + log_probs(prefix)[EOS]) / _length_penalty(n + 1, alpha)
+      if np.isfinite(score):
+        hypotheses.append((True, score, (*prefix, EOS)))
+  if max_tokens is None or max_tokens >= max_len:
+    for seq in itertools.product(emittable, repeat=max_len):
+      total = sum(log_probs(seq[:i])[t] for i, t in enumerate(seq))
+      hypotheses.append((False, total / _length_penalty(max_len, alpha), seq))
+  return sorted(hypotheses, key=lambda h: (not h[0], -h[1]))
+
+
+def _padded(seq, max_len):
+  return list(seq) + [PAD] * (max_len - len(seq))
+
+
+def _assert_matches_brute_force(sequences, scores, toy, alpha, **limits):
+  beams = sequences.shape[1]
+  for b in range(toy.batch):
+    max_tokens = limits.get("max_lengths", [None] * toy.batch)[b]
+    expected = brute_force(functools.partial(toy.log_probs, b), toy.vocab, toy.max_len, alpha,
+                           limits.get("min_length", 0), max_tokens)[:beams]
+    expected += [(False, -np.inf, ())] * (beams - len(expected))  # Empty slots: zeros, -inf.
+    np.testing.assert_array_equal(
+        np.asarray(sequences[b]), [_padded(h[2], toy.max_len) for h in expected])
+    np.testing.assert_allclose(np.asarray(scores[b]), [h[1] for h in expected], rtol=2e-6)
+
+
+def _search(toy, beams, alpha, mode="closure", **kwargs):
+  step, state, shared = toy.step, toy.initial_state(), None
+  if mode == "shared":
+    shared = {"table": jnp.asarray(toy.table)}
+  elif mode == "state":
+    state = toy.initial_state(table_in_state=True)
+  return beam_search(step, state, batch_size=toy.batch, beam_size=beams,
+                     max_decode_len=toy.max_len, eos_id=EOS, length_penalty=alpha,
+                     shared_state=shared, **kwargs)
+
+
+# A first-order Markov chain (t5x decoding_test style) over PAD/BOS, EOS, A, B. Greedy takes A
+# (0.6) and then EOS (0.45): p = 0.27. The best sequence is B EOS: 0.4 * 0.9 = 0.36.
+A, B = 2, 3
+MARKOV = np.array([
+    # PAD/BOS EOS   A     B
+    [0.0, 0.0, 0.6, 0.4],  # after BOS
+    [0.0, 1.0, 0.0, 0.0],  # after EOS (never used)
+    [0.0, 0.45, 0.35, 0.2],  # after A
+    [0.0, 0.9, 0.05, 0.05],  # after B
+])
+
+
+def _markov_step(ids, state):
+  with np.errstate(divide="ignore"):
+    return jnp.asarray(np.log(MARKOV), jnp.float32)[ids[:, 0]], state
+
+
+def test_markov_chain_beam_two_finds_the_best_sequence_greedy_does_not():
+  state = {"unused": jnp.zeros((1,), jnp.int32)}
+  common = dict(batch_size=1, max_decode_len=3, eos_id=EOS)
+  greedy, greedy_score = greedy_search(_markov_step, state, **common)
+  beam, beam_scores = beam_search(_markov_step, state, beam_size=2, length_penalty=0.0, **common)
+  probs = {seq: np.prod([MARKOV[prev, t] for prev, t in zip((PAD, *seq), seq, strict=False)])
+           for n in (1, 2, 3) for seq in itertools.product(range(4), repeat=n)
+           if seq[-1] == EOS and EOS not in seq[:-1] and PAD not in seq}
+  best = max(probs, key=probs.get)
+  assert best == (B, EOS)  # The analytic optimum, confirmed by enumeration.
+  np.testing.assert_array_equal(beam[0, 0], _padded(best, 3))
+  np.testing.assert_allclose(beam_scores[0, 0], np.log(probs[best]), rtol=1e-6)
+  np.testing.assert_array_equal(greedy[0], [A, EOS, PAD])
+  np.testing.assert_allclose(greedy_score[0], np.log(0.27), rtol=1e-6)
+  assert beam_scores[0, 0] > greedy_score[0]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_as_large_as_the_prefix_count_equals_brute_force(alpha):
+  # 3 emittable tokens, L = 3: at most 9 alive prefixes, 13 finished and 27 unfinished
+  # hypotheses; K = 16 also shows 3 unfinished ones ranked after the 13 finished.
+  toy = HashToy(seed=int(alpha * 10), batch=2, max_len=3)
+  sequences, scores = _search(toy, beams=16, alpha=alpha, mode="shared")
+  assert sequences.shape == (2, 16, 3) and sequences.dtype == jnp.int32
+  _assert_matches_brute_force(sequences, scores, toy, alpha)
+
+
+@pytest.mark.parametrize("limits", [dict(max_lengths=[1, 2]), dict(min_length=2)])
+def test_length_limits_equal_brute_force_with_the_same_limits(limits):
+  toy = HashToy(seed=3, batch=2, max_len=3)
+  kwargs = dict(limits)
+  if "max_lengths" in kwargs:
+    kwargs["max_lengths"] = jnp.asarray(kwargs["max_lengths"], jnp.int32)
+  sequences, scores = _search(toy, beams=9, alpha=0.6, **kwargs)
+  _assert_matches_brute_force(sequences, scores, toy, 0.6, **limits)
+  lengths = np.sum(np.asarray(sequences) != PAD, axis=-1)  # [B, K]
+  if "max_lengths" in limits:
+    assert lengths[0].max() == 2 and lengths[1].max() == 3  # tokens incl. EOS <= cap + 1
+  else:
+    assert lengths.min() == 3  # no EOS before 2 tokens
+
+
+def test_shared_state_equals_the_same_table_carried_per_beam():
+  # Per-beam state is repeated and reordered every step; shared state must reach every beam of
+  # its sentence untouched. Both routes must give the brute-force answer.
+  toy = HashToy(seed=5, batch=3, max_len=4)
+  shared = _search(toy, beams=4, alpha=0.6, mode="shared")
+  per_beam = _search(toy, beams=4, alpha=0.6, mode="state")
+  np.testing.assert_array_equal(shared[0], per_beam[0])
+  np.testing.assert_allclose(shared[1], per_beam[1], rtol=1e-6)
+  for b in range(toy.batch):
+    expected = brute_force(functools.partial(toy.log_probs, b), toy.vocab, toy.max_len, 0.6)
+    np.testing.assert_array_equal(shared[0][b, 0], _padded(expected[0][2], toy.max_len))
+
+
+def test_sequences_hold_one_eos_then_zeros_and_finished_rank_first():
+  # EOS is possible but unlikely: unfinished hypotheses have higher raw scores, yet every
+  # finished one ranks above them.
+  toy = HashToy(seed=7, batch=2, max_len=3, eos_logits=-6.0)
+  sequences, scores = _search(toy, beams=16, alpha=0.6)
+  _assert_matches_brute_force(sequences, scores, toy, 0.6)
+  seqs = np.asarray(sequences)
+  finished = (seqs == EOS).any(-1)  # [B, K]
+  assert finished[:, :13].all() and not finished[:, 13:].any()
+  assert (np.asarray(scores)[:, 13:].max(-1) > np.asarray(scores)[:, :13].min(-1)).all()
+  for seq in seqs[finished]:
+    end = list(seq).index(EOS)
+    assert (seq[:end] != PAD).all() and (seq[end + 1:] == PAD).all()
+
+
+def test_no_hypothesis_finishes_all_rank_by_normalized_score():
+  toy = HashToy(seed=8, batch=2, max_len=3, eos_logits=-np.inf)
+  sequences, scores = _search(toy, beams=5, alpha=0.6)
+  assert not (np.asarray(sequences) == EOS).any()
+  _assert_matches_brute_force(sequences, scores, toy, 0.6)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_one_equals_greedy(alpha):
+  # EOS is impossible before position 4 and nearly certain there, so greedy's answer is also
+  # the best answer on the greedy path (beam 1 keeps finished hypotheses apart).
+  eos_logits = np.array([-np.inf] * 4 + [30.0] * 4, np.float32)
+  toy = HashToy(seed=11, batch=3, max_len=8, vocab=7, eos_logits=eos_logits)
+  greedy, greedy_scores = greedy_search(toy.step, toy.initial_state(), batch_size=3,
+                                        max_decode_len=8, eos_id=EOS)
+  beam, beam_scores = _search(toy, beams=1, alpha=alpha)
+  np.testing.assert_array_equal(np.asarray(greedy)[:, 4], EOS)
+  np.testing.assert_array_equal(beam[:, 0], greedy)
+  np.testing.assert_allclose(beam_scores[:, 0], greedy_scores / _length_penalty(5, alpha),
+                             rtol=1e-6)
+
+
+# Position-only next-token probabilities over PAD, EOS, A, B. Stopping after step 0 keeps [EOS]
+# (log .45 = -0.80), but with alpha = 1 the 6-token A A A A A EOS scores (log .3 + 5 log .98) /
+# (11 / 6) = -0.71: an early exit must divide the alive sum by the penalty of the longest
+# reachable length, not the next one (-1.20 / (7 / 6) = -1.03 would wrongly stop).
+POSITIONAL = np.array([[0.0, 0.45, 0.3, 0.25]] + [[0.0, 0.01, 0.98, 0.01]] * 4
+                      + [[0.0, 0.98, 0.01, 0.01]])
+
+
+def _positional_step(ids, state):
+  logits = jnp.log(jnp.asarray(POSITIONAL, jnp.float32))[state["index"]]
+  return jnp.broadcast_to(logits, (ids.shape[0], 4)), {"index": state["index"] + 1}
+
+
+def test_early_exit_bound_allows_for_the_length_penalty():
+  sequences, scores = beam_search(
+      _positional_step, {"index": jnp.zeros((), jnp.int32)}, batch_size=1, beam_size=1,
+      max_decode_len=6, eos_id=EOS, length_penalty=1.0)
+  with np.errstate(divide="ignore"):
+    table = np.log(POSITIONAL)
+  best = brute_force(lambda prefix: table[len(prefix)], 4, 6, alpha=1.0)[0]
+  assert best[2] == (A, A, A, A, A, EOS)
+  np.testing.assert_array_equal(sequences[0, 0], best[2])
+  np.testing.assert_allclose(scores[0, 0], best[1], rtol=1e-6)
+
+
+def _numpy_greedy(toy, b, min_length=0, max_tokens=None):
+  prefix, total = [], 0.0
+  while len(prefix) < toy.max_len:
+    log_probs = toy.log_probs(b, prefix)
+    allowed = log_probs.copy()
+    allowed[PAD] = -np.inf
+    if len(prefix) < min_length:
+      allowed[EOS] = -np.inf
+    token = EOS if max_tokens is not None and len(prefix) >= max_tokens else int(allowed.argmax())
+    prefix.append(token)
+    total += log_probs[token]
+    if token == EOS:
+      break
+  return _padded(prefix, toy.max_len), total
+
+
+@pytest.mark.parametrize("limits", [{}, dict(min_length=3, max_lengths=[2, 4, 9])])
+def test_greedy_equals_numpy_greedy(limits):
+  toy = HashToy(seed=13, batch=3, max_len=6, eos_logits=1.0)
+  kwargs = dict(limits)
+  if "max_lengths" in kwargs:
+    kwargs["max_lengths"] = jnp.asarray(kwargs["max_lengths"], jnp.int32)
+  sequences, scores = greedy_search(toy.step, toy.initial_state(), batch_size=3,
+                                    max_decode_len=6, eos_id=EOS, **kwargs)
+  for b in range(3):
+    caps = limits.get("max_lengths", [None] * 3)
+    expected, total = _numpy_greedy(toy, b, limits.get("min_length", 0), caps[b])
+    np.testing.assert_array_equal(sequences[b], expected)
+    np.testing.assert_allclose(scores[b], total, rtol=1e-6)
+
+
+def test_sampling_with_top_k_one_equals_greedy():
+  toy = HashToy(seed=17, batch=4, max_len=6, eos_logits=0.5)
+  common = dict(batch_size=4, max_decode_len=6, eos_id=EOS, min_length=1)
+  greedy = greedy_search(toy.step, toy.initial_state(), **common)
+  sampled = sample(toy.step, toy.initial_state(), jax.random.key(0), top_k=1,
+                   temperature=0.7, **common)
+  np.testing.assert_array_equal(sampled[0], greedy[0])
+  np.testing.assert_allclose(sampled[1], greedy[1], rtol=1e-6)
+
+
+FIXED_LOGITS = np.log(np.array([0.1, 0.05, 0.5, 0.3, 0.15, 0.0 + 1e-30]))  # PAD never emitted.
+
+
+def _fixed_step(ids, state):
+  return jnp.broadcast_to(jnp.asarray(FIXED_LOGITS, jnp.float32), (ids.shape[0], 6)), state
+
+
+def _first_token_counts(rows, **kwargs):
+  state = {"unused": jnp.zeros((rows,), jnp.int32)}
+  sequences, scores = sample(_fixed_step, state, jax.random.key(42), batch_size=rows,
+                             max_decode_len=1, eos_id=EOS, **kwargs)
+  first = np.asarray(sequences[:, 0])
+  np.testing.assert_allclose(scores, _log_softmax(FIXED_LOGITS)[first], rtol=1e-5)
+  return np.bincount(first, minlength=6)
+
+
+def _assert_frequencies(counts, probs):
+  """Each token's frequency within 5 binomial standard deviations of its probability."""
+  rows = counts.sum()
+  tolerance = 5 * np.sqrt(probs * (1 - probs) / rows) + 1e-12
+  assert (np.abs(counts / rows - probs) <= tolerance).all(), (counts / rows, probs)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_sampling_follows_the_tempered_distribution_without_padding(temperature):
+  counts = _first_token_counts(20000, temperature=temperature)
+  tempered = np.where(np.arange(6) == PAD, 0.0, np.exp(FIXED_LOGITS / temperature))
+  _assert_frequencies(counts, tempered / tempered.sum())
+
+
+def test_top_p_and_top_k_restrict_the_support():
+  # Emittable probabilities (PAD excluded): EOS .05, A .5, B .3, 4 .15, 5 ~0.
+  counts = _first_token_counts(20000, top_p=0.75)
+  assert set(np.flatnonzero(counts)) == {A, B}  # .5 < .75 <= .5 + .3
+  _assert_frequencies(counts, np.array([0, 0, 0.5, 0.3, 0, 0]) / 0.8)
+  counts = _first_token_counts(20000, top_k=3)
+  assert set(np.flatnonzero(counts)) == {A, B, 4}
+  _assert_frequencies(counts, np.array([0, 0, 0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+def test_beam_search_is_jittable_and_return_all_false_gives_the_best():
+  toy = HashToy(seed=19, batch=2, max_len=4)
+  search = jax.jit(functools.partial(
+      beam_search, toy.step, batch_size=2, beam_size=3, max_decode_len=4, eos_id=EOS,
+      length_penalty=0.6))
+  shared = {"table": jnp.asarray(toy.table)}
+  caps = jnp.asarray([2, 9], jnp.int32)
+  jitted = search(toy.initial_state(), shared_state=shared, max_lengths=caps)
+  eager = _search(toy, beams=3, alpha=0.6, mode="shared", max_lengths=caps)
+  np.testing.assert_array_equal(jitted[0], eager[0])
+  np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
+  best, best_score = _search(toy, beams=3, alpha=0.6, mode="shared", max_lengths=caps,
+                             return_all=False)
+  assert best.shape == (2, 4) and best_score.shape == (2,)
+  np.testing.assert_array_equal(best, eager[0][:, 0])
+
+
+def test_bad_arguments_raise_clear_errors():
+  toy = HashToy(seed=23, batch=2, max_len=3)
+  state = {**toy.initial_state(), "hash": jnp.zeros((3,), jnp.int32)}
+  with pytest.raises(ValueError, match=r"initial_state\['hash'\].*batch_size=2"):
+    beam_search(toy.step, state, batch_size=2, beam_size=2, max_decode_len=3, eos_id=EOS)
+  with pytest.raises(ValueError, match="eos_id must be a positive int"):
+    beam_search(toy.step, toy.initial_state(), batch_size=2, beam_size=2, max_decode_len=3,
+                eos_id=0)
+  with pytest.raises(ValueError, match="same structure, shapes and dtypes"):
+    bad_step = lambda ids, s: (toy.step(ids, s)[0], {**s, "index": s["index"] + 0.5})
+    beam_search(bad_step, toy.initial_state(), batch_size=2, beam_size=2, max_decode_len=3,
+                eos_id=EOS)
+  with pytest.raises(ValueError, match="top_p must lie in"):
+    sample(toy.step, toy.initial_state(), jax.random.key(0), batch_size=2, max_decode_len=3,
+           eos_id=EOS, top_p=0.0)
+
+
+@pytest.mark.parametrize("vocab", [1000, 1009, 8000])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_blocked_top_k_equals_a_full_sort(vocab, k):
+  # 1000 = 20 blocks of 50; 1009 (prime) = 15 blocks of 64 and a 49-column tail.
+  x = np.random.default_rng(vocab + k).normal(size=(7, vocab)).astype(np.float32)
+  x[0, :] = -np.inf  # A fully masked row.
+  x[1, 3::5] = 9.0  # Many ties above everything else.
+  x[2, -4:] = 50.0 + np.arange(4)  # The best values in the tail.
+  values, indices = jax.jit(decode._top_k, static_argnums=1)(jnp.asarray(x), k)
+  np.testing.assert_array_equal(values, -np.sort(-x, axis=1)[:, :k])
+  np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(indices), axis=1), values)
+  assert all(len(set(row)) == k for row in np.asarray(indices).tolist())
+
+
+def test_large_vocabulary_beam_search_equals_the_lax_top_k_version(monkeypatch):
+  toy = HashToy(seed=29, batch=2, max_len=5, vocab=1009)
+  blocked = _search(toy, beams=4, alpha=0.6)
+  monkeypatch.setattr(decode, "_top_k", lambda x, k: jax.lax.top_k(x, k))
+  reference = _search(toy, beams=4, alpha=0.6)
+  np.testing.assert_array_equal(blocked[0], reference[0])
+  np.testing.assert_allclose(blocked[1], reference[1], rtol=1e-6)

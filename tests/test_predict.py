@@ -1,0 +1,173 @@
+"""Decoding with the real (tiny, random) Transformer, and sacreBLEU scoring.
+
+References: the model's own teacher-forced forward pass (rescoring), a search that recomputes
+cross-attention from a per-beam copy of the encoder output, greedy decoding, and a hand-written
+BLEU for `score_translations`.
+"""
+
+import collections
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer import ModelConfig, Transformer
+from flax_transformer.decode import beam_search
+from flax_transformer.evaluate import score_translations
+from flax_transformer.predict import jit_translate_ids, make_tokens_to_logits, translate_ids
+
+VOCAB, EOS, MAX_LEN = 19, 1, 6
+
+
+@pytest.fixture(scope="module")
+def model_and_variables():
+  model = Transformer(ModelConfig.tiny(VOCAB, dropout_rate=0.0, attention_dropout_rate=0.0))
+  # Source rows ending with EOS, padded differently: lengths 5, 3, 4.
+  inputs = jnp.asarray([[5, 7, 9, 4, 1, 0], [3, 8, 1, 0, 0, 0], [12, 6, 17, 1, 0, 0]], jnp.int32)
+  variables = model.init(jax.random.key(0), inputs, jnp.ones((3, MAX_LEN), jnp.int32))
+  return model, variables, inputs
+
+
+def _teacher_forced_scores(model, variables, inputs, sequences, alpha):
+  """Length-normalized log-probability of every hypothesis [B, K, L] by the full forward pass."""
+  batch, beams, length = sequences.shape
+  targets = sequences.reshape(batch * beams, length)
+  logits = model.apply(variables, jnp.repeat(inputs, beams, axis=0), targets)  # [B*K, L, V]
+  log_probs = np.asarray(jax.nn.log_softmax(logits), np.float64)
+  targets = np.asarray(targets)
+  token_log_probs = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  lengths = (targets != 0).sum(-1)  # Hypotheses hold no zeros before EOS.
+  totals = np.where(np.arange(length) < lengths[:, None], token_log_probs, 0.0).sum(-1)
+  return (totals / ((5.0 + lengths) / 6.0) ** alpha).reshape(batch, beams)
+
+
+def test_beam_scores_equal_teacher_forced_rescoring(model_and_variables):
+  model, variables, inputs = model_and_variables
+  sequences, scores = jit_translate_ids(
+      model, beam_size=3, max_decode_len=MAX_LEN, length_penalty=0.6, eos_id=EOS,
+      return_all=True)(variables, inputs)
+  assert sequences.shape == (3, 3, MAX_LEN) and scores.shape == (3, 3)
+  finished = (np.asarray(sequences) == EOS).any(-1)  # [B, K]; finished ones rank first
+  assert (np.diff(finished.astype(int), axis=1) <= 0).all()
+  for b in range(3):
+    assert (np.diff(np.asarray(scores[b])[finished[b]]) <= 0).all()
+  expected = _teacher_forced_scores(model, variables, inputs, np.asarray(sequences), 0.6)
+  np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)
+  # Distinct hypotheses per sentence (the beams did not collapse onto one).
+  for b in range(3):
+    assert len({tuple(row) for row in np.asarray(sequences[b])}) == 3
+
+
+def test_shared_cross_attention_equals_recomputing_it_per_beam(model_and_variables):
+  model, variables, inputs = model_and_variables
+  options = dict(beam_size=4, max_decode_len=MAX_LEN, length_penalty=0.6, eos_id=EOS,
+                 return_all=True)
+  shared = translate_ids(model, variables, inputs, **options)
+
+  # The reference keeps a per-beam copy of the encoder output in the (reordered) state and
+  # projects cross-attention keys/values from it at every step.
+  def recomputing_step(ids, state):
+    cache, encoded, source = state
+    cross = model.apply(variables, encoded, source,
+                        method=Transformer.precompute_cross_attention)  # leads with B*K
+    logits, cache = model.apply(variables, ids, cache, cross, method=Transformer.decode_step)
+    return logits, (cache, encoded, source)
+
+  encoded = model.apply(variables, inputs, method=Transformer.encode)
+  cache = model.apply(variables, 3, MAX_LEN, method=Transformer.init_cache)
+  reference = beam_search(recomputing_step, (cache, encoded, inputs), batch_size=3, beam_size=4,
+                          max_decode_len=MAX_LEN, eos_id=EOS, length_penalty=0.6)
+  np.testing.assert_array_equal(shared[0], reference[0])
+  np.testing.assert_allclose(shared[1], reference[1], atol=1e-5, rtol=0)
+
+
+def test_greedy_equals_beam_one_and_its_own_rescoring(model_and_variables):
+  # EOS forbidden before L - 1 tokens and forced after them: beam 1 must then follow exactly
+  # the greedy path (it keeps finished hypotheses apart, so with EOS free it may differ).
+  model, variables, inputs = model_and_variables
+  options = dict(max_decode_len=MAX_LEN, eos_id=EOS, min_length=MAX_LEN - 1, max_len_a=0.0,
+                 max_len_b=MAX_LEN - 1, length_penalty=0.0)
+  greedy, greedy_scores = translate_ids(model, variables, inputs, method="greedy", **options)
+  beam, beam_scores = translate_ids(model, variables, inputs, method="beam", beam_size=1,
+                                    **options)
+  np.testing.assert_array_equal(np.asarray(greedy)[:, -1], EOS)
+  np.testing.assert_array_equal(beam, greedy)
+  np.testing.assert_allclose(beam_scores, greedy_scores, atol=1e-5, rtol=0)
+  expected = _teacher_forced_scores(model, variables, inputs, np.asarray(greedy)[:, None], 0.0)
+  np.testing.assert_allclose(greedy_scores, expected[:, 0], atol=1e-4, rtol=0)
+
+
+def test_relative_length_cap_forces_eos(model_and_variables):
+  model, variables, inputs = model_and_variables
+  # Source lengths 5, 3, 4 -> at most floor(0.5 * n + 1) = 3, 2, 3 tokens before EOS. With
+  # min_length 3 every hypothesis ends exactly at its cap (the cap wins over min_length).
+  sequences, _ = translate_ids(model, variables, inputs, beam_size=2, max_decode_len=MAX_LEN,
+                               eos_id=EOS, max_len_a=0.5, max_len_b=1, min_length=3,
+                               return_all=True)
+  assert (np.asarray(sequences) == EOS).any(-1).all()
+  tokens_before_eos = np.argmax(np.asarray(sequences) == EOS, axis=-1)  # [B, K]
+  np.testing.assert_array_equal(tokens_before_eos, [[3, 3], [2, 2], [3, 3]])
+
+
+def test_sampling_runs_with_the_model_and_scores_its_samples(model_and_variables):
+  model, variables, inputs = model_and_variables
+  sequences, scores = translate_ids(model, variables, inputs, method="sample",
+                                    rng=jax.random.key(3), max_decode_len=MAX_LEN, eos_id=EOS,
+                                    top_k=5, top_p=0.9)
+  expected = _teacher_forced_scores(model, variables, inputs, np.asarray(sequences)[:, None], 0.0)
+  np.testing.assert_allclose(scores, expected[:, 0], atol=1e-4, rtol=0)
+  with pytest.raises(ValueError, match="needs rng"):
+    translate_ids(model, variables, inputs, method="sample", max_decode_len=MAX_LEN)
+  with pytest.raises(ValueError, match="method must be one of"):
+    translate_ids(model, variables, inputs, method="nucleus", max_decode_len=MAX_LEN)
+
+
+def test_make_tokens_to_logits_matches_decode_step(model_and_variables):
+  model, variables, inputs = model_and_variables
+  encoded = model.apply(variables, inputs, method=Transformer.encode)
+  cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
+  cache = model.apply(variables, 3, MAX_LEN, method=Transformer.init_cache)
+  ids = jnp.zeros((3, 1), jnp.int32)
+  logits, new_cache = make_tokens_to_logits(model, variables)(ids, cache, cross)
+  teacher_forced = model.apply(variables, inputs, jnp.full((3, 1), 4, jnp.int32))[:, 0]
+  np.testing.assert_allclose(logits, teacher_forced, atol=1e-5, rtol=0)
+  assert int(new_cache.index) == 1
+
+
+def _reference_bleu(hypotheses, references):
+  """BLEU-4 (Papineni et al.) on whitespace tokens, no smoothing: for text without punctuation."""
+  matches, totals, hyp_len, ref_len = [0] * 4, [0] * 4, 0, 0
+  for hyp, ref in zip(hypotheses, references, strict=True):
+    h, r = hyp.split(), ref.split()
+    hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
+    for n in range(1, 5):
+      hyp_ngrams = collections.Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
+      ref_ngrams = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+      matches[n - 1] += sum((hyp_ngrams & ref_ngrams).values())
+      totals[n - 1] += max(len(h) - n + 1, 0)
+  log_precision = sum(math.log(m / t) for m, t in zip(matches, totals, strict=True)) / 4
+  brevity = min(0.0, 1.0 - ref_len / hyp_len)
+  return 100.0 * math.exp(log_precision + brevity)
+
+
+def test_score_translations_matches_a_hand_written_bleu():
+  hypotheses = ["the cat sat on the mat today", "a dog runs in the big green park",
+                "we like long walks by the sea"]
+  references = ["the cat sat on the red mat today", "a dog runs in the green park",
+                "we like long walks along the sea"]
+  result = score_translations(hypotheses, references)
+  assert result["bleu"] == pytest.approx(_reference_bleu(hypotheses, references), abs=1e-9)
+  assert result["num_sentences"] == 3
+  assert "tok:13a" in result["bleu_signature"] and "case:mixed" in result["bleu_signature"]
+  assert result["chrf_signature"].startswith("nrefs:1") and 0 < result["chrf"] < 100
+  cased = score_translations([h.capitalize() for h in hypotheses], references)
+  assert cased["bleu"] < result["bleu"] and cased["chrf"] < result["chrf"]
+  identical = score_translations(references, references)
+  assert identical["bleu"] == pytest.approx(100.0) and identical["chrf"] == pytest.approx(100.0)
+
+
+def test_score_translations_rejects_misaligned_lists():
+  with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+    score_translations(["a b", "c d"], ["a b"])
