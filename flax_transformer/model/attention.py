@@ -111,15 +111,34 @@ def attention_weights(query: Array, key: Array, mask: Array | None) -> Array:
   return jax.nn.softmax(logits, axis=-1)
 
 
+def cached_attention(query: Array, keys: Array, values: Array, mask: Array | None) -> Array:
+  """Attention over a heads-major cache, with no transpose of the cache.
+
+  `jax.nn.dot_product_attention` wants keys [B, S, N, H] and on CPU transposes them to heads-major
+  on every call; for a decoding cache that is a copy of the whole cache per step.
+
+  Args:
+    query: [B, T, N, H]; keys, values: [B, N, S, H]; mask: bool, broadcastable to [B, N, T, S].
+  Returns:
+    [B, T, N, H].
+  """
+  logits = jnp.einsum("btnh,bnsh->bnts", query, keys).astype(jnp.float32)  # [B, N, T, S]
+  logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+  return jnp.einsum("bnts,bnsh->btnh", weights, values)
+
+
 # --------------------------------------------------------------------------------------------
 # Cache
 # --------------------------------------------------------------------------------------------
 @flax.struct.dataclass
 class KeyValues:
-  """Projected keys and values of one attention layer."""
+  """Projected keys and values of one attention layer, heads-major for decoding."""
 
-  keys: Array  # [B, L or S, N, H]
-  values: Array  # [B, L or S, N, H]
+  keys: Array  # [B, N, L or S, H]
+  values: Array  # [B, N, L or S, H]
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,25 +175,21 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, queries_from: Array, keys_from: Array, mask: Array | None, *,
                train: bool = False) -> Array:
     """Attends from `queries_from` [B, T, D] to `keys_from` [B, S, D]; returns [B, T, D]."""
-    return self.attend(queries_from, self.project_keys_values(keys_from), mask, train=train)
-
-  def project_keys_values(self, keys_from: Array) -> KeyValues:
-    """[B, S, D] -> keys and values [B, S, N, H]."""
-    return KeyValues(keys=self.key(keys_from), values=self.value(keys_from))
-
-  def attend(self, queries_from: Array, key_values: KeyValues, mask: Array | None, *,
-             train: bool = False) -> Array:
-    """Attends from `queries_from` [B, T, D] to precomputed keys/values; returns [B, T, D]."""
     query = self.query(queries_from)  # [B, T, N, H]
+    key, value = self.key(keys_from), self.value(keys_from)  # [B, S, N, H]
     if self.is_mutable_collection("intermediates"):  # For attention pictures only.
-      self.sow("intermediates", "attention_weights",
-               attention_weights(query, key_values.keys.astype(query.dtype), mask))
+      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
     dropout_rate = self.dropout_rate if train else 0.0
     rng = self.make_rng("dropout") if dropout_rate > 0 else None
     attended = scaled_dot_product_attention(
-        query, key_values.keys.astype(query.dtype), key_values.values.astype(query.dtype), mask,
-        dropout_rate=dropout_rate, dropout_rng=rng, implementation=self.implementation)
+        query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=rng,
+        implementation=self.implementation)
     return self.output(attended)  # [B, T, D]
+
+  def cache_key_values(self, keys_from: Array) -> KeyValues:
+    """[B, S, D] -> keys and values heads-major [B, N, S, H], for a decoding cache."""
+    return KeyValues(keys=jnp.swapaxes(self.key(keys_from), 1, 2),
+                     values=jnp.swapaxes(self.value(keys_from), 1, 2))
 
   def attend_grouped(self, queries_from: Array, key_values: KeyValues,
                      key_mask: Array) -> Array:
@@ -185,7 +200,7 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       queries_from: [B*K, 1, D], one decoding step for every beam.
-      key_values: keys/values [B, S, N, H].
+      key_values: keys/values [B, N, S, H].
       key_mask: bool [B, S], True at real source positions.
     Returns:
       [B*K, 1, D].
@@ -197,9 +212,8 @@ class MultiHeadAttention(nn.Module):
     # The K beams of a sentence become K query positions of that sentence: [B, K, N, H].
     query = query.reshape(batch, beams, self.num_heads, self.head_dim)
     mask = key_mask[:, None, None, :]  # [B, 1, 1, S]
-    attended = jax.nn.dot_product_attention(
-        query, key_values.keys.astype(query.dtype), key_values.values.astype(query.dtype),
-        mask=mask, implementation=self.implementation)  # [B, K, N, H]
+    attended = cached_attention(query, key_values.keys.astype(query.dtype),
+                                key_values.values.astype(query.dtype), mask)  # [B, K, N, H]
     attended = attended.reshape(rows, 1, self.num_heads, self.head_dim)
     return self.output(attended)  # [B*K, 1, D]
 
@@ -209,17 +223,20 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       queries_from: [B, 1, D], the current position of every row.
-      cache: keys/values [B, L, N, H]; positions >= `index` are not yet written.
+      cache: keys/values [B, N, L, H]; positions >= `index` are not yet written.
       index: int32 scalar, the position being decoded (the same for all rows).
     Returns:
       ([B, 1, D], the cache with position `index` written).
     """
-    new = self.project_keys_values(queries_from)  # [B, 1, N, H]
-    start = (0, index, 0, 0)
+    new = self.cache_key_values(queries_from)  # [B, N, 1, H]
+    start = (0, 0, index, 0)
     cache = KeyValues(
         keys=jax.lax.dynamic_update_slice(cache.keys, new.keys.astype(cache.keys.dtype), start),
         values=jax.lax.dynamic_update_slice(
             cache.values, new.values.astype(cache.values.dtype), start))
-    cache_length = cache.keys.shape[1]
+    cache_length = cache.keys.shape[2]
     mask = (jnp.arange(cache_length) <= index)[None, None, None, :]  # [1, 1, 1, L]
-    return self.attend(queries_from, cache, mask), cache
+    query = self.query(queries_from)  # [B, 1, N, H]
+    attended = cached_attention(query, cache.keys.astype(query.dtype),
+                                cache.values.astype(query.dtype), mask)
+    return self.output(attended), cache  # [B, 1, D]

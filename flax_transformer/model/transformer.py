@@ -43,7 +43,7 @@ DECODER_START_ID = 0
 class DecoderCache:
   """Self-attention keys/values of the tokens decoded so far."""
 
-  self_attention: tuple[KeyValues, ...]  # one per decoder layer, [B, L, N, H]
+  self_attention: tuple[KeyValues, ...]  # one per decoder layer, [B, N, L, H]
   index: Array  # int32 []: the next position to decode, the same for all rows
 
 
@@ -51,7 +51,7 @@ class DecoderCache:
 class CrossAttentionCache:
   """Cross-attention keys/values, computed once from the encoder output."""
 
-  layers: tuple[KeyValues, ...]  # one per decoder layer, [B, S, N, H]
+  layers: tuple[KeyValues, ...]  # one per decoder layer, [B, N, S, H]
   source_mask: Array  # bool [B, S], True at real source tokens
 
 
@@ -78,7 +78,7 @@ def init_cache(config: ModelConfig, batch_size: int, max_decode_len: int) -> Dec
   if max_decode_len > config.max_len:
     raise ValueError(
         f"max_decode_len ({max_decode_len}) exceeds the model's max_len ({config.max_len}).")
-  shape = (batch_size, max_decode_len, config.num_heads, config.head_dim)  # [B, L, N, H]
+  shape = (batch_size, config.num_heads, max_decode_len, config.head_dim)  # [B, N, L, H]
   empty = KeyValues(keys=jnp.zeros(shape, config.compute_dtype),
                     values=jnp.zeros(shape, config.compute_dtype))
   return DecoderCache(
@@ -147,12 +147,12 @@ class DecoderLayer(nn.Module):
     return x
 
   def cross_key_values(self, encoded: Array) -> KeyValues:
-    """Projects the encoder output [B, S, D] to this layer's cross-attention K/V [B, S, N, H]."""
-    return self.cross_attention.project_keys_values(encoded)
+    """Projects the encoder output [B, S, D] to this layer's cross-attention K/V [B, N, S, H]."""
+    return self.cross_attention.cache_key_values(encoded)
 
   def decode_step(self, x: Array, cache: KeyValues, index: Array, cross: KeyValues,
                   source_mask: Array) -> tuple[Array, KeyValues]:
-    """One position: x [B*K, 1, D], cache [B*K, L, N, H], cross [B, S, N, H] -> [B*K, 1, D]."""
+    """One position: x [B*K, 1, D], cache [B*K, N, L, H], cross [B, N, S, H] -> [B*K, 1, D]."""
     block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=False)
     x, cache = residual(x, lambda h: self.self_attention.attend_cached(h, cache, index),
                         self.self_attention_norm, **block)
