@@ -81,12 +81,15 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
     y_tokens, x_tokens = labels[key]
     for c, head in enumerate(heads):
       axis = axes[r][c]
-      axis.imshow(maps[key][depth][head], cmap="viridis", vmin=0.0, vmax=1.0)
+      weights = maps[key][depth][head]
+      # Per-panel scale: spread-out maps would look uniformly dark on a fixed 0..1 scale.
+      image = axis.imshow(weights, cmap="viridis", vmin=0.0, vmax=float(weights.max()))
+      figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
       axis.set_xticks(range(len(x_tokens)), x_tokens, rotation=90, fontsize=7)
       axis.set_yticks(range(len(y_tokens)), y_tokens, fontsize=7)
       axis.set_title(f"{title}\nlayer {depth}, head {head}", fontsize=8)
   figure.suptitle(f"{text}  →  {target}", fontsize=10)
-  figure.tight_layout()
+  figure.tight_layout(rect=(0, 0, 1, 0.97))  # Leaves room for the title above the panels.
   _save_figure(figure, output)
   plt.close(figure)
 

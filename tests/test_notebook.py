@@ -1,0 +1,190 @@
+"""notebooks/quickstart.ipynb runs top to bottom in a fresh kernel, shrunk to seconds.
+
+The parameters cell is overridden papermill-style (an "injected-parameters" cell right after
+it): a 1+1-layer model, 200 steps of ~20 ms, a temporary workdir and TFDS folder. The test
+checks what a user would see: the loss went down, the restored checkpoint is the last step,
+the printed table holds the real test split, the PNGs were written and displayed byte for
+byte, and the score dict's BLEU and chrF are sacreBLEU's on the notebook's own hypotheses.
+Nothing is pip-installed: the kernel finds the package through PYTHONPATH, so the install
+cell must skip itself. The executed notebook is left in the test's tmp_path for debugging.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+INSTALL = "the notebook test needs nbclient, nbformat and ipykernel: pip install -e '.[test]'"
+nbformat = pytest.importorskip("nbformat", reason=INSTALL)
+nbclient = pytest.importorskip("nbclient", reason=INSTALL)
+pytest.importorskip("ipykernel", reason=INSTALL)
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
+NUM_STEPS = 200  # Steps take ~20 ms here; compiling and decoding dominate the runtime.
+NUM_TEST = 24
+SHRUNK = {
+    "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
+    "model.num_decoder_layers": 1, "model.max_len": 32,
+    "data.synthetic_num_train": 600, "data.synthetic_num_eval": 16,
+    "data.synthetic_num_test": NUM_TEST, "data.vocab_size": 320, "data.max_length": 32,
+    "data.batch_tokens": 1024, "data.eval_batch_size": 16, "data.eval_max_length": 32,
+    "train.learning_rate": 1e-2, "eval.eval_every_steps": 0, "eval.translate": False,
+}
+# Appended after the last cell: reports the kernel's state as one JSON line.
+PROBE = """
+import json as _json
+
+import flax_transformer as _package
+import sacrebleu as _sacrebleu
+print("PROBE " + _json.dumps({
+    "step": translator.step,
+    "train_loss": visualize.read_metrics(WORKDIR)[("train", "loss")],
+    "score_keys": sorted(scores),
+    "bleu": scores["bleu"],
+    "chrf": scores["chrf"],
+    "sacrebleu": [metric(test_hypotheses, [[reference for _, reference in test_pairs]]).score
+                  for metric in (_sacrebleu.corpus_bleu, _sacrebleu.corpus_chrf)],
+    "num_hypotheses": len(test_hypotheses),
+    "pngs": [CURVES_PNG, ATTENTION_PNG],
+    "maps": {kind: [list(m.shape) for m in arrays] for kind, arrays in maps.items()},
+    "source_ids": len(source_ids), "target_ids": len(target_ids),
+    "package": _package.__file__,
+}))
+"""
+
+
+def _kernel_env() -> dict[str, str]:
+  """The test's environment without conftest's 8 fake devices (a Colab CPU has one), with the
+  checkout importable so that the install cell has nothing to do."""
+  env = dict(os.environ)
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env["XLA_FLAGS"] = " ".join(flags)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def _kernel_manager(tmp_path: Path):
+  """A kernel running this interpreter (not whatever `python3` kernelspec the user has)."""
+  from ipykernel.kernelspec import write_kernel_spec
+  from jupyter_client.kernelspec import KernelSpecManager
+  from jupyter_client.manager import KernelManager
+
+  write_kernel_spec(tmp_path / "kernels" / "python3", overrides={"argv": [
+      sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]})
+  specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+  return KernelManager(kernel_name="python3", kernel_spec_manager=specs)
+
+
+def _inject_parameters(notebook, parameters: dict) -> None:
+  tagged = [i for i, cell in enumerate(notebook.cells)
+            if "parameters" in cell.metadata.get("tags", [])]
+  assert len(tagged) == 1, f"expected one cell tagged 'parameters', found {len(tagged)}"
+  source = "\n".join(f"{name} = {value!r}" for name, value in parameters.items())
+  cell = nbformat.v4.new_code_cell(source)
+  cell.metadata["tags"] = ["injected-parameters"]
+  notebook.cells.insert(tagged[0] + 1, cell)
+
+
+def _text(cell) -> str:
+  return "".join(out.get("text", "") for out in cell.get("outputs", [])
+                 if out.output_type == "stream" and out.name == "stdout")
+
+
+def _cell_text(notebook, snippet: str) -> str:
+  """The stdout of the one code cell whose source contains `snippet`."""
+  cells = [cell for cell in notebook.cells if cell.cell_type == "code" and snippet in cell.source]
+  assert len(cells) == 1, f"expected one cell containing {snippet!r}, found {len(cells)}"
+  return _text(cells[0])
+
+
+def _displayed_pngs(notebook) -> list[bytes]:
+  return [base64.b64decode(out.data["image/png"]) for cell in notebook.cells
+          for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+
+
+def test_committed_notebook_is_clean_nbformat4():
+  notebook = nbformat.read(NOTEBOOK, as_version=nbformat.NO_CONVERT)
+  nbformat.validate(notebook)
+  assert notebook.nbformat == 4
+  code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+  assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+
+
+@pytest.mark.slow
+def test_quickstart_runs_end_to_end(tmp_path):
+  from flax_transformer.data.pipeline import DataConfig, split_texts
+
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  workdir, tfds_dir = tmp_path / "workdir", tmp_path / "tfds"
+  _inject_parameters(notebook, {"NUM_STEPS": NUM_STEPS, "WORKDIR": str(workdir),
+                                "TFDS_DATA_DIR": str(tfds_dir), "OVERRIDES": SHRUNK})
+  notebook.cells.append(nbformat.v4.new_code_cell(PROBE))
+  client = nbclient.NotebookClient(
+      notebook, timeout=300, km=_kernel_manager(tmp_path),
+      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+  try:
+    client.execute(env=_kernel_env())
+  finally:  # Kept for debugging a failure: pytest's tmp_path survives the run.
+    nbformat.write(notebook, tmp_path / "executed.ipynb")
+
+  probe = json.loads(_text(notebook.cells[-1]).split("PROBE ", 1)[1])
+  stdout = "\n".join(_text(cell) for cell in notebook.cells)
+  # The install cell skipped itself and the kernel used this checkout.
+  assert "pip install" not in stdout and "Successfully installed" not in stdout
+  assert Path(probe["package"]).resolve().parent == REPO / "flax_transformer"
+  assert f"Repository: {REPO}" in stdout
+  # Trained NUM_STEPS steps, the loss went down, and the final checkpoint was restored.
+  logged_steps, losses = zip(*probe["train_loss"], strict=True)
+  assert logged_steps[-1] == NUM_STEPS and len(logged_steps) >= 20
+  assert losses[-1] < 0.6 * losses[0]
+  assert probe["step"] == NUM_STEPS
+  # The printed table shows the real first test pairs, read here independently.
+  pairs = split_texts(DataConfig.from_config(_data_config(tfds_dir)), "test")
+  assert len(pairs) == NUM_TEST
+  for source, reference in pairs[:5]:
+    assert f"source     {source}\n" in stdout and f"reference  {reference}\n" in stdout
+  assert stdout.count("hypothesis ") == 5
+  # Scores: the whole test split; BLEU and chrF are sacreBLEU's on the same hypotheses.
+  assert {"bleu", "chrf", "bleu_signature", "num_sentences"} <= set(probe["score_keys"])
+  assert probe["num_hypotheses"] == NUM_TEST
+  assert [probe["bleu"], probe["chrf"]] == pytest.approx(probe["sacrebleu"], abs=1e-9)
+  # Both PNGs were written and displayed inline, byte for byte.
+  displayed = _displayed_pngs(notebook)
+  assert len(displayed) == 2
+  for path, shown in zip(probe["pngs"], displayed, strict=True):
+    assert Path(path).parent == workdir and Path(path).read_bytes() == shown
+    assert shown.startswith(b"\x89PNG\r\n\x1a\n")
+  # Raw attention arrays: [heads, queries, keys] per layer, 1 + 1 layers, 4 heads.
+  s, t = probe["source_ids"], probe["target_ids"]
+  assert probe["maps"] == {"encoder/self_attention": [[4, s, s]],
+                           "decoder/self_attention": [[4, t, t]],
+                           "decoder/cross_attention": [[4, t, s]]}
+  # n-best: 4 hypotheses, scores best first; greedy and sampled decodes of 3 sentences.
+  lines = _cell_text(notebook, "translate_nbest").splitlines()
+  scores = [float(line.split()[0]) for line in lines]  # "  -0.329  text" (text may be empty)
+  assert len(scores) == 4 and scores == sorted(scores, reverse=True)
+  decoded = _cell_text(notebook, "translate_ids")
+  assert decoded.count("greedy  ") == 3 and decoded.count("sampled ") == 3
+
+
+def _data_config(tfds_dir: Path):
+  """config.data as the notebook builds it: configs/default.py's, with the test's overrides."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("default_config", REPO / "configs" / "default.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  data = module.get_config().data
+  data.tfds_data_dir = str(tfds_dir)
+  for key, value in SHRUNK.items():
+    if key.startswith("data."):
+      data[key.removeprefix("data.")] = value
+  return data
