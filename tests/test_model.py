@@ -13,7 +13,7 @@ import pytest
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.model import attention
-from flax_transformer.model.layers import sinusoidal_positions
+from flax_transformer.model.layers import Dropout, keep_mask, sinusoidal_positions
 from flax_transformer.model.transformer import DecoderCache
 
 import numpy_reference as ref
@@ -78,12 +78,36 @@ def test_scaled_dot_product_attention_matches_numpy(dropout_rate):
   got = attention.scaled_dot_product_attention(
       *(jnp.asarray(a, jnp.float32) for a in (q, k, v)), jnp.asarray(mask),
       dropout_rate=dropout_rate, dropout_rng=dropout_rng)
-  keep = None
+  keep, rate = None, 0.0
   if dropout_rate:
-    keep = np.asarray(jax.random.bernoulli(dropout_rng, 1 - dropout_rate, (B, N, T, S)))
+    keep, keep_prob = keep_mask(dropout_rng, (B, N, T, S), 1 - dropout_rate)
+    keep, rate = np.asarray(keep), 1 - keep_prob
     assert 0.4 < keep.mean() < 0.95  # Some weights are really dropped.
-  want = ref.attention(q, k, v, mask, keep=keep, rate=dropout_rate)
+  want = ref.attention(q, k, v, mask, keep=keep, rate=rate)
   assert relative_error(got, want) < RTOL
+
+
+@pytest.mark.parametrize("keep_prob", [0.9, 0.7])
+def test_dropout_masks_keep_the_right_fraction_independently(keep_prob):
+  shape = (64, 8, 32, 32)  # 524,288 draws
+  first, exact = keep_mask(jax.random.key(0), shape, keep_prob)
+  second, _ = keep_mask(jax.random.key(1), shape, keep_prob)
+  first, second = np.asarray(first, np.float64), np.asarray(second, np.float64)
+  sigma = np.sqrt(keep_prob * (1 - keep_prob) / first.size)
+  assert abs(exact - keep_prob) < 1e-9
+  assert abs(first.mean() - keep_prob) < 5 * sigma
+  # Different keys: independent masks, so P(both kept) = p^2.
+  assert abs((first * second).mean() - keep_prob**2) < 5 * sigma
+  # Neighbouring elements (same row, next row) are uncorrelated.
+  flat = first.reshape(-1)
+  for lag in (1, 32, 1024):
+    assert abs(np.corrcoef(flat[:-lag], flat[lag:])[0, 1]) < 0.01
+  # Dropout keeps the expectation: E[dropout(x)] = x.
+  x = jnp.ones(shape)
+  dropped = Dropout(rate=1 - keep_prob).apply({}, x, deterministic=False,
+                                              rngs={"dropout": jax.random.key(2)})
+  assert abs(float(dropped.mean()) - 1.0) < 5 * sigma / keep_prob
+  assert set(np.unique(np.asarray(dropped)).tolist()) == {0.0, np.float32(1 / exact)}
 
 
 def test_masks_shapes_and_values():
@@ -244,7 +268,7 @@ def test_cached_decoding_matches_the_full_forward_pass(overrides):
 
 
 def test_beams_share_cross_attention_without_copies():
-  """K=3 beam rows per sentence against one cross-attention cache of B rows."""
+  """K=3 beam rows per sentence: one cross-attention cache of B rows, a cache of K slots."""
   config = make_config()
   inputs, targets = make_batch()
   variables = init(config, inputs, targets)
@@ -253,7 +277,8 @@ def test_beams_share_cross_attention_without_copies():
   encoded = model.apply(variables, inputs, method=Transformer.encode)
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   beams = 3
-  cache = model.apply(variables, B * beams, T, method=Transformer.init_cache)
+  cache = model.apply(variables, B, T, beams, method=Transformer.init_cache)
+  cache = cache.replace(slots=jnp.repeat(cache.slots, beams, axis=0))  # as beam search does
   rows_targets = jnp.repeat(targets, beams, axis=0)  # row r is sentence r // K
   ids = jnp.zeros((B * beams, 1), jnp.int32)
   for t in range(3):

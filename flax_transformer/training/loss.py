@@ -44,6 +44,18 @@ def token_losses(
   return smoothed, nll
 
 
+def is_top_prediction(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """bool [B, T]: the target's logit is the largest, i.e. argmax(logits) == target barring ties.
+
+  Written as a max and a gather rather than `jnp.argmax`: XLA's CPU argmax is a variadic
+  (value, index) reduction that does not vectorise, about 25x slower than `max` over [B, T, V]
+  (measured 71 ms vs 3 ms at [64, 32, 8000] on the 2-core CPU, a few percent of a train step).
+  An exact tie with another logit counts as correct, where argmax would pick the lower id.
+  """
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return target_logit >= jnp.max(logits, axis=-1)
+
+
 def loss_sums(
     logits: jax.Array, targets: jax.Array, label_smoothing: float, pad_id: int = 0
 ) -> LossSums:
@@ -57,7 +69,7 @@ def loss_sums(
   """
   weights = (targets != pad_id).astype(jnp.float32)  # [B, T]
   smoothed, nll = token_losses(logits, targets, label_smoothing)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  correct = is_top_prediction(logits, targets).astype(jnp.float32)
   return LossSums(
       loss=jnp.sum(smoothed * weights),
       nll=jnp.sum(nll * weights),
