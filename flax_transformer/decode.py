@@ -9,10 +9,7 @@ State protocol
   K beams (rows b*K .. b*K+K-1 belong to sentence b, so the leaves then lead with B*K) and after
   each step reorders those rows once, so that every beam carries the state of the beam it
   extends. 0-d leaves (such as the Transformer cache's `index`, the next position, the same for
-  all rows) are carried unchanged: never repeated, never reordered. State wrapped in
-  `StaysInSlot` is passed through untouched too: it holds K slots per sentence in a layout of the
-  callable's choosing and never moves, so a large cache costs no reorder; the callable finds a
-  beam's earlier positions through ordinary (reordered) leaves. `shared_state` (optional)
+  all rows) are carried unchanged: never repeated, never reordered. `shared_state` (optional)
   leaves lead with B and are never repeated or reordered; when it is given the callable is
   called as `tokens_to_logits(ids, state, shared_state)`, otherwise `tokens_to_logits(ids,
   state)`. `ids` is int32 [B*K, 1]: the last token of every beam, `bos_id` at the first step.
@@ -69,24 +66,6 @@ class TokensToLogitsWithShared(Protocol):
                ) -> tuple[Array, PyTree]:
     """ids int32 [B*K, 1], state [B*K, ...], shared_state [B, ...] -> (logits [B*K, V], state)."""
     ...
-
-
-@flax.struct.dataclass
-class StaysInSlot:
-  """Per-beam state that `beam_search` never repeats or reorders.
-
-  Reordering moves every row of the state to the beam that extends it, once per step: for a
-  decoding cache that is a read and a write of the whole cache. State wrapped here stays in the
-  slot where it was written: the callable sizes it for all K beams itself (any layout) and keeps,
-  in ordinary state leaves, which slot holds each earlier position of each beam; those leaves do
-  follow their beams. The Transformer's self-attention cache works this way.
-  """
-
-  value: PyTree
-
-
-def _stays_in_slot(x: Any) -> bool:
-  return isinstance(x, StaysInSlot)
 
 
 @flax.struct.dataclass
@@ -172,17 +151,13 @@ def _initial_beam_state(initial_state: PyTree, batch_size: int, beam_size: int,
   """K copies of every sentence's state; only beam 0 is alive, so step 0 has no duplicates."""
   shape = (batch_size, beam_size)
   first_beam_only = jnp.where(jnp.arange(beam_size) == 0, 0.0, _NEG_INF).astype(jnp.float32)
-  def repeat(x):
-    if _stays_in_slot(x) or jnp.ndim(x) == 0:
-      return x
-    return jnp.repeat(x, beam_size, axis=0)
-
+  repeat = lambda x: x if jnp.ndim(x) == 0 else jnp.repeat(x, beam_size, axis=0)
   return BeamState(
       step=jnp.zeros((), jnp.int32),
       last_ids=jnp.full(shape, bos_id, jnp.int32),
       alive_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
       alive_log_probs=jnp.broadcast_to(first_beam_only, shape),
-      alive_state=jax.tree.map(repeat, initial_state, is_leaf=_stays_in_slot),
+      alive_state=jax.tree.map(repeat, initial_state),
       finished_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
       finished_scores=jnp.full(shape, _NEG_INF, jnp.float32),
       all_done=jnp.zeros((), bool))
@@ -287,17 +262,11 @@ def _block_size(size: int) -> int:
 
 
 def _gather_beams(state: PyTree, parent: Array) -> PyTree:
-  """Rows of every leaf [B*K, ...] reordered by parent beam int [B, K]; 0-d leaves and
-  `StaysInSlot` state as given."""
+  """Rows of every leaf [B*K, ...] reordered by parent beam int [B, K]; 0-d leaves as given."""
   batch, beams = parent.shape
   rows = (jnp.arange(batch, dtype=jnp.int32)[:, None] * beams + parent).reshape(-1)  # [B*K]
-
-  def gather(x):
-    if _stays_in_slot(x) or jnp.ndim(x) == 0:
-      return x
-    return jnp.take(x, rows, axis=0, mode="clip")
-
-  return jax.tree.map(gather, state, is_leaf=_stays_in_slot)
+  gather = lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows, axis=0, mode="clip")
+  return jax.tree.map(gather, state)
 
 
 def _all_done(alive_log_probs: Array, finished_scores: Array, num_tokens: Array,
@@ -504,10 +473,8 @@ def _check_search_args(name: str, batch_size: int, max_decode_len: int, eos_id: 
 
 
 def _check_leading_dim(what: str, tree: PyTree, batch_size: int) -> None:
-  """Every leaf of `tree` must be 0-d or lead with `batch_size` (`StaysInSlot`: any shape)."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(tree, is_leaf=_stays_in_slot):
-    if _stays_in_slot(leaf):
-      continue
+  """Every leaf of `tree` must be 0-d or lead with `batch_size`."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     shape = jnp.shape(leaf)
     if shape and shape[0] != batch_size:
       raise ValueError(

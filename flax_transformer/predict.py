@@ -101,8 +101,7 @@ def translate_ids(
   batch_size = inputs.shape[0]
   encoded = model.apply(variables, inputs, method=Transformer.encode)  # [B, S, D]
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
-  cache = model.apply(variables, batch_size, max_decode_len,
-                      beam_size if method == "beam" else 1, method=Transformer.init_cache)
+  cache = model.apply(variables, batch_size, max_decode_len, method=Transformer.init_cache)
   common = dict(
       batch_size=batch_size, max_decode_len=max_decode_len, eos_id=eos_id, bos_id=DECODER_START_ID,
       shared_state=cross, max_lengths=output_length_caps(inputs, max_len_a, max_len_b),

@@ -196,55 +196,6 @@ def test_shared_state_equals_the_same_table_carried_per_beam():
     np.testing.assert_array_equal(shared[0][b, 0], _padded(expected[0][2], toy.max_len))
 
 
-class SlotHashToy(HashToy):
-  """HashToy with its running hashes kept in `StaysInSlot` storage, as the Transformer keeps its
-  self-attention cache: hashes [B, K, L] written in each beam's own slot and never moved, plus a
-  per-beam table of which slot wrote each position, which follows the beam."""
-
-  def __init__(self, *args, beams, **kwargs):
-    super().__init__(*args, **kwargs)
-    self.beams = beams
-
-  def initial_state(self, table_in_state=False):
-    del table_in_state
-    return {"hashes": decode.StaysInSlot(
-                jnp.zeros((self.batch, self.beams, self.max_len + 1), jnp.int32)),
-            "slots": jnp.zeros((self.batch, self.max_len + 1), jnp.int32),
-            "index": jnp.zeros((), jnp.int32)}
-
-  def step(self, ids, state, shared=None):
-    del shared
-    hashes = state["hashes"].value
-    if hashes.shape != (self.batch, self.beams, self.max_len + 1):
-      raise AssertionError(f"StaysInSlot state was repeated or reshaped: {hashes.shape}")
-    rows, index = ids.shape[0], state["index"]
-    sentence, slot = jnp.arange(rows) // self.beams, jnp.arange(rows) % self.beams
-    last = jnp.maximum(index - 1, 0)
-    previous = jnp.where(index == 0, jnp.asarray(self.initial_hash)[sentence],
-                         hashes[sentence, state["slots"][:, last], last])
-    new_hash = _hash(previous, ids[:, 0])
-    hashes = hashes.at[sentence, slot, index].set(new_hash)
-    slots = state["slots"].at[:, index].set(slot)
-    bias = jnp.asarray(self.position_bias)[jnp.minimum(index, self.max_len - 1)]
-    logits = jnp.asarray(self.table)[sentence, new_hash] + bias
-    return logits, {"hashes": decode.StaysInSlot(hashes), "slots": slots, "index": index + 1}
-
-
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_state_that_stays_in_its_slot_gives_the_same_search(alpha):
-  # If beam_search repeated or reordered the StaysInSlot hashes, the slots table would point at
-  # the wrong rows and the hypotheses would change.
-  toy = HashToy(seed=8, batch=3, max_len=5)
-  slotted = SlotHashToy(seed=8, batch=3, max_len=5, beams=4)
-  want = _search(toy, beams=4, alpha=alpha)
-  got = _search(slotted, beams=4, alpha=alpha)
-  np.testing.assert_array_equal(got[0], want[0])
-  np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
-  for b in range(toy.batch):
-    expected = brute_force(functools.partial(toy.log_probs, b), toy.vocab, toy.max_len, alpha)
-    np.testing.assert_array_equal(got[0][b, 0], _padded(expected[0][2], toy.max_len))
-
-
 def test_sequences_hold_one_eos_then_zeros_and_finished_rank_first():
   # EOS is possible but unlikely: unfinished hypotheses have higher raw scores, yet every
   # finished one ranks above them.

@@ -268,7 +268,7 @@ def test_cached_decoding_matches_the_full_forward_pass(overrides):
 
 
 def test_beams_share_cross_attention_without_copies():
-  """K=3 beam rows per sentence: one cross-attention cache of B rows, a cache of K slots."""
+  """K=3 beam rows per sentence against one cross-attention cache of B rows."""
   config = make_config()
   inputs, targets = make_batch()
   variables = init(config, inputs, targets)
@@ -277,8 +277,7 @@ def test_beams_share_cross_attention_without_copies():
   encoded = model.apply(variables, inputs, method=Transformer.encode)
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   beams = 3
-  cache = model.apply(variables, B, T, beams, method=Transformer.init_cache)
-  cache = cache.replace(slots=jnp.repeat(cache.slots, beams, axis=0))  # as beam search does
+  cache = model.apply(variables, B * beams, T, method=Transformer.init_cache)
   rows_targets = jnp.repeat(targets, beams, axis=0)  # row r is sentence r // K
   ids = jnp.zeros((B * beams, 1), jnp.int32)
   for t in range(3):

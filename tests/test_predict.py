@@ -76,7 +76,7 @@ def test_shared_cross_attention_equals_recomputing_it_per_beam(model_and_variabl
     return logits, (cache, encoded, source)
 
   encoded = model.apply(variables, inputs, method=Transformer.encode)
-  cache = model.apply(variables, 3, MAX_LEN, 4, method=Transformer.init_cache)
+  cache = model.apply(variables, 3, MAX_LEN, method=Transformer.init_cache)
   reference = beam_search(recomputing_step, (cache, encoded, inputs), batch_size=3, beam_size=4,
                           max_decode_len=MAX_LEN, eos_id=EOS, length_penalty=0.6)
   np.testing.assert_array_equal(shared[0], reference[0])
@@ -88,8 +88,8 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
                                                                          alpha):
   # The reference has no cache at all: its state is the tokens decoded so far (reordered with
   # the beams), and each step runs the full teacher-forced model on them. The cached search
-  # keeps self-attention keys/values in their beam slot and must find the same hypotheses.
-  # EOS is forbidden for 7 tokens so beams live long and swap slots many times.
+  # must find the same hypotheses. EOS is forbidden for 7 tokens so that beams live long and
+  # are reordered many times (a cache that did not follow its beam would be caught).
   model, variables, inputs = model_and_variables
   beams, length, min_length = 4, 10, 7
   cached = translate_ids(model, variables, inputs, beam_size=beams, max_decode_len=length,
@@ -111,7 +111,7 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
                           beam_size=beams, max_decode_len=length, eos_id=EOS,
                           length_penalty=alpha, min_length=min_length)
   lengths = (np.asarray(reference[0]) != 0).sum(-1)
-  assert lengths.min() >= min_length + 1  # Long hypotheses: the slots really get mixed.
+  assert lengths.min() >= min_length + 1  # Long hypotheses: beams really get reordered.
   np.testing.assert_array_equal(cached[0], reference[0])
   np.testing.assert_allclose(cached[1], reference[1], atol=1e-5, rtol=0)
 

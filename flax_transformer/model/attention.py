@@ -147,35 +147,6 @@ def cached_attention(query: Array, keys: Array, values: Array, mask: Array | Non
   return jnp.einsum("bnts,bnsh->btnh", weights, values)
 
 
-def slotted_attention(query: Array, keys: Array, values: Array, slots: Array,
-                      valid: Array) -> Array:
-  """One decoding step of every beam over a cache written by beam slot, with no cache moves.
-
-  Beam search reorders beams every step. Instead of moving the cache with them (a read and a
-  write of the whole cache per step), each beam keeps in `slots` which slot wrote each position
-  of its history; the scores against all K slots are computed (K times the attention FLOPs,
-  which are small next to the projections) and each beam keeps its own.
-
-  Args:
-    query: [B, K, N, H], the current position of each beam.
-    keys, values: [B, N, K, L, H] (slot on the third axis, position on the fourth).
-    slots: int [B, K, L], the slot that holds position l of beam k's history.
-    valid: bool [L], the positions written so far.
-  Returns:
-    [B, K, N, H].
-  """
-  num_slots = keys.shape[2]
-  # Every beam against every slot: [B, N, K, K slots, L] ('j' indexes slots).
-  logits = jnp.einsum("bknh,bnjlh->bnkjl", query, keys).astype(jnp.float32)
-  logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
-  own = slots[:, None, :, None, :] == jnp.arange(num_slots)[:, None]  # [B, 1, K, K slots, L]
-  logits = jnp.sum(jnp.where(own, logits, 0.0), axis=3)  # [B, N, K, L]
-  logits = jnp.where(valid, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)  # [B, N, K, L]
-  weights = jnp.where(own, weights[:, :, :, None, :], 0.0).astype(values.dtype)
-  return jnp.einsum("bnkjl,bnjlh->bknh", weights, values)
-
-
 # --------------------------------------------------------------------------------------------
 # Cache
 # --------------------------------------------------------------------------------------------
@@ -263,35 +234,26 @@ class MultiHeadAttention(nn.Module):
     attended = attended.reshape(rows, 1, self.num_heads, self.head_dim)
     return self.output(attended)  # [B*K, 1, D]
 
-  def attend_cached(self, queries_from: Array, cache: KeyValues, index: Array,
-                    slots: Array) -> tuple[Array, KeyValues]:
-    """Causal self-attention for one decoding step over a cache that stays in its beam slots.
-
-    Row b*K + k (beam slot k of sentence b) writes its keys/values for position `index` into
-    slot k in place; nothing in the cache moves when beams are reordered. `slots` (which follows
-    the beams) says where each earlier position of a row's own history was written.
+  def attend_cached(self, queries_from: Array, cache: KeyValues,
+                    index: Array) -> tuple[Array, KeyValues]:
+    """Causal self-attention for one decoding step, writing this step into the cache in place.
 
     Args:
-      queries_from: [B*K, 1, D], the current position of every beam.
-      cache: keys/values [B, N, K, L, H]; positions >= `index` are not yet written.
+      queries_from: [B, 1, D], the current position of every row.
+      cache: keys/values [B, N, L, H]; positions >= `index` are not yet written.
       index: int32 scalar, the position being decoded (the same for all rows).
-      slots: int32 [B*K, L], the slot holding each position of each row's history (its own
-        slot at `index`).
     Returns:
-      ([B*K, 1, D], the cache with position `index` written).
+      ([B, 1, D], the cache with position `index` written).
     """
-    batch, heads, beams, length, head_dim = cache.keys.shape
-    rows = queries_from.shape[0]
-    new = self.cache_key_values(queries_from)  # [B*K, N, 1, H]
-
-    def into_slots(x: Array, like: Array) -> Array:  # [B*K, N, 1, H] -> [B, N, K, 1, H]
-      x = jnp.swapaxes(x.reshape(batch, beams, heads, 1, head_dim), 1, 2)
-      return jax.lax.dynamic_update_slice(like, x.astype(like.dtype), (0, 0, 0, index, 0))
-
-    cache = KeyValues(keys=into_slots(new.keys, cache.keys),
-                      values=into_slots(new.values, cache.values))
-    query = self.query(queries_from).reshape(batch, beams, heads, head_dim)  # [B, K, N, H]
-    attended = slotted_attention(
-        query, cache.keys.astype(query.dtype), cache.values.astype(query.dtype),
-        slots.reshape(batch, beams, length), jnp.arange(length) <= index)  # [B, K, N, H]
-    return self.output(attended.reshape(rows, 1, heads, head_dim)), cache  # [B*K, 1, D]
+    new = self.cache_key_values(queries_from)  # [B, N, 1, H]
+    start = (0, 0, index, 0)
+    cache = KeyValues(
+        keys=jax.lax.dynamic_update_slice(cache.keys, new.keys.astype(cache.keys.dtype), start),
+        values=jax.lax.dynamic_update_slice(
+            cache.values, new.values.astype(cache.values.dtype), start))
+    cache_length = cache.keys.shape[2]
+    mask = (jnp.arange(cache_length) <= index)[None, None, None, :]  # [1, 1, 1, L]
+    query = self.query(queries_from)  # [B, 1, N, H]
+    attended = cached_attention(query, cache.keys.astype(query.dtype),
+                                cache.values.astype(query.dtype), mask)
+    return self.output(attended), cache  # [B, 1, D]

@@ -4,11 +4,9 @@ explicit cache for step-by-step decoding. Shape letters as in `attention.py`.
 Decoding uses three calls, each a method of `Transformer` run through `model.apply`:
   encoded = encode(inputs)                                  # once per batch
   cross = precompute_cross_attention(encoded, inputs)       # cross-attention K/V, once per batch
-  cache = init_cache(batch_size, max_decode_len, beam_size)  # empty self-attention K/V
+  cache = init_cache(batch_size, max_decode_len)            # empty self-attention K/V
   logits, cache = decode_step(ids, cache, cross)            # once per output position
-`cross` leads with B and is shared by all K beams of a sentence. The self-attention keys/values
-stay in their beam slot ([B, N, K, L, H], never moved by beam search); a small [B*K, L] table
-of slots follows the beams.
+`cross` leads with B and is shared by all K beams of a sentence; `cache` leads with B*K.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer.config import ModelConfig
-from flax_transformer.decode import StaysInSlot
 from flax_transformer.model.attention import (
     KeyValues,
     MultiHeadAttention,
@@ -45,14 +42,9 @@ DECODER_START_ID = 0
 
 @flax.struct.dataclass
 class DecoderCache:
-  """Self-attention keys/values of the tokens decoded so far, for B sentences x K beam slots.
+  """Self-attention keys/values of the tokens decoded so far."""
 
-  The keys/values never move when beam search reorders beams (`StaysInSlot`); `slots` follows
-  the beams and records which slot wrote each position of each beam's history.
-  """
-
-  self_attention: StaysInSlot  # tuple of KeyValues per decoder layer, [B, N, K, L, H]
-  slots: Array  # int32 [B, L] ([B*K, L] once beam search repeats it per beam)
+  self_attention: tuple[KeyValues, ...]  # one per decoder layer, [B, N, L, H]
   index: Array  # int32 []: the next position to decode, the same for all rows
 
 
@@ -82,22 +74,16 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
   return shifted
 
 
-def init_cache(config: ModelConfig, batch_size: int, max_decode_len: int,
-               beam_size: int = 1) -> DecoderCache:
-  """An empty decoder cache: `batch_size` sentences, `beam_size` beam slots each, up to
-  `max_decode_len` positions. Its `slots` leaf has `batch_size` rows; beam search repeats it
-  per beam (decode with B*K rows, beam b*K + k in slot k)."""
+def init_cache(config: ModelConfig, batch_size: int, max_decode_len: int) -> DecoderCache:
+  """An empty decoder cache for `batch_size` rows and up to `max_decode_len` positions."""
   if max_decode_len > config.max_len:
     raise ValueError(
         f"max_decode_len ({max_decode_len}) exceeds the model's max_len ({config.max_len}).")
-  if beam_size < 1:
-    raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
-  shape = (batch_size, config.num_heads, beam_size, max_decode_len, config.head_dim)
-  empty = KeyValues(keys=jnp.zeros(shape, config.compute_dtype),  # [B, N, K, L, H]
+  shape = (batch_size, config.num_heads, max_decode_len, config.head_dim)  # [B, N, L, H]
+  empty = KeyValues(keys=jnp.zeros(shape, config.compute_dtype),
                     values=jnp.zeros(shape, config.compute_dtype))
   return DecoderCache(
-      self_attention=StaysInSlot(tuple(empty for _ in range(config.num_decoder_layers))),
-      slots=jnp.zeros((batch_size, max_decode_len), jnp.int32),
+      self_attention=tuple(empty for _ in range(config.num_decoder_layers)),
       index=jnp.zeros((), jnp.int32))
 
 
@@ -165,12 +151,11 @@ class DecoderLayer(nn.Module):
     """Projects the encoder output [B, S, D] to this layer's cross-attention K/V [B, N, S, H]."""
     return self.cross_attention.cache_key_values(encoded)
 
-  def decode_step(self, x: Array, cache: KeyValues, index: Array, slots: Array,
-                  cross: KeyValues, source_mask: Array) -> tuple[Array, KeyValues]:
-    """One position: x [B*K, 1, D], cache [B, N, K, L, H], slots [B*K, L],
-    cross [B, N, S, H] -> [B*K, 1, D]."""
+  def decode_step(self, x: Array, cache: KeyValues, index: Array, cross: KeyValues,
+                  source_mask: Array) -> tuple[Array, KeyValues]:
+    """One position: x [B*K, 1, D], cache [B*K, N, L, H], cross [B, N, S, H] -> [B*K, 1, D]."""
     block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=False)
-    x, cache = residual(x, lambda h: self.self_attention.attend_cached(h, cache, index, slots),
+    x, cache = residual(x, lambda h: self.self_attention.attend_cached(h, cache, index),
                         self.self_attention_norm, **block)
     x, _ = residual(
         x, lambda h: (self.cross_attention.attend_grouped(h, cross, source_mask), None),
@@ -258,27 +243,16 @@ class Decoder(nn.Module):
   def decode_step(self, ids: Array, cache: DecoderCache,
                   cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
     """ids int [B*K, 1] at position `cache.index` -> (logits float32 [B*K, V], cache)."""
-    rows = ids.shape[0]
-    key_values = cache.self_attention.value
-    batch, beams = key_values[0].keys.shape[0], key_values[0].keys.shape[2]
-    if rows != batch * beams or cache.slots.shape[0] != rows:
-      raise ValueError(
-          f"decode_step got {rows} rows of ids and {cache.slots.shape[0]} of cache.slots for a "
-          f"cache of {batch} sentences x {beams} beam slots; beam search repeats the slots "
-          "per beam, direct callers must too.")
-    own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]  # [B*K, 1]
-    slots = jax.lax.dynamic_update_slice(cache.slots, own_slot, (0, cache.index))
     positions = jnp.full(ids.shape, cache.index, jnp.int32)  # [B*K, 1]
     x = self.embedder(ids) + self.positional_encoding(positions)
-    new_key_values = []
+    new_self_attention = []
     for depth in range(self.config.num_decoder_layers):
       layer = self.layers[depth % len(self.layers)]
       x, layer_cache = layer.decode_step(
-          x, key_values[depth], cache.index, slots, cross.layers[depth], cross.source_mask)
-      new_key_values.append(layer_cache)
+          x, cache.self_attention[depth], cache.index, cross.layers[depth], cross.source_mask)
+      new_self_attention.append(layer_cache)
     logits = self._logits(x)[:, 0]  # [B*K, V]
-    return logits, DecoderCache(self_attention=StaysInSlot(tuple(new_key_values)), slots=slots,
-                                index=cache.index + 1)
+    return logits, DecoderCache(self_attention=tuple(new_self_attention), index=cache.index + 1)
 
 
 class Transformer(nn.Module):
@@ -345,9 +319,9 @@ class Transformer(nn.Module):
     """Cross-attention K/V of every decoder layer, from encoded [B, S, D] and inputs [B, S]."""
     return self.decoder.cross_attention_cache(encoded, inputs > 0)
 
-  def init_cache(self, batch_size: int, max_decode_len: int, beam_size: int = 1) -> DecoderCache:
+  def init_cache(self, batch_size: int, max_decode_len: int) -> DecoderCache:
     """An empty self-attention cache (see the module-level `init_cache`)."""
-    return init_cache(self.config, batch_size, max_decode_len, beam_size)
+    return init_cache(self.config, batch_size, max_decode_len)
 
   def decode_step(self, ids: Array, cache: DecoderCache,
                   cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
