@@ -11,6 +11,7 @@ the cached beam search, and returned in the input order.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import logging
 import math
@@ -221,10 +222,12 @@ class Translator:
 
 # ------------------------------------------------------------------------------------ files
 def read_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 text file ('-' for stdin), without line ends.
+  """Lines of a UTF-8 text file ('-' for stdin; gzip-compressed when it ends in .gz), without
+  line ends.
 
   Raises:
-    ValueError naming the file and the line number of the first invalid UTF-8 byte sequence.
+    FileNotFoundError for a missing file; ValueError naming the file for a corrupt .gz, and the
+    file and line number of the first invalid UTF-8 byte sequence.
   """
   name = "<stdin>" if path == "-" else path
   if path == "-":
@@ -233,6 +236,11 @@ def read_lines(path: str) -> list[str]:
     if not Path(path).is_file():
       raise FileNotFoundError(f"Input file not found: {path}")
     raw = Path(path).read_bytes()
+    if path.endswith(".gz"):
+      try:
+        raw = gzip.decompress(raw)
+      except (OSError, EOFError) as error:
+        raise ValueError(f"{path}: not a valid gzip file ({error}).") from None
   lines = raw.split(b"\n")
   if lines and lines[-1] == b"":
     lines.pop()

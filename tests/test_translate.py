@@ -6,6 +6,8 @@ output of every line is known exactly and any mix-up of the batching order shows
 
 from __future__ import annotations
 
+import gzip
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,6 +129,21 @@ def test_read_lines_reports_invalid_utf8_with_file_and_line(tmp_path):
     read_lines(str(path))
   with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
     read_lines(str(tmp_path / "missing.txt"))
+
+
+def test_read_lines_reads_gzip_and_reports_a_corrupt_one(tmp_path):
+  lines = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen."]
+  path = tmp_path / "test.de.gz"
+  path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
+  assert read_lines(str(path)) == lines
+  corrupt = tmp_path / "corrupt.de.gz"
+  corrupt.write_bytes(b"plain text, not gzip\n")
+  with pytest.raises(ValueError, match=r"corrupt\.de\.gz: not a valid gzip file"):
+    read_lines(str(corrupt))
+  bad_utf8 = tmp_path / "bad.en.gz"
+  bad_utf8.write_bytes(gzip.compress(b"fine\nbad \xff\n"))
+  with pytest.raises(ValueError, match=r"bad\.en\.gz:2: invalid UTF-8"):
+    read_lines(str(bad_utf8))
 
 
 def test_failure_leaves_no_partial_output(tokenizer, tmp_path):
