@@ -108,6 +108,19 @@ def test_multi30k_requires_its_data_folder():
   assert _load(config).data.test_split == "test_2016_flickr"
 
 
+def test_multi30k_variants():
+  full, cpu = _config("multi30k_en_de", ""), _config("multi30k_en_de", "cpu,bf16")
+  for config in (full, cpu):
+    config.data.local_dir = "/some/folder"
+  full, cpu = _load(full), _load(cpu)
+  assert full.model_config(8000) == cpu.model_config(8000).replace(dtype="float32")
+  assert cpu.model_config(8000).dtype == "bfloat16"
+  assert (cpu.train.num_train_steps, cpu.data.batch_tokens) == (4000, 4096)
+  assert full.train.num_train_steps > cpu.train.num_train_steps
+  with pytest.raises(ValueError, match=r"subset of 'bf16', 'cpu', got 'gpu'"):
+    _config("multi30k_en_de", "gpu")
+
+
 def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
   result = subprocess.run(
       [sys.executable, str(CONFIGS.parent / "train.py"), f"--config={CONFIGS / 'default.py'}",
