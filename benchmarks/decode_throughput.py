@@ -1,13 +1,15 @@
 """Decoding throughput: beam search (K = 4) and greedy with the cached Transformer.
 
 Workload (the one Flax examples/wmt was measured on): 32 sentences of 32 source tokens, 64
-output steps forced (EOS forbidden by min_length, so no early exit), random parameters, float32.
+output steps forced (EOS forbidden by min_length, so no early exit), random parameters, float32
+compute (or --dtype bfloat16).
 Configs: small (vocab 8000, D 256, 3+3 layers, 4 heads, F 1024) and base (vocab 32000, D 512,
 6+6, 8 heads, F 2048). Prints one JSON line per (config, method) with compile time separate
 from run time; tokens/s counts the output tokens of the returned hypothesis (sentences x steps).
 Flax examples/wmt beam-4 on the 2-core CPU: small 12.7 sentences/s, base 2.7; the bar is 2x.
 
   python benchmarks/decode_throughput.py [--configs small base] [--methods beam greedy]
+      [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def _inputs(vocab_size: int, sentences: int, source_len: int, seed: int = 0) -> 
 
 
 def _measure(name: str, method: str, args: argparse.Namespace) -> dict:
-  config = CONFIGS[name]().replace(dropout_rate=0.0, attention_dropout_rate=0.0)
+  config = CONFIGS[name]().replace(
+      dropout_rate=0.0, attention_dropout_rate=0.0, dtype=args.dtype)
   model = Transformer(config)
   inputs = _inputs(config.vocab_size, args.sentences, args.source_len)
   variables = jax.jit(model.init)(jax.random.key(0), inputs, inputs)
@@ -64,14 +67,15 @@ def _measure(name: str, method: str, args: argparse.Namespace) -> dict:
   run_s = statistics.median(times)
   result = dict(
       benchmark="decode_throughput", config=name, method=method,
-      beam_size=args.beam_size if method == "beam" else 1, sentences=args.sentences,
+      beam_size=args.beam_size if method == "beam" else 1, dtype=args.dtype,
+      sentences=args.sentences,
       source_len=args.source_len, steps=args.steps, vocab_size=config.vocab_size,
       compile_s=round(compile_s, 2), run_s=round(run_s, 4), run_s_min=round(min(times), 4),
       sentences_per_s=round(args.sentences / run_s, 2),
       tokens_per_s=round(args.sentences * args.steps / run_s, 1),
       backend=jax.default_backend(), devices=jax.device_count(), jax=jax.__version__,
       load_average_1min=round(os.getloadavg()[0], 2))  # Other processes share the CPU.
-  if method == "beam" and args.beam_size == 4:
+  if method == "beam" and args.beam_size == 4 and jax.default_backend() == "cpu":
     result["x_flax_wmt"] = round(result["sentences_per_s"] / WMT_BEAM4_SENTENCES_PER_S[name], 2)
   return result
 
@@ -86,6 +90,8 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=64)
   parser.add_argument("--beam_size", type=int, default=4)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="compute dtype (parameters stay float32)")
   args = parser.parse_args()
   for name in args.configs:
     for method in args.methods:
