@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
   translate = commands.add_parser("translate", help="Translate a file (or stdin) line by line.")
   _add_restore_arguments(translate)
   translate.add_argument("--input", required=True, help="UTF-8 text, one sentence a line; '-'.")
-  translate.add_argument("--output", required=True, help="Output file ('-' for stdout).")
+  translate.add_argument("--output", required=True,
+                         help="Output file ('-' for stdout; gzip when it ends in .gz).")
   translate.set_defaults(run=run_translate)
 
   evaluate = commands.add_parser("evaluate", help="Translate --src and score against --ref.")

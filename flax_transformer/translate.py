@@ -255,8 +255,9 @@ def read_lines(path: str) -> list[str]:
 
 
 def write_lines_atomically(path: str, lines: Sequence[str]) -> None:
-  """Writes one line per item to `path` ('-' for stdout) through a temporary file + rename, so
-  a failure never leaves a partial file that looks complete."""
+  """Writes one line per item to `path` ('-' for stdout; gzip-compressed when it ends in .gz,
+  as `read_lines` reads it) through a temporary file + rename, so a failure never leaves a
+  partial file that looks complete."""
   text = "".join(line.replace("\n", " ") + "\n" for line in lines)
   if path == "-":
     sys.stdout.write(text)
@@ -265,7 +266,8 @@ def write_lines_atomically(path: str, lines: Sequence[str]) -> None:
   target = Path(path)
   tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
   try:
-    tmp.write_text(text, encoding="utf-8")
+    data = text.encode("utf-8")
+    tmp.write_bytes(gzip.compress(data, mtime=0) if path.endswith(".gz") else data)
     os.replace(tmp, target)
   finally:
     tmp.unlink(missing_ok=True)

@@ -146,6 +146,18 @@ def test_read_lines_reads_gzip_and_reports_a_corrupt_one(tmp_path):
     read_lines(str(bad_utf8))
 
 
+def test_write_lines_compresses_a_gz_output_and_round_trips(tmp_path):
+  lines = ["Ein Mann fährt Fahrrad.", "", "zwei\nZeilen werden eine"]
+  plain, packed = tmp_path / "out.de", tmp_path / "out.de.gz"
+  write_lines_atomically(str(plain), lines)
+  write_lines_atomically(str(packed), lines)
+  expected = "Ein Mann fährt Fahrrad.\n\nzwei Zeilen werden eine\n".encode()
+  assert plain.read_bytes() == expected
+  assert gzip.decompress(packed.read_bytes()) == expected
+  assert read_lines(str(packed)) == read_lines(str(plain))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out.de", "out.de.gz"]
+
+
 def test_failure_leaves_no_partial_output(tokenizer, tmp_path):
   translator = copy_translator(tokenizer, batch_tokens=16)
   output = tmp_path / "out.txt"

@@ -7,17 +7,11 @@ the shared SentencePiece vocabulary, and grain pipelines of packed train and pad
   evals = eval_batches(data, tokenizer, data.eval_split)
   pairs = split_texts(data, data.test_split)          # raw (source, target) text, for BLEU
 
-Special ids (PAD_ID 0, EOS_ID 1, UNK_ID 2) are defined in `tokenizer.py`.
+Special ids (PAD_ID 0, EOS_ID 1, UNK_ID 2) are defined in `tokenizer.py`. The pipeline names
+are imported on first use, so decoding (`predict`, `translate`), which needs only the tokenizer,
+does not load grain or TFDS.
 """
 
-from flax_transformer.data.pipeline import (
-    DataConfig,
-    eval_batches,
-    split_texts,
-    train_dataset,
-    train_iterator,
-    train_or_load_tokenizer,
-)
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 __all__ = [
@@ -32,3 +26,15 @@ __all__ = [
     "train_iterator",
     "train_or_load_tokenizer",
 ]
+
+_PIPELINE_NAMES = frozenset(
+    ("DataConfig", "eval_batches", "split_texts", "train_dataset", "train_iterator",
+     "train_or_load_tokenizer"))
+
+
+def __getattr__(name: str):
+  if name in _PIPELINE_NAMES:
+    from flax_transformer.data import pipeline
+
+    return getattr(pipeline, name)
+  raise AttributeError(f"module 'flax_transformer.data' has no attribute {name!r}")
