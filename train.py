@@ -15,6 +15,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
 from flax_transformer.experiment import ConfigError
 from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
@@ -27,6 +28,10 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the vo
 flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
 flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+flags.DEFINE_string(
+    "compilation_cache_dir", None,
+    "Persistent XLA compilation cache, so a resumed or repeated run skips compiling (default: "
+    "$FLAX_TRANSFORMER_COMPILATION_CACHE, else ~/.cache/flax_transformer/xla; '' turns it off).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -47,11 +52,13 @@ def main(argv):
   logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
   try:
+    enable_compilation_cache(FLAGS.compilation_cache_dir)
     results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
-  except (ConfigError, CheckpointMismatchError, NonFiniteLossError) as error:
+  except (ConfigError, CheckpointMismatchError, NonFiniteLossError,
+          CompilationCacheError) as error:
     sys.exit(f"error: {error}")
   if jax.process_index() == 0:
     for split, result in results.items():

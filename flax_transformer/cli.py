@@ -27,6 +27,15 @@ def _add_restore_arguments(parser: argparse.ArgumentParser) -> None:
                       help="alpha of ((5 + n) / 6) ** alpha (default: config).")
   parser.add_argument("--batch_tokens", type=int, default=None,
                       help="Padded source tokens per decoding batch (default 4096).")
+  _add_cache_argument(parser)
+
+
+def _add_cache_argument(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument(
+      "--compilation_cache_dir", default=None,
+      help="Persistent XLA compilation cache, so a later run with the same shapes skips "
+      "compiling (default: $FLAX_TRANSFORMER_COMPILATION_CACHE, else "
+      "~/.cache/flax_transformer/xla; '' turns it off).")
 
 
 def _translator(args: argparse.Namespace):
@@ -147,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
   attention.add_argument("--heads", type=int, nargs="*", default=None,
                          help="Head indices to draw (default: all).")
   attention.add_argument("--output", required=True, help="PNG file to write.")
+  _add_cache_argument(attention)
   attention.set_defaults(run=run_attention)
 
   curves = commands.add_parser("curves", help="Plot loss, BLEU and learning rate vs steps.")
@@ -161,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
   args = build_parser().parse_args(argv)
   try:
+    if hasattr(args, "compilation_cache_dir"):
+      from flax_transformer.compilation_cache import enable_compilation_cache
+
+      enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)
   except (FileNotFoundError, ValueError) as error:
     print(f"flax-transformer {args.command}: error: {error}", file=sys.stderr)

@@ -9,3 +9,6 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# train.py and the CLI cache compiled programs in ~/.cache by default; tests stay hermetic (a
+# test that checks the cache passes its own folder).
+os.environ["FLAX_TRANSFORMER_COMPILATION_CACHE"] = ""

@@ -5,6 +5,7 @@ average, attention and curves, plus `Translator.from_workdir` with real beam sea
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,43 @@ def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, t
   assert len(translated) == len(lines)
   assert translated[1] == "" and translated[3] == ""
   assert translated[0] == Translator.from_workdir(workdir, beam_size=3).translate(lines[:1])[0]
+
+
+def test_translate_command_reuses_its_compilation_cache(workdir, test_pairs, tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(s + "\n" for s, _ in test_pairs[:5]))
+  cache = tmp_path / "xla_cache"
+  # Cache every compile, however short, so the tiny test model's searches are written too, and
+  # have JAX log its cache hits and misses.
+  environment = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                     JAX_DEBUG_LOG_MODULES="jax._src.compiler")
+  outputs, entries, logs = [], [], []
+  for run in range(2):
+    output = tmp_path / f"out{run}.txt"
+    command = [sys.executable, "-m", "flax_transformer.cli", "translate", "--workdir",
+               str(workdir), "--input", str(source), "--output", str(output),
+               "--compilation_cache_dir", str(cache)]
+    result = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs.append(read_lines(str(output)))
+    entries.append(sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_")))
+    logs.append(result.stderr.lower())
+  assert entries[0], "the first run wrote no compiled programs to the cache"
+  assert "cache miss for 'jit__search_batch'" in logs[0]
+  assert "cache hit for 'jit__search_batch'" in logs[1]
+  assert "cache miss for 'jit__search_batch'" not in logs[1]
+  assert entries[1] == entries[0], "the second run compiled something the first had not cached"
+  assert outputs[1] == outputs[0] and len(outputs[0]) == 5
+
+
+def test_unusable_compilation_cache_folder_is_a_clear_error(workdir, tmp_path, capsys):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a folder\n")
+  code = main(["translate", "--workdir", str(workdir), "--input", "-", "--output", "-",
+               "--compilation_cache_dir", str(blocker / "cache")])
+  error = capsys.readouterr().err
+  assert code == 2 and f"Compilation cache folder {blocker / 'cache'} cannot be created" in error
 
 
 def test_translate_command_rejects_bad_utf8_before_restoring(workdir, tmp_path, capsys):
