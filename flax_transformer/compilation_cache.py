@@ -38,9 +38,11 @@ def enable_compilation_cache(directory: str | None = None) -> Path | None:
   """Points JAX's persistent compilation cache at `directory` and returns it (None: off).
 
   Call before the first compile. `directory=None` uses `default_directory()`; "" leaves the
-  cache off. Raises CompilationCacheError (a ValueError) naming the folder when it cannot be
-  created or written.
+  cache off. A folder that was asked for (an argument or the environment variable) and cannot
+  be created or written raises CompilationCacheError (a ValueError) naming it; the built-in
+  default only logs a warning and runs without a cache (a read-only home must not stop a job).
   """
+  requested = directory is not None or ENVIRONMENT_VARIABLE in os.environ
   if directory is None:
     directory = default_directory()
   if not directory:
@@ -48,14 +50,16 @@ def enable_compilation_cache(directory: str | None = None) -> Path | None:
   path = Path(directory).expanduser()
   try:
     path.mkdir(parents=True, exist_ok=True)
+    problem = None if os.access(path, os.W_OK) else "is not writable"
   except OSError as error:
-    raise CompilationCacheError(
-        f"Compilation cache folder {path} cannot be created ({error}); pass "
-        "--compilation_cache_dir=DIR, or '' to turn the cache off.") from None
-  if not os.access(path, os.W_OK):
-    raise CompilationCacheError(
-        f"Compilation cache folder {path} is not writable; pass "
-        "--compilation_cache_dir=DIR, or '' to turn the cache off.")
+    problem = f"cannot be created ({error})"
+  if problem:
+    message = (f"Compilation cache folder {path} {problem}; pass --compilation_cache_dir=DIR, "
+               "or '' to turn the cache off.")
+    if requested:
+      raise CompilationCacheError(message)
+    logging.warning("%s Running without a compilation cache.", message)
+    return None
   jax.config.update("jax_compilation_cache_dir", str(path))
   logging.info("Persistent compilation cache: %s", path)
   return path

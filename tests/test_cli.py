@@ -17,6 +17,7 @@ import pytest
 from flax_transformer import Translator
 from flax_transformer.averaging import average_checkpoints, restore_averaged_params
 from flax_transformer.cli import main
+from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
 from flax_transformer.data.pipeline import DataConfig, split_texts
 from flax_transformer.training import checkpoints
 from flax_transformer.translate import read_lines
@@ -194,3 +195,16 @@ def test_attention_maps_are_distributions(workdir, test_pairs):
       np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
   causal = maps["decoder/self_attention"][0]
   assert np.all(np.triu(causal, k=1) == 0)  # No weight on future positions.
+
+
+def test_an_unusable_default_compilation_cache_only_warns(tmp_path, monkeypatch, caplog):
+  home_is_a_file = tmp_path / "home"
+  home_is_a_file.write_text("")
+  monkeypatch.setenv("HOME", str(home_is_a_file))
+  monkeypatch.delenv("FLAX_TRANSFORMER_COMPILATION_CACHE")
+  with caplog.at_level("WARNING"):
+    assert enable_compilation_cache() is None
+  assert "Running without a compilation cache" in caplog.text
+  monkeypatch.setenv("FLAX_TRANSFORMER_COMPILATION_CACHE", str(home_is_a_file / "cache"))
+  with pytest.raises(CompilationCacheError, match="cannot be created"):
+    enable_compilation_cache()
