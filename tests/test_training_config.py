@@ -129,3 +129,15 @@ def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
   assert result.returncode == 1
   assert "error: config.train.warmup_steps (999999) must not exceed" in result.stderr
   assert not (tmp_path / "checkpoints").exists()
+
+
+def test_train_py_reports_an_unusable_compilation_cache_folder(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a folder\n")
+  result = subprocess.run(
+      [sys.executable, str(CONFIGS.parent / "train.py"), f"--config={CONFIGS / 'default.py'}",
+       f"--workdir={tmp_path / 'workdir'}", f"--compilation_cache_dir={blocker / 'cache'}"],
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert f"error: Compilation cache folder {blocker / 'cache'} cannot be created" in result.stderr
+  assert not (tmp_path / "workdir" / "checkpoints").exists()
