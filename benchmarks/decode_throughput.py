@@ -9,7 +9,7 @@ from run time; tokens/s counts the output tokens of the returned hypothesis (sen
 Flax examples/wmt beam-4 on the 2-core CPU: small 12.7 sentences/s, base 2.7; the bar is 2x.
 
   python benchmarks/decode_throughput.py [--configs small base] [--methods beam greedy]
-      [--dtype float32|bfloat16]
+      [--dtype float32|bfloat16] [--cache auto|fixed|growing ...]
 """
 
 from __future__ import annotations
@@ -43,41 +43,51 @@ def _inputs(vocab_size: int, sentences: int, source_len: int, seed: int = 0) -> 
   return jnp.asarray(ids)
 
 
-def _measure(name: str, method: str, args: argparse.Namespace) -> dict:
+GROW_CACHE = {"auto": None, "fixed": False, "growing": True}
+
+
+def _measure(name: str, method: str, args: argparse.Namespace) -> list[dict]:
+  """One JSON record per cache variant; the variants alternate round by round."""
   config = CONFIGS[name]().replace(
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype=args.dtype)
   model = Transformer(config)
   inputs = _inputs(config.vocab_size, args.sentences, args.source_len)
   variables = jax.jit(model.init)(jax.random.key(0), inputs, inputs)
-  translate = jit_translate_ids(
-      model, method=method, beam_size=args.beam_size, max_decode_len=args.steps,
-      min_length=args.steps, length_penalty=0.6, eos_id=EOS_ID)
-
-  start = time.perf_counter()
-  compiled = translate.lower(variables, inputs).compile()
-  compile_s = time.perf_counter() - start
-  sequences, _ = jax.block_until_ready(compiled(variables, inputs))  # Warm-up run.
-  if not (np.asarray(sequences) != 0).all():
-    raise RuntimeError("an output stopped before the forced number of steps")
-  times = []
-  for _ in range(args.repeats):
+  compiled, compile_s = {}, {}
+  for cache in args.cache:
+    translate = jit_translate_ids(
+        model, method=method, beam_size=args.beam_size, max_decode_len=args.steps,
+        min_length=args.steps, length_penalty=0.6, eos_id=EOS_ID,
+        grow_cache=GROW_CACHE[cache])
     start = time.perf_counter()
-    jax.block_until_ready(compiled(variables, inputs))
-    times.append(time.perf_counter() - start)
-  run_s = statistics.median(times)
-  result = dict(
-      benchmark="decode_throughput", config=name, method=method,
-      beam_size=args.beam_size if method == "beam" else 1, dtype=args.dtype,
-      sentences=args.sentences,
-      source_len=args.source_len, steps=args.steps, vocab_size=config.vocab_size,
-      compile_s=round(compile_s, 2), run_s=round(run_s, 4), run_s_min=round(min(times), 4),
-      sentences_per_s=round(args.sentences / run_s, 2),
-      tokens_per_s=round(args.sentences * args.steps / run_s, 1),
-      backend=jax.default_backend(), devices=jax.device_count(), jax=jax.__version__,
-      load_average_1min=round(os.getloadavg()[0], 2))  # Other processes share the CPU.
-  if method == "beam" and args.beam_size == 4 and jax.default_backend() == "cpu":
-    result["x_flax_wmt"] = round(result["sentences_per_s"] / WMT_BEAM4_SENTENCES_PER_S[name], 2)
-  return result
+    compiled[cache] = translate.lower(variables, inputs).compile()
+    compile_s[cache] = time.perf_counter() - start
+    sequences, _ = jax.block_until_ready(compiled[cache](variables, inputs))  # Warm-up run.
+    if not (np.asarray(sequences) != 0).all():
+      raise RuntimeError("an output stopped before the forced number of steps")
+  times = {cache: [] for cache in args.cache}
+  for _ in range(args.repeats):
+    for cache in args.cache:
+      start = time.perf_counter()
+      jax.block_until_ready(compiled[cache](variables, inputs))
+      times[cache].append(time.perf_counter() - start)
+  results = []
+  for cache in args.cache:
+    run_s = statistics.median(times[cache])
+    result = dict(
+        benchmark="decode_throughput", config=name, method=method,
+        beam_size=args.beam_size if method == "beam" else 1, dtype=args.dtype, cache=cache,
+        sentences=args.sentences, source_len=args.source_len, steps=args.steps,
+        vocab_size=config.vocab_size, compile_s=round(compile_s[cache], 2),
+        run_s=round(run_s, 4), run_s_min=round(min(times[cache]), 4),
+        sentences_per_s=round(args.sentences / run_s, 2),
+        tokens_per_s=round(args.sentences * args.steps / run_s, 1),
+        backend=jax.default_backend(), devices=jax.device_count(), jax=jax.__version__,
+        load_average_1min=round(os.getloadavg()[0], 2))  # Other processes share the CPU.
+    if method == "beam" and args.beam_size == 4 and jax.default_backend() == "cpu":
+      result["x_flax_wmt"] = round(result["sentences_per_s"] / WMT_BEAM4_SENTENCES_PER_S[name], 2)
+    results.append(result)
+  return results
 
 
 def main() -> None:
@@ -92,10 +102,14 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="compute dtype (parameters stay float32)")
+  parser.add_argument("--cache", nargs="+", default=["auto"], choices=list(GROW_CACHE),
+                      help="self-attention cache: fixed (L positions from the start), growing "
+                           "(segments of 16), or auto (growing on CPU only); several alternate")
   args = parser.parse_args()
   for name in args.configs:
     for method in args.methods:
-      print(json.dumps(_measure(name, method, args)), flush=True)
+      for result in _measure(name, method, args):
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,25 @@ State protocol
   state)`. `ids` is int32 [B*K, 1]: the last token of every beam, `bos_id` at the first step.
   Greedy decoding and sampling use the same protocol with K = 1.
 
+Growing state (optional)
+  A state that holds one entry per decoded position (the Transformer's self-attention cache)
+  costs every step in proportion to the positions it has room for: the beam reorder moves all
+  of them, and attention reads all of them. Given `resize_state(state, capacity)` (returns the
+  state with room for `capacity` positions, keeping the ones written), the search starts with a
+  small capacity and grows it between segments of the loop (`growth_schedule`): each segment
+  is its own while loop with static shapes. On average a step then handles a bit over half of
+  the L positions, at the price of compiling one loop body per segment.
+
 How the Transformer plugs in (`flax_transformer.predict` does exactly this):
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   cache = model.apply(variables, B, L, method=Transformer.init_cache)
   step = lambda ids, cache, cross: model.apply(variables, ids, cache, cross,
                                                method=Transformer.decode_step)
-  sequences, scores = beam_search(step, cache, shared_state=cross, batch_size=B, ...)
+  sequences, scores = beam_search(step, cache, shared_state=cross, batch_size=B,
+                                  resize_state=resize_cache, ...)
   The self-attention cache is per-beam state; the cross-attention keys/values, computed once per
   sentence, are shared state that the K beams of a sentence read without copies.
+  `transformer.resize_cache` grows the cache along its position axis.
 
 Outputs
   Token id 0 pads the output ("zeros after EOS"), so it is never emitted; its probability is not
@@ -49,6 +60,9 @@ PyTree = Any
 # The id that pads outputs after EOS ("zeros after EOS"); the same id as data.tokenizer.PAD_ID.
 OUTPUT_PADDING_ID = 0
 _NEG_INF = -jnp.inf
+# Growing state: positions added per loop segment, and the most segments (compiles) allowed.
+DEFAULT_SEGMENT_LENGTH = 16
+MAX_SEGMENTS = 8
 
 
 class TokensToLogits(Protocol):
@@ -101,6 +115,8 @@ def beam_search(
     max_lengths: Array | None = None,
     min_length: int = 0,
     return_all: bool = True,
+    resize_state: Callable[[PyTree, int], PyTree] | None = None,
+    segment_length: int = DEFAULT_SEGMENT_LENGTH,
 ) -> tuple[Array, Array]:
   """Beam search with finished hypotheses kept apart from the K alive beams.
 
@@ -122,6 +138,8 @@ def beam_search(
     max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
     min_length: fewest tokens before EOS (EOS forbidden earlier).
     return_all: True gives all K hypotheses; False only the best one.
+    resize_state: optional; grows the state in segments (module docstring, "Growing state").
+    segment_length: positions added per segment when `resize_state` is given.
 
   Returns:
     (sequences int32 [B, K, L], scores float32 [B, K]), best first; with return_all=False
@@ -135,15 +153,60 @@ def beam_search(
     raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}.")
   step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  capacities = _capacities(max_decode_len, resize_state, segment_length)
+  if resize_state is not None:
+    initial_state = resize_state(initial_state, capacities[0])
   state = _initial_beam_state(initial_state, batch_size, beam_size, max_decode_len, bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, eos_id)
   step = functools.partial(_beam_step, step_fn, eos_id, length_penalty, max_lengths, min_length)
-  final = lax.while_loop(lambda s: (s.step < max_decode_len) & ~s.all_done,
-                         lambda s: step(step(s)), state)
+  # Two steps per iteration; every capacity but L is even, so a segment ends on its capacity.
+  final = _segmented_loop(
+      capacities, resize_state, "alive_state", lambda s: ~s.all_done,
+      lambda s: step(step(s)), state)
   sequences, scores = _ranked_hypotheses(final, length_penalty)
   if return_all:
     return sequences, scores
   return sequences[:, 0], scores[:, 0]
+
+
+def growth_schedule(max_decode_len: int,
+                    segment_length: int = DEFAULT_SEGMENT_LENGTH) -> tuple[int, ...]:
+  """Capacities of a growing state, one per loop segment, the last one L.
+
+  L is split into n = ceil(L / segment_length) segments of nearly equal length (at most
+  `MAX_SEGMENTS`, as each one is compiled separately); every capacity but L is even, since the
+  beam loop runs two steps per iteration. E.g. L = 64: (16, 32, 48, 64); L = 65: (14, 26, 40,
+  52, 65); L = 300: (38, 76, ..., 264, 300).
+  """
+  if not isinstance(segment_length, int) or segment_length < 1:
+    raise ValueError(f"segment_length must be a positive int, got {segment_length!r}.")
+  segments = min(-(-max_decode_len // segment_length), MAX_SEGMENTS)
+  capacities = {2 * -(-i * max_decode_len // (2 * segments)) for i in range(1, segments)}
+  return (*sorted(c for c in capacities if c < max_decode_len), max_decode_len)
+
+
+def _capacities(max_decode_len: int, resize_state: Callable[[PyTree, int], PyTree] | None,
+                segment_length: int) -> tuple[int, ...]:
+  if resize_state is None:
+    return (max_decode_len,)
+  return growth_schedule(max_decode_len, segment_length)
+
+
+def _segmented_loop(capacities: tuple[int, ...],
+                    resize_state: Callable[[PyTree, int], PyTree] | None, field: str,
+                    keep_going: Callable[[Any], Array], body: Callable[[Any], Any],
+                    loop_state: Any) -> Any:
+  """One while loop per capacity: runs `body` while step < capacity and `keep_going`.
+
+  Between segments, the loop state's `field` (the callable's state) grows to the next capacity.
+  """
+  for number, capacity in enumerate(capacities):
+    if number:
+      loop_state = loop_state.replace(
+          **{field: resize_state(getattr(loop_state, field), capacity)})
+    loop_state = lax.while_loop(
+        lambda s, capacity=capacity: (s.step < capacity) & keep_going(s), body, loop_state)
+  return loop_state
 
 
 def _initial_beam_state(initial_state: PyTree, batch_size: int, beam_size: int,
@@ -326,11 +389,13 @@ def greedy_search(
     shared_state: PyTree | None = None,
     max_lengths: Array | None = None,
     min_length: int = 0,
+    resize_state: Callable[[PyTree, int], PyTree] | None = None,
+    segment_length: int = DEFAULT_SEGMENT_LENGTH,
 ) -> tuple[Array, Array]:
   """Greedy decoding: the most probable emittable token at every step.
 
-  Same state protocol and length options as `beam_search` (K = 1, so `initial_state` leaves
-  [B, ...] are used as they are).
+  Same state protocol, length options and growing state as `beam_search` (K = 1, so
+  `initial_state` leaves [B, ...] are used as they are).
 
   Returns:
     (sequences int32 [B, L], scores float32 [B]): tokens up to and including EOS, zeros after;
@@ -345,7 +410,8 @@ def greedy_search(
   return _sequential_search(
       "greedy_search", tokens_to_logits, initial_state, best, batch_size=batch_size,
       max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
-      max_lengths=max_lengths, min_length=min_length)
+      max_lengths=max_lengths, min_length=min_length, resize_state=resize_state,
+      segment_length=segment_length)
 
 
 def sample(
@@ -363,12 +429,14 @@ def sample(
     shared_state: PyTree | None = None,
     max_lengths: Array | None = None,
     min_length: int = 0,
+    resize_state: Callable[[PyTree, int], PyTree] | None = None,
+    segment_length: int = DEFAULT_SEGMENT_LENGTH,
 ) -> tuple[Array, Array]:
   """Ancestral sampling from softmax(logits / temperature), optionally top-k and nucleus (top-p).
 
   Filters apply in the order temperature, top-k (keep the k most probable tokens; 0 = all),
   top-p (keep the smallest most-probable set whose probability reaches `top_p`; 1 = all).
-  Same state protocol and length options as `beam_search` with K = 1.
+  Same state protocol, length options and growing state as `beam_search` with K = 1.
 
   Returns:
     (sequences int32 [B, L], scores float32 [B]): sampled tokens up to and including EOS, zeros
@@ -396,7 +464,8 @@ def sample(
   return _sequential_search(
       "sample", tokens_to_logits, initial_state, draw, batch_size=batch_size,
       max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
-      max_lengths=max_lengths, min_length=min_length)
+      max_lengths=max_lengths, min_length=min_length, resize_state=resize_state,
+      segment_length=segment_length)
 
 
 def _top_k_filter(logits: Array, k: int) -> Array:
@@ -418,11 +487,16 @@ def _top_p_filter(logits: Array, top_p: float) -> Array:
 def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_state: PyTree,
                        choose: TokenChooser, *, batch_size: int, max_decode_len: int,
                        eos_id: int, bos_id: int, shared_state: PyTree | None,
-                       max_lengths: Array | None, min_length: int) -> tuple[Array, Array]:
+                       max_lengths: Array | None, min_length: int,
+                       resize_state: Callable[[PyTree, int], PyTree] | None,
+                       segment_length: int) -> tuple[Array, Array]:
   """The loop shared by greedy decoding and sampling; `choose` picks each next token."""
   _check_search_args(name, batch_size, max_decode_len, eos_id, min_length)
   step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  capacities = _capacities(max_decode_len, resize_state, segment_length)
+  if resize_state is not None:
+    initial_state = resize_state(initial_state, capacities[0])
   start = _SequentialState(
       step=jnp.zeros((), jnp.int32), last_ids=jnp.full((batch_size,), bos_id, jnp.int32),
       sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
@@ -444,8 +518,8 @@ def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_
         log_probs=s.log_probs + jnp.where(s.finished, 0.0, log_probs),
         finished=s.finished | (tokens == eos_id), state=new_state)
 
-  final = lax.while_loop(
-      lambda s: (s.step < max_decode_len) & ~jnp.all(s.finished), body, start)
+  final = _segmented_loop(
+      capacities, resize_state, "state", lambda s: ~jnp.all(s.finished), body, start)
   return final.sequences, final.log_probs
 
 

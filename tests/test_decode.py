@@ -299,6 +299,93 @@ def test_sampling_with_top_k_one_equals_greedy():
   np.testing.assert_allclose(sampled[1], greedy[1], rtol=1e-6)
 
 
+class HistoryToy(HashToy):
+  """HashToy whose state keeps every input token in a buffer, a stand-in for an attention cache.
+
+  The buffer [rows, capacity] gets the input token at `index` and the step rehashes positions
+  0..index from scratch, so a token lost in a resize, written past the capacity (clamped onto
+  the last slot) or left behind by the beam reorder changes the logits. `capacities` records
+  the buffer sizes the step was traced with.
+  """
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.capacities = []
+
+  def initial_state(self, capacity):
+    return {"tokens": jnp.zeros((self.batch, capacity), jnp.int32),
+            "start": jnp.asarray(self.initial_hash), "index": jnp.zeros((), jnp.int32)}
+
+  def step(self, ids, state):
+    tokens, index = state["tokens"], state["index"]
+    self.capacities.append(tokens.shape[1])
+    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, ids, index, axis=1)
+    running = state["start"]
+    for position in range(tokens.shape[1]):
+      running = jnp.where(position <= index, _hash(running, tokens[:, position]), running)
+    rows = ids.shape[0]
+    table = jnp.asarray(self.table)[jnp.arange(rows) // (rows // self.batch)]
+    logits = table[jnp.arange(rows), running] + jnp.asarray(self.position_bias)[index]
+    return logits, {**state, "tokens": tokens, "index": index + 1}
+
+  @staticmethod
+  def resize(state, capacity):
+    tokens = state["tokens"]
+    if capacity <= tokens.shape[1]:
+      return {**state, "tokens": tokens[:, :capacity]}
+    return {**state, "tokens": jnp.pad(tokens, ((0, 0), (0, capacity - tokens.shape[1])))}
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
+  # L = 5 in segments of 2: capacities 2, 4, 5. K = 81 holds every alive prefix (3 ** 4), so
+  # the search is exact, and beams are reordered across both resizes.
+  toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
+  search = functools.partial(beam_search, toy.step, batch_size=2, max_decode_len=5, eos_id=EOS,
+                             length_penalty=alpha)
+  sequences, scores = search(toy.initial_state(1), beam_size=81,
+                             resize_state=HistoryToy.resize, segment_length=2)
+  assert sorted(set(toy.capacities)) == [2, 4, 5]
+  _assert_matches_brute_force(sequences, scores, toy, alpha)
+  # With pruning (K = 3), growing the buffer must not change what a full-size buffer finds.
+  grown = search(toy.initial_state(1), beam_size=3, resize_state=HistoryToy.resize,
+                 segment_length=2)
+  full_size = search(toy.initial_state(5), beam_size=3)
+  np.testing.assert_array_equal(grown[0], full_size[0])
+  np.testing.assert_allclose(grown[1], full_size[1], rtol=1e-6)
+
+
+def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
+  toy = HistoryToy(seed=37, batch=3, max_len=6, eos_logits=-0.5)
+  common = dict(batch_size=3, max_decode_len=6, eos_id=EOS, min_length=2,
+                resize_state=HistoryToy.resize, segment_length=2)
+  greedy = greedy_search(toy.step, toy.initial_state(6), **common)
+  sampled = sample(toy.step, toy.initial_state(6), jax.random.key(1), top_k=1, **common)
+  assert sorted(set(toy.capacities)) == [2, 4, 6]
+  for b in range(3):
+    expected, total = _numpy_greedy(toy, b, min_length=2)
+    for sequences, scores in (greedy, sampled):
+      np.testing.assert_array_equal(sequences[b], expected)
+      np.testing.assert_allclose(scores[b], total, rtol=1e-6)
+
+
+@pytest.mark.parametrize("segment_length", [1, 2, 7, 16])
+def test_growth_schedule_splits_the_length_into_even_nearly_equal_segments(segment_length):
+  for max_len in range(1, 300):
+    capacities = decode.growth_schedule(max_len, segment_length)
+    assert capacities[-1] == max_len
+    assert all(c % 2 == 0 for c in capacities[:-1])
+    assert list(capacities) == sorted(set(capacities))
+    assert len(capacities) <= decode.MAX_SEGMENTS
+    segments = np.diff((0, *capacities))
+    assert segments.max() - segments.min() <= 3  # Rounding to even numbers.
+    if len(capacities) < decode.MAX_SEGMENTS:  # No more segments than segment_length asks.
+      assert len(capacities) == min(-(-max_len // segment_length), (max_len - 1) // 2 + 1)
+  assert decode.growth_schedule(64) == (16, 32, 48, 64)
+  with pytest.raises(ValueError, match="segment_length must be a positive int"):
+    decode.growth_schedule(10, 0)
+
+
 FIXED_LOGITS = np.log(np.array([0.1, 0.05, 0.5, 0.3, 0.15, 0.0 + 1e-30]))  # PAD never emitted.
 
 

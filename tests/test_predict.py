@@ -83,9 +83,15 @@ def test_shared_cross_attention_equals_recomputing_it_per_beam(model_and_variabl
   np.testing.assert_allclose(shared[1], reference[1], atol=1e-5, rtol=0)
 
 
+# A cache of all L positions from the start, and one grown 3 positions at a time (capacities
+# 4, 6, 8, 10: resized three times while beams are being reordered).
+GROWTH = [dict(grow_cache=False), dict(grow_cache=True, segment_length=3)]
+
+
+@pytest.mark.parametrize("growth", GROWTH, ids=["fixed_cache", "growing_cache"])
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_and_variables,
-                                                                         alpha):
+                                                                         alpha, growth):
   # The reference has no cache at all: its state is the tokens decoded so far (reordered with
   # the beams), and each step runs the full teacher-forced model on them. The cached search
   # must find the same hypotheses. EOS is forbidden for 7 tokens so that beams live long and
@@ -94,7 +100,7 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
   beams, length, min_length = 4, 10, 7
   cached = translate_ids(model, variables, inputs, beam_size=beams, max_decode_len=length,
                          length_penalty=alpha, eos_id=EOS, min_length=min_length,
-                         return_all=True)
+                         return_all=True, **growth)
 
   def full_forward_step(ids, state, source):
     tokens, index = state["tokens"], state["index"]  # [B*K, L], []
@@ -116,12 +122,13 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
   np.testing.assert_allclose(cached[1], reference[1], atol=1e-5, rtol=0)
 
 
-def test_greedy_equals_beam_one_and_its_own_rescoring(model_and_variables):
+@pytest.mark.parametrize("growth", GROWTH, ids=["fixed_cache", "growing_cache"])
+def test_greedy_equals_beam_one_and_its_own_rescoring(model_and_variables, growth):
   # EOS forbidden before L - 1 tokens and forced after them: beam 1 must then follow exactly
   # the greedy path (it keeps finished hypotheses apart, so with EOS free it may differ).
   model, variables, inputs = model_and_variables
   options = dict(max_decode_len=MAX_LEN, eos_id=EOS, min_length=MAX_LEN - 1, max_len_a=0.0,
-                 max_len_b=MAX_LEN - 1, length_penalty=0.0)
+                 max_len_b=MAX_LEN - 1, length_penalty=0.0, **growth)
   greedy, greedy_scores = translate_ids(model, variables, inputs, method="greedy", **options)
   beam, beam_scores = translate_ids(model, variables, inputs, method="beam", beam_size=1,
                                     **options)

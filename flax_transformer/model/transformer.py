@@ -6,7 +6,8 @@ Decoding uses three calls, each a method of `Transformer` run through `model.app
   cross = precompute_cross_attention(encoded, inputs)       # cross-attention K/V, once per batch
   cache = init_cache(batch_size, max_decode_len)            # empty self-attention K/V
   logits, cache = decode_step(ids, cache, cross)            # once per output position
-`cross` leads with B and is shared by all K beams of a sentence; `cache` leads with B*K.
+`cross` leads with B and is shared by all K beams of a sentence; `cache` leads with B*K. The
+module-level `resize_cache` changes the number of positions the cache has room for.
 """
 
 from __future__ import annotations
@@ -85,6 +86,23 @@ def init_cache(config: ModelConfig, batch_size: int, max_decode_len: int) -> Dec
   return DecoderCache(
       self_attention=tuple(empty for _ in range(config.num_decoder_layers)),
       index=jnp.zeros((), jnp.int32))
+
+
+def resize_cache(cache: DecoderCache, capacity: int) -> DecoderCache:
+  """The cache with room for `capacity` positions: [B, N, L, H] -> [B, N, capacity, H].
+
+  Growing appends zeros; shrinking drops the last positions, which must not be written yet
+  (capacity >= `cache.index`). Beam search calls this between loop segments so that early
+  steps reorder and attend over a short cache (`decode`'s "Growing state").
+  """
+  def resize(x: Array) -> Array:
+    length = x.shape[2]
+    if capacity <= length:
+      return x[:, :, :capacity]
+    return jnp.pad(x, ((0, 0), (0, 0), (0, capacity - length), (0, 0)))
+
+  return DecoderCache(self_attention=jax.tree.map(resize, cache.self_attention),
+                      index=cache.index)
 
 
 def _attention(config: ModelConfig) -> MultiHeadAttention:
