@@ -60,9 +60,8 @@ PyTree = Any
 # The id that pads outputs after EOS ("zeros after EOS"); the same id as data.tokenizer.PAD_ID.
 OUTPUT_PADDING_ID = 0
 _NEG_INF = -jnp.inf
-# Growing state: positions added per loop segment, and the most segments (compiles) allowed.
+# Growing state: positions added per loop segment (the first four; then capacities double).
 DEFAULT_SEGMENT_LENGTH = 16
-MAX_SEGMENTS = 8
 
 
 class TokensToLogits(Protocol):
@@ -173,16 +172,23 @@ def growth_schedule(max_decode_len: int,
                     segment_length: int = DEFAULT_SEGMENT_LENGTH) -> tuple[int, ...]:
   """Capacities of a growing state, one per loop segment, the last one L.
 
-  L is split into n = ceil(L / segment_length) segments of nearly equal length (at most
-  `MAX_SEGMENTS`, as each one is compiled separately); every capacity but L is even, since the
-  beam loop runs two steps per iteration. E.g. L = 64: (16, 32, 48, 64); L = 65: (14, 26, 40,
-  52, 65); L = 300: (38, 76, ..., 264, 300).
+  With s = `segment_length` (rounded up to even: the beam loop runs two steps per iteration):
+  s, 2s, 3s, 4s, then doubling (8s, 16s, ...), below L, then L. Each segment is compiled
+  separately, so doubling keeps long caches to a few segments, while the short outputs where
+  most decoding time goes get fine steps. A last segment shorter than s / 2 is merged into the
+  one before. E.g. L = 64: (16, 32, 48, 64); L = 115: (16, 32, 48, 64, 115); L = 300: (16, 32,
+  48, 64, 128, 256, 300).
   """
   if not isinstance(segment_length, int) or segment_length < 1:
     raise ValueError(f"segment_length must be a positive int, got {segment_length!r}.")
-  segments = min(-(-max_decode_len // segment_length), MAX_SEGMENTS)
-  capacities = {2 * -(-i * max_decode_len // (2 * segments)) for i in range(1, segments)}
-  return (*sorted(c for c in capacities if c < max_decode_len), max_decode_len)
+  segment = segment_length + segment_length % 2
+  capacities = [segment * i for i in range(1, 5)]
+  while capacities[-1] * 2 < max_decode_len:
+    capacities.append(capacities[-1] * 2)
+  capacities = [c for c in capacities if c < max_decode_len]
+  if capacities and max_decode_len - capacities[-1] < segment // 2:
+    capacities.pop()
+  return (*capacities, max_decode_len)
 
 
 def _capacities(max_decode_len: int, resize_state: Callable[[PyTree, int], PyTree] | None,

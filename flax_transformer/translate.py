@@ -46,6 +46,9 @@ class DecodeSettings:
   max_len_a: float = 1.0
   max_len_b: int = 50
   batch_tokens: int = 4096  # Source tokens (padded) per decoding batch.
+  # Grow the self-attention cache with the output (faster runs, longer compiles): None = on
+  # for beam search on CPU (`predict.translate_ids`).
+  grow_cache: bool | None = None
 
   def __post_init__(self):
     if self.beam_size < 1:
@@ -57,6 +60,8 @@ class DecodeSettings:
           f"max_len_a must be >= 0 and max_len_b >= 1, got {self.max_len_a}, {self.max_len_b}.")
     if self.batch_tokens < MIN_BUCKET:
       raise ValueError(f"batch_tokens must be >= {MIN_BUCKET}, got {self.batch_tokens}.")
+    if self.grow_cache not in (None, True, False):
+      raise ValueError(f"grow_cache must be None, True or False, got {self.grow_cache!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +126,8 @@ class Translator:
     self.settings = settings or DecodeSettings()
     self.step = step
     self._search = jax.jit(self._search_batch, static_argnames=(
-        "beam_size", "max_decode_len", "length_penalty", "max_len_a", "max_len_b"))
+        "beam_size", "max_decode_len", "length_penalty", "max_len_a", "max_len_b",
+        "grow_cache"))
     self.truncated = 0  # Sentences cut to the model's max_len in the last call.
 
   @classmethod
@@ -207,17 +213,17 @@ class Translator:
           self.params, jnp.asarray(inputs), beam_size=options.beam_size,
           max_decode_len=int(min(cap, self.model_config.max_len)),
           length_penalty=float(options.length_penalty), max_len_a=float(options.max_len_a),
-          max_len_b=int(options.max_len_b))
+          max_len_b=int(options.max_len_b), grow_cache=options.grow_cache)
       yield indices, np.asarray(sequences)[: len(indices)], np.asarray(scores)[: len(indices)]
 
   def _search_batch(self, params: Any, inputs: Array, *, beam_size: int, max_decode_len: int,
-                    length_penalty: float, max_len_a: float,
-                    max_len_b: int) -> tuple[Array, Array]:
+                    length_penalty: float, max_len_a: float, max_len_b: int,
+                    grow_cache: bool | None) -> tuple[Array, Array]:
     """inputs [B, S] -> (sequences [B, K, L], scores [B, K]), best first."""
     return predict.translate_ids(
         self.model, {"params": params}, inputs, beam_size=beam_size,
         max_decode_len=max_decode_len, length_penalty=length_penalty, eos_id=EOS_ID,
-        max_len_a=max_len_a, max_len_b=max_len_b, return_all=True)
+        max_len_a=max_len_a, max_len_b=max_len_b, return_all=True, grow_cache=grow_cache)
 
 
 # ------------------------------------------------------------------------------------ files

@@ -370,18 +370,22 @@ def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
 
 
 @pytest.mark.parametrize("segment_length", [1, 2, 7, 16])
-def test_growth_schedule_splits_the_length_into_even_nearly_equal_segments(segment_length):
-  for max_len in range(1, 300):
+def test_growth_schedule_steps_by_segments_then_doubles(segment_length):
+  step = segment_length + segment_length % 2  # Even capacities: two beam steps per iteration.
+  for max_len in range(1, 600):
     capacities = decode.growth_schedule(max_len, segment_length)
     assert capacities[-1] == max_len
     assert all(c % 2 == 0 for c in capacities[:-1])
     assert list(capacities) == sorted(set(capacities))
-    assert len(capacities) <= decode.MAX_SEGMENTS
-    segments = np.diff((0, *capacities))
-    assert segments.max() - segments.min() <= 3  # Rounding to even numbers.
-    if len(capacities) < decode.MAX_SEGMENTS:  # No more segments than segment_length asks.
-      assert len(capacities) == min(-(-max_len // segment_length), (max_len - 1) // 2 + 1)
+    inner = capacities[:-1]
+    assert list(inner[:4]) == [step * i for i in range(1, len(inner[:4]) + 1)]
+    assert all(later == 2 * earlier for earlier, later in itertools.pairwise(inner[3:]))
+    # No room left for another capacity of the rule, and no last segment shorter than s / 2.
+    following = step * (len(inner) + 1) if len(inner) < 4 else 2 * inner[-1]
+    assert following >= max_len or max_len - following < step // 2
+    assert not inner or max_len - inner[-1] >= step // 2
   assert decode.growth_schedule(64) == (16, 32, 48, 64)
+  assert decode.growth_schedule(300) == (16, 32, 48, 64, 128, 256, 300)
   with pytest.raises(ValueError, match="segment_length must be a positive int"):
     decode.growth_schedule(10, 0)
 

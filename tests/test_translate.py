@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import ModelConfig, Transformer
+from flax_transformer import ModelConfig, Transformer, predict
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
 from flax_transformer.predict import output_length_caps
 from flax_transformer.translate import (
@@ -45,9 +45,9 @@ def tokenizer(tmp_path_factory):
 
 
 def copy_search(params, inputs, *, beam_size, max_decode_len, length_penalty, max_len_a,
-                max_len_b):
+                max_len_b, grow_cache):
   """Stands in for beam search: K hypotheses, each the source itself, cut at the length cap."""
-  del params, length_penalty
+  del params, length_penalty, grow_cache
   rows, length = inputs.shape
   caps = output_length_caps(inputs, max_len_a, max_len_b)  # tokens before EOS
   source = jnp.zeros((rows, max_decode_len), jnp.int32).at[:, : min(length, max_decode_len)].set(
@@ -69,6 +69,32 @@ def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
   translator = Translator(config, params, tokenizer, DecodeSettings(**settings))
   translator._search = copy_search
   return translator
+
+
+def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokenizer,
+                                                                         monkeypatch):
+  # tests/test_predict.py checks long searches with both caches; here: the setting's route.
+  config = ModelConfig.tiny(tokenizer.vocab_size, max_len=64, dropout_rate=0.0,
+                            attention_dropout_rate=0.0)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = Transformer(config).init(jax.random.key(1), tokens, tokens)["params"]
+  seen = []
+  search = predict.translate_ids
+  monkeypatch.setattr(predict, "translate_ids",
+                      lambda *args, **kwargs: seen.append(kwargs["grow_cache"])
+                      or search(*args, **kwargs))
+  texts = sentences(6, seed=3)
+  results = {}
+  for grow in (True, False, None):
+    translator = Translator(config, params, tokenizer, DecodeSettings(grow_cache=grow))
+    results[grow] = translator.translate_nbest(texts, n=2)
+    assert set(seen) == {grow}
+    seen.clear()
+  for grown, fixed in zip(results[True], results[False], strict=True):
+    assert [h for h, _ in grown] == [h for h, _ in fixed]
+    np.testing.assert_allclose([s for _, s in grown], [s for _, s in fixed], atol=1e-5, rtol=0)
+  with pytest.raises(ValueError, match="grow_cache must be None, True or False"):
+    DecodeSettings(grow_cache="yes")
 
 
 def test_plan_batches_covers_every_sentence_once_in_few_shapes():
