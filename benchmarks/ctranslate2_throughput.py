@@ -312,7 +312,7 @@ def main() -> None:
                       help="CTranslate2 intra_threads (the machine has 2 cores)")
   parser.add_argument("--pause_s", type=float, default=0.2,
                       help="sleep before each timed call")
-  parser.add_argument("--tolerance", type=float, default=1e-3,
+  parser.add_argument("--tolerance", type=float, default=1e-4,
                       help="largest allowed teacher-forced log-probability difference")
   parser.add_argument("--greedy_sentences", type=int, default=8)
   args = parser.parse_args()

@@ -104,7 +104,8 @@ def main() -> None:
                       help="compute dtype (parameters stay float32)")
   parser.add_argument("--cache", nargs="+", default=["auto"], choices=list(GROW_CACHE),
                       help="self-attention cache: fixed (L positions from the start), growing "
-                           "(segments of 16), or auto (growing on CPU only); several alternate")
+                           "(16, 32, 48, 64, then doubling), or auto (growing for beam search "
+                           "on CPU); several alternate")
   args = parser.parse_args()
   for name in args.configs:
     for method in args.methods:

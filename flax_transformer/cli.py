@@ -50,7 +50,8 @@ def _translator(args: argparse.Namespace):
 
   settings = {name: getattr(args, name) for name in ("beam_size", "length_penalty", "batch_tokens")
               if getattr(args, name) is not None}
-  settings["grow_cache"] = GROW_CACHE[args.grow_cache]
+  if args.grow_cache != "auto":
+    settings["grow_cache"] = GROW_CACHE[args.grow_cache]
   return Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint, **settings)
 
 

@@ -81,6 +81,14 @@ class TokensToLogitsWithShared(Protocol):
     ...
 
 
+class ResizeState(Protocol):
+  """Returns `state` with room for `capacity` positions, keeping the ones written so far."""
+
+  def __call__(self, state: PyTree, capacity: int, /) -> PyTree:
+    """Leaves keep their structure, dtypes, ranks and leading dimensions; sizes may change."""
+    ...
+
+
 @flax.struct.dataclass
 class BeamState:
   """The loop state of `beam_search`. Alive beams and finished hypotheses are kept apart."""
@@ -114,7 +122,7 @@ def beam_search(
     max_lengths: Array | None = None,
     min_length: int = 0,
     return_all: bool = True,
-    resize_state: Callable[[PyTree, int], PyTree] | None = None,
+    resize_state: ResizeState | None = None,
     segment_length: int = DEFAULT_SEGMENT_LENGTH,
 ) -> tuple[Array, Array]:
   """Beam search with finished hypotheses kept apart from the K alive beams.
@@ -138,7 +146,7 @@ def beam_search(
     min_length: fewest tokens before EOS (EOS forbidden earlier).
     return_all: True gives all K hypotheses; False only the best one.
     resize_state: optional; grows the state in segments (module docstring, "Growing state").
-    segment_length: positions added per segment when `resize_state` is given.
+    segment_length: the step s of `growth_schedule` (capacities s, 2s, 3s, 4s, then doubling).
 
   Returns:
     (sequences int32 [B, K, L], scores float32 [B, K]), best first; with return_all=False
@@ -152,16 +160,16 @@ def beam_search(
     raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}.")
   step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  capacities = _capacities(max_decode_len, resize_state, segment_length)
-  if resize_state is not None:
-    initial_state = resize_state(initial_state, capacities[0])
+  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length,
+                                      initial_state)
   state = _initial_beam_state(initial_state, batch_size, beam_size, max_decode_len, bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, eos_id)
   step = functools.partial(_beam_step, step_fn, eos_id, length_penalty, max_lengths, min_length)
   # Two steps per iteration; every capacity but L is even, so a segment ends on its capacity.
-  final = _segmented_loop(
-      capacities, resize_state, "alive_state", lambda s: ~s.all_done,
-      lambda s: step(step(s)), state)
+  grow = lambda s, capacity: s.replace(
+      alive_state=_resized(resize_state, s.alive_state, capacity))
+  final = _segmented_loop(capacities, grow, lambda s: ~s.all_done, lambda s: step(step(s)),
+                          state)
   sequences, scores = _ranked_hypotheses(final, length_penalty)
   if return_all:
     return sequences, scores
@@ -191,25 +199,42 @@ def growth_schedule(max_decode_len: int,
   return (*capacities, max_decode_len)
 
 
-def _capacities(max_decode_len: int, resize_state: Callable[[PyTree, int], PyTree] | None,
-                segment_length: int) -> tuple[int, ...]:
+def _growth(max_decode_len: int, resize_state: ResizeState | None, segment_length: int,
+            initial_state: PyTree) -> tuple[tuple[int, ...], PyTree]:
+  """The loop's capacities, and the initial state sized for the first of them."""
   if resize_state is None:
-    return (max_decode_len,)
-  return growth_schedule(max_decode_len, segment_length)
+    return (max_decode_len,), initial_state
+  capacities = growth_schedule(max_decode_len, segment_length)
+  return capacities, _resized(resize_state, initial_state, capacities[0])
 
 
-def _segmented_loop(capacities: tuple[int, ...],
-                    resize_state: Callable[[PyTree, int], PyTree] | None, field: str,
-                    keep_going: Callable[[Any], Array], body: Callable[[Any], Any],
-                    loop_state: Any) -> Any:
+def _resized(resize_state: ResizeState, state: PyTree, capacity: int) -> PyTree:
+  """`resize_state(state, capacity)`, checked to keep every leaf's form but its sizes."""
+  resized = resize_state(state, capacity)
+  form = lambda tree: [(jnp.ndim(x), jnp.result_type(x), jnp.shape(x)[:1])
+                       for x in jax.tree.leaves(tree)]
+  if jax.tree.structure(resized) != jax.tree.structure(state) or form(resized) != form(state):
+    raise ValueError(
+        f"resize_state(state, {capacity}) must keep the state's structure and every leaf's "
+        f"rank, dtype and leading dimension; got {form(resized)}, expected {form(state)} "
+        "(rank, dtype, leading dimension).")
+  return resized
+
+
+Loop = Any  # BeamState or _SequentialState.
+
+
+def _segmented_loop(capacities: tuple[int, ...], grow: Callable[[Loop, int], Loop],
+                    keep_going: Callable[[Loop], Array], body: Callable[[Loop], Loop],
+                    loop_state: Loop) -> Loop:
   """One while loop per capacity: runs `body` while step < capacity and `keep_going`.
 
-  Between segments, the loop state's `field` (the callable's state) grows to the next capacity.
+  Between segments, `grow` gives the callable's state room for the next capacity. (It runs
+  even after an early exit: a copy of the state per remaining segment, no steps.)
   """
   for number, capacity in enumerate(capacities):
     if number:
-      loop_state = loop_state.replace(
-          **{field: resize_state(getattr(loop_state, field), capacity)})
+      loop_state = grow(loop_state, capacity)
     loop_state = lax.while_loop(
         lambda s, capacity=capacity: (s.step < capacity) & keep_going(s), body, loop_state)
   return loop_state
@@ -395,7 +420,7 @@ def greedy_search(
     shared_state: PyTree | None = None,
     max_lengths: Array | None = None,
     min_length: int = 0,
-    resize_state: Callable[[PyTree, int], PyTree] | None = None,
+    resize_state: ResizeState | None = None,
     segment_length: int = DEFAULT_SEGMENT_LENGTH,
 ) -> tuple[Array, Array]:
   """Greedy decoding: the most probable emittable token at every step.
@@ -435,7 +460,7 @@ def sample(
     shared_state: PyTree | None = None,
     max_lengths: Array | None = None,
     min_length: int = 0,
-    resize_state: Callable[[PyTree, int], PyTree] | None = None,
+    resize_state: ResizeState | None = None,
     segment_length: int = DEFAULT_SEGMENT_LENGTH,
 ) -> tuple[Array, Array]:
   """Ancestral sampling from softmax(logits / temperature), optionally top-k and nucleus (top-p).
@@ -494,15 +519,14 @@ def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_
                        choose: TokenChooser, *, batch_size: int, max_decode_len: int,
                        eos_id: int, bos_id: int, shared_state: PyTree | None,
                        max_lengths: Array | None, min_length: int,
-                       resize_state: Callable[[PyTree, int], PyTree] | None,
+                       resize_state: ResizeState | None,
                        segment_length: int) -> tuple[Array, Array]:
   """The loop shared by greedy decoding and sampling; `choose` picks each next token."""
   _check_search_args(name, batch_size, max_decode_len, eos_id, min_length)
   step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  capacities = _capacities(max_decode_len, resize_state, segment_length)
-  if resize_state is not None:
-    initial_state = resize_state(initial_state, capacities[0])
+  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length,
+                                      initial_state)
   start = _SequentialState(
       step=jnp.zeros((), jnp.int32), last_ids=jnp.full((batch_size,), bos_id, jnp.int32),
       sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
@@ -524,8 +548,8 @@ def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_
         log_probs=s.log_probs + jnp.where(s.finished, 0.0, log_probs),
         finished=s.finished | (tokens == eos_id), state=new_state)
 
-  final = _segmented_loop(
-      capacities, resize_state, "state", lambda s: ~jnp.all(s.finished), body, start)
+  grow = lambda s, capacity: s.replace(state=_resized(resize_state, s.state, capacity))
+  final = _segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished), body, start)
   return final.sequences, final.log_probs
 
 

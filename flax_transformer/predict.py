@@ -89,7 +89,7 @@ def translate_ids(
       greedy and sampling then give K = 1.
     grow_cache: grow the self-attention cache in segments of the loop (`decode`'s "Growing
       state") instead of holding L positions from the first step. None: for beam search on
-      CPU only (see `_grow_cache_by_default`). segment_length: positions added per segment.
+      CPU only (see `_grow_cache_by_default`). segment_length: the step of `decode.growth_schedule`.
 
   Returns:
     (sequences int32, scores float32), as `decode.beam_search` / `greedy_search` / `sample`

@@ -355,6 +355,26 @@ def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
   np.testing.assert_allclose(grown[1], full_size[1], rtol=1e-6)
 
 
+def test_history_toy_catches_a_segment_that_ends_mid_iteration(monkeypatch):
+  # The control for the test above: an odd capacity before L makes the two-step beam loop
+  # write past it (clamped onto the last slot), and the toy must then disagree.
+  toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
+  monkeypatch.setattr(decode, "growth_schedule", lambda max_len, segment: (3, max_len))
+  sequences, scores = beam_search(
+      toy.step, toy.initial_state(1), batch_size=2, beam_size=81, max_decode_len=5, eos_id=EOS,
+      length_penalty=0.6, resize_state=HistoryToy.resize)
+  with pytest.raises(AssertionError):
+    _assert_matches_brute_force(sequences, scores, toy, 0.6)
+
+
+def test_a_resize_that_changes_a_leaf_rank_is_a_clear_error():
+  toy = HistoryToy(seed=31, batch=2, max_len=5)
+  flatten = lambda state, capacity: {**state, "tokens": state["tokens"].reshape(-1)}
+  with pytest.raises(ValueError, match=r"resize_state\(state, 2\) must keep the state's"):
+    beam_search(toy.step, toy.initial_state(5), batch_size=2, beam_size=2, max_decode_len=5,
+                eos_id=EOS, resize_state=flatten, segment_length=2)
+
+
 def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
   toy = HistoryToy(seed=37, batch=3, max_len=6, eos_logits=-0.5)
   common = dict(batch_size=3, max_decode_len=6, eos_id=EOS, min_length=2,

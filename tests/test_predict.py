@@ -83,8 +83,8 @@ def test_shared_cross_attention_equals_recomputing_it_per_beam(model_and_variabl
   np.testing.assert_allclose(shared[1], reference[1], atol=1e-5, rtol=0)
 
 
-# A cache of all L positions from the start, and one grown 3 positions at a time (capacities
-# 4, 6, 8, 10: resized three times while beams are being reordered).
+# A cache of all L positions from the start, and a growing one: segment_length 3 (rounded up
+# to 4) gives capacities 4, 8, 10 at L = 10, and 4, 6 at L = 6, resized while beams reorder.
 GROWTH = [dict(grow_cache=False), dict(grow_cache=True, segment_length=3)]
 
 
@@ -120,6 +120,24 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
   assert lengths.min() >= min_length + 1  # Long hypotheses: beams really get reordered.
   np.testing.assert_array_equal(cached[0], reference[0])
   np.testing.assert_allclose(cached[1], reference[1], atol=1e-5, rtol=0)
+
+
+def test_grow_cache_runs_one_loop_per_segment_and_by_default_only_for_beams_on_cpu(
+    model_and_variables):
+  # Outputs alone cannot tell a growing cache from a fixed one; the program can: one while
+  # loop per capacity of decode.growth_schedule(10, 3) = (4, 8, 10).
+  model, variables, inputs = model_and_variables
+
+  def loops(**options):
+    jaxpr = jax.make_jaxpr(lambda v, x: translate_ids(
+        model, v, x, max_decode_len=10, eos_id=EOS, segment_length=3, **options))(
+            variables, inputs)
+    return sum(equation.primitive.name == "while" for equation in jaxpr.jaxpr.eqns)
+
+  assert loops(grow_cache=True) == 3 and loops(grow_cache=False) == 1
+  assert loops(method="greedy", grow_cache=True) == 3
+  assert loops() == (3 if jax.default_backend() == "cpu" else 1)  # Beam search's default.
+  assert loops(method="greedy") == 1
 
 
 @pytest.mark.parametrize("growth", GROWTH, ids=["fixed_cache", "growing_cache"])

@@ -90,6 +90,7 @@ def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokeni
     results[grow] = translator.translate_nbest(texts, n=2)
     assert set(seen) == {grow}
     seen.clear()
+  assert results[None] == results[jax.default_backend() == "cpu"]  # Auto: grows on CPU.
   for grown, fixed in zip(results[True], results[False], strict=True):
     assert [h for h, _ in grown] == [h for h, _ in fixed]
     np.testing.assert_allclose([s for _, s in grown], [s for _, s in fixed], atol=1e-5, rtol=0)
