@@ -89,4 +89,7 @@ def get_config() -> ml_collections.ConfigDict:
   decode.beam_size = 4  # K hypotheses kept per sentence.
   decode.length_penalty = 0.6  # GNMT alpha: scores divided by ((5 + n) / 6) ** alpha.
   decode.max_decode_len = 0  # L, longest output; 0 = data.eval_max_length (within model.max_len).
+  # Grow the self-attention cache with the output (faster decoding, longer compiles): "auto"
+  # (beam search on CPU), "yes" or "no". Also the default of translate/evaluate for this workdir.
+  decode.grow_cache = "auto"
   return config

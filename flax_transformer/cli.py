@@ -16,9 +16,6 @@ from collections.abc import Sequence
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-GROW_CACHE = {"auto": None, "yes": True, "no": False}
-
-
 def _add_restore_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--workdir", required=True, help="The training workdir.")
   parser.add_argument("--step", type=int, default=None,
@@ -31,9 +28,10 @@ def _add_restore_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--batch_tokens", type=int, default=None,
                       help="Padded source tokens per decoding batch (default 4096).")
   parser.add_argument(
-      "--grow_cache", choices=sorted(GROW_CACHE), default="auto",
+      "--grow_cache", choices=("auto", "yes", "no"), default=None,
       help="Grow the self-attention cache with the output: faster decoding, longer compiles "
-      "(default auto: yes for beam search on CPU).")
+      "(default: the workdir's config.decode.grow_cache, else auto = yes for beam search on "
+      "CPU).")
   _add_cache_argument(parser)
 
 
@@ -50,8 +48,10 @@ def _translator(args: argparse.Namespace):
 
   settings = {name: getattr(args, name) for name in ("beam_size", "length_penalty", "batch_tokens")
               if getattr(args, name) is not None}
-  if args.grow_cache != "auto":
-    settings["grow_cache"] = GROW_CACHE[args.grow_cache]
+  if args.grow_cache is not None:
+    from flax_transformer.predict import GROW_CACHE_SETTINGS
+
+    settings["grow_cache"] = GROW_CACHE_SETTINGS[args.grow_cache]
   return Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint, **settings)
 
 

@@ -98,6 +98,7 @@ class DecodeConfig:
   beam_size: int = 4
   length_penalty: float = 0.6
   max_decode_len: int = 0
+  grow_cache: Literal["auto", "yes", "no"] = "auto"  # predict.GROW_CACHE_SETTINGS
 
   def __post_init__(self):
     _positive(self, "decode", "beam_size")

@@ -23,6 +23,8 @@ from flax_transformer.model.transformer import DECODER_START_ID, Transformer, re
 Array = jax.Array
 Method = Literal["beam", "greedy", "sample"]
 METHODS = ("beam", "greedy", "sample")
+# The words configs and the CLI use for `translate_ids(grow_cache=...)`.
+GROW_CACHE_SETTINGS = {"auto": None, "yes": True, "no": False}
 
 
 def make_tokens_to_logits(model: Transformer, variables: Any

@@ -156,6 +156,8 @@ class Translator:
       params, step = checkpoints.restore_params(workdir, step)
     defaults = {k: v for k, v in config.get("decode", {}).items()
                 if k in {f.name for f in dataclasses.fields(DecodeSettings)}}
+    if "grow_cache" in defaults:  # "auto", "yes" or "no" in the config.
+      defaults["grow_cache"] = predict.GROW_CACHE_SETTINGS[defaults["grow_cache"]]
     defaults.update(settings)
     return cls(model_config, params, tokenizer, DecodeSettings(**defaults), step=step)
 

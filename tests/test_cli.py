@@ -35,7 +35,7 @@ SHRUNK = {
     "train.num_train_steps": STEPS, "train.warmup_steps": 4, "train.log_every_steps": 5,
     "checkpoint.save_every_steps": 10, "checkpoint.max_to_keep": 3,
     "eval.eval_every_steps": 0, "eval.translate": True, "eval.test_at_end": False,
-    "decode.beam_size": 2,
+    "decode.beam_size": 2, "decode.grow_cache": "no",  # The translate test overrides it.
 }
 
 
@@ -62,6 +62,7 @@ def test_translator_from_workdir_restores_latest_or_given_step(workdir, test_pai
   sources = [source for source, _ in test_pairs[:6]]
   latest = Translator.from_workdir(workdir)
   assert latest.step == STEPS and latest.settings.beam_size == 2  # config.decode's beam
+  assert latest.settings.grow_cache is False  # config.decode.grow_cache = "no"
   earlier = Translator.from_workdir(workdir, step=10)
   assert earlier.step == 10
   outputs = latest.translate(sources)
@@ -79,9 +80,9 @@ def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, t
   source = tmp_path / "in.txt"
   source.write_text("\n".join(lines) + "\n")
   output = tmp_path / "out.txt"
-  # A fixed cache here, the default (growing on CPU) below: the same translations.
+  # A growing cache here, the workdir's fixed one (config.decode) below: the same translations.
   assert main(["translate", "--workdir", str(workdir), "--input", str(source),
-               "--output", str(output), "--beam_size", "3", "--grow_cache", "no"]) == 0
+               "--output", str(output), "--beam_size", "3", "--grow_cache", "yes"]) == 0
   translated = read_lines(str(output))
   assert len(translated) == len(lines)
   assert translated[1] == "" and translated[3] == ""

@@ -46,6 +46,7 @@ def test_default_config_is_valid():
     ("model", "hidden", 5, "config.model: Unknown config key(s) model.hidden"),
     ("data", "source", "web", "config.data: config.data.source must be one of"),
     ("decode", "max_decode_len", 65, "config.decode.max_decode_len (65) exceeds"),
+    ("decode", "grow_cache", "maybe", "config.decode.grow_cache must be one of ('auto', 'yes',"),
 ])
 def test_bad_values_name_the_key(group, key, value, message):
   config = _config().to_dict()  # As a config file might write it, without ConfigDict's types.

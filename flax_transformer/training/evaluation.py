@@ -114,17 +114,20 @@ def _examples(pairs: Sequence[tuple[str, str]], hypotheses: Sequence[str], count
 
 
 def make_translate(model: Any, mesh: Mesh, param_shardings: Any, *, beam_size: int,
-                   max_decode_len: int, length_penalty: float) -> Callable:
+                   max_decode_len: int, length_penalty: float,
+                   grow_cache: str = "auto") -> Callable:
   """(params, inputs [B, S]) -> best hypotheses [B, L], jitted over `mesh`, replicated out.
 
-  Uses `flax_transformer.predict.translate_ids` (cached beam search with shared cross-attention).
+  Uses `flax_transformer.predict.translate_ids` (cached beam search with shared cross-attention);
+  `grow_cache` is "auto", "yes" or "no" (`predict.GROW_CACHE_SETTINGS`).
   """
-  from flax_transformer.predict import translate_ids
+  from flax_transformer.predict import GROW_CACHE_SETTINGS, translate_ids
 
   def best(params, inputs):
     sequences, _ = translate_ids(
         model, {"params": params}, inputs, beam_size=beam_size, max_decode_len=max_decode_len,
-        length_penalty=length_penalty, eos_id=EOS_ID)
+        length_penalty=length_penalty, eos_id=EOS_ID,
+        grow_cache=GROW_CACHE_SETTINGS[grow_cache])
     return sequences  # [B, L], the best hypothesis
 
   return jax.jit(

@@ -179,7 +179,7 @@ def _evaluators(exp, model, mesh, param_shardings, tokenizer) -> dict:
     translate = evaluation.make_translate(
         model, mesh, param_shardings, beam_size=exp.decode.beam_size,
         max_decode_len=exp.decode_length(model.config),
-        length_penalty=exp.decode.length_penalty)
+        length_penalty=exp.decode.length_penalty, grow_cache=exp.decode.grow_cache)
   evaluators = {}
   for name, split in (("eval", exp.data.eval_split), ("test", exp.data.test_split)):
     if name == "test" and not exp.eval.test_at_end:
