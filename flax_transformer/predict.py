@@ -135,8 +135,9 @@ def _grow_cache_by_default(method: Method) -> bool:
   """Whether `translate_ids` grows the cache when not told: beam search on CPU, at trace time.
 
   On the 2-core CPU a beam step is bound by memory traffic, mostly the reorder of the whole
-  cache by parent beam, so a cache grown 16 positions at a time makes a 64-step beam search
-  13-25% faster, for 2-2.5x its compile time (one loop body per segment; BENCHMARKS.md).
+  cache by parent beam, so a cache grown by `decode.growth_schedule` (16, 32, 48, 64, then
+  doubling) makes a 64-step beam search 14-25% faster, for 2.2-2.3x its compile time (one
+  loop body per segment; BENCHMARKS.md).
   Greedy decoding and sampling reorder nothing and gain 2-4%, too little for the compile time.
   On a GPU the step is bound by kernel launches rather than bytes, and compiles take longer;
   that trade is not measured, so the cache stays fixed there.

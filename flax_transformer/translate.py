@@ -150,16 +150,21 @@ class Translator:
     config = json.loads(config_path.read_text())
     tokenizer = Tokenizer.load(workdir / checkpoints.VOCAB_FILE)
     model_config = model_config_from(config["model"], tokenizer.vocab_size)
+    defaults = {k: v for k, v in config.get("decode", {}).items()
+                if k in {f.name for f in dataclasses.fields(DecodeSettings)}}
+    if "grow_cache" in defaults:  # "auto", "yes" or "no" in the config.
+      if defaults["grow_cache"] not in predict.GROW_CACHE_SETTINGS:
+        raise ValueError(
+            f"{config_path}: decode.grow_cache must be one of "
+            f"{', '.join(predict.GROW_CACHE_SETTINGS)}; got {defaults['grow_cache']!r}.")
+      defaults["grow_cache"] = predict.GROW_CACHE_SETTINGS[defaults["grow_cache"]]
+    defaults.update(settings)
+    settings = DecodeSettings(**defaults)  # Checked before the checkpoint is read.
     if checkpoint is not None:
       params, step = averaging.restore_averaged_params(checkpoint)
     else:
       params, step = checkpoints.restore_params(workdir, step)
-    defaults = {k: v for k, v in config.get("decode", {}).items()
-                if k in {f.name for f in dataclasses.fields(DecodeSettings)}}
-    if "grow_cache" in defaults:  # "auto", "yes" or "no" in the config.
-      defaults["grow_cache"] = predict.GROW_CACHE_SETTINGS[defaults["grow_cache"]]
-    defaults.update(settings)
-    return cls(model_config, params, tokenizer, DecodeSettings(**defaults), step=step)
+    return cls(model_config, params, tokenizer, settings, step=step)
 
   def translate(self, sentences: Sequence[str], **settings: Any) -> list[str]:
     """One translation per sentence, in input order; empty sentences give empty strings."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,17 @@ def test_translator_from_workdir_restores_latest_or_given_step(workdir, test_pai
   assert all(len(h) == 2 and h[0][1] >= h[1][1] for h in nbest)
   with pytest.raises(FileNotFoundError, match="No checkpoint for step 7"):
     Translator.from_workdir(workdir, step=7)
+
+
+def test_a_bad_grow_cache_in_config_json_names_the_file_before_any_checkpoint(workdir, tmp_path):
+  # No checkpoints are copied: the error must come from the config, checked first.
+  config = json.loads((workdir / "config.json").read_text())
+  config["decode"]["grow_cache"] = "maybe"
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  shutil.copy(workdir / "vocab.model", tmp_path / "vocab.model")
+  with pytest.raises(ValueError, match=r"config\.json: decode\.grow_cache must be one of "
+                     r"auto, yes, no; got 'maybe'"):
+    Translator.from_workdir(tmp_path)
 
 
 def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, tmp_path):
