@@ -16,7 +16,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
-from flax_transformer.experiment import ConfigError
+from flax_transformer.config import ConfigError
 from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
 from flax_transformer.training.loop import NonFiniteLossError

@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from ctranslate2.specs import common_spec, transformer_spec
+from decode_throughput import jit_search  # benchmarks/decode_throughput.py, beside this file
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.model.layers import sinusoidal_positions
-from flax_transformer.predict import jit_translate_ids
 
 CONFIGS = {
     "small": lambda: ModelConfig.small(8000),
@@ -210,8 +210,8 @@ def check_greedy(model: Transformer, variables: Any, translator: ctranslate2.Tra
   """
   tokens = vocabulary(vocab_size)
   token_ids = {token: i for i, token in enumerate(tokens)}
-  sequences, _ = jit_translate_ids(model, method="greedy", max_decode_len=max_len,
-                                   eos_id=EOS_ID)(variables, inputs)
+  sequences, _ = jit_search(model, method="greedy", max_decode_len=max_len)(variables, inputs)
+  sequences = sequences[:, 0]  # [B, L]
   results = translator.translate_batch(
       [_strings(row, tokens) for row in np.asarray(inputs)], beam_size=1,
       max_decoding_length=max_len, min_decoding_length=0, return_end_token=True,
@@ -250,9 +250,9 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
   greedy_sentences = check_greedy(model, variables, translator, inputs[:args.greedy_sentences],
                                   config.vocab_size)
 
-  translate = jit_translate_ids(
+  translate = jit_search(
       model, beam_size=args.beam_size, max_decode_len=args.steps, min_length=args.steps,
-      length_penalty=LENGTH_PENALTY, eos_id=EOS_ID)
+      length_penalty=LENGTH_PENALTY)
   compile_s, compiled = _timed(lambda: translate.lower(variables, inputs).compile())
   source = [_strings(row, tokens) for row in np.asarray(inputs)]
   ct2_options = dict(
@@ -264,7 +264,7 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
       "ct2": lambda: translator.translate_batch(source, **ct2_options),
   }
   outputs = {decoder: fn() for decoder, fn in run.items()}  # Warm-up calls.
-  ours_sequences = np.asarray(outputs["ours"][0])
+  ours_sequences = np.asarray(outputs["ours"][0])[:, 0]  # The best of K: [B, L].
   if not (ours_sequences != PAD_ID).all():
     raise RuntimeError("ours: an output stopped before the forced number of steps")
   ct2_sequences = [_ids(result.hypotheses[0], token_ids) for result in outputs["ct2"]]

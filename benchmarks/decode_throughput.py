@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer import ModelConfig, Transformer
-from flax_transformer.predict import jit_translate_ids
+from flax_transformer import ModelConfig, SearchConfig, Transformer
+from flax_transformer.translate import search_batch
 
 CONFIGS = {
     "small": lambda: ModelConfig.small(8000),
@@ -43,7 +43,23 @@ def _inputs(vocab_size: int, sentences: int, source_len: int, seed: int = 0) -> 
   return jnp.asarray(ids)
 
 
-GROW_CACHE = {"auto": None, "fixed": False, "growing": True}
+GROW_CACHE = {"auto": "auto", "fixed": "no", "growing": "yes"}
+
+
+def jit_search(model: Transformer, *, method: str = "beam", beam_size: int = 4,
+               max_decode_len: int, min_length: int = 0, length_penalty: float = 0.6,
+               grow_cache: str = "auto"):
+  """The Translator's batched search, jitted: fn(variables, inputs [B, S]) -> (sequences
+  [B, K, L], scores [B, K]); no length cap below `max_decode_len`."""
+  settings = SearchConfig(method=method, beam_size=beam_size, length_penalty=length_penalty,
+                          min_length=min_length, max_len_a=0.0, max_len_b=max_decode_len,
+                          grow_cache=grow_cache)
+
+  def run(variables, inputs):
+    return search_batch(model, variables["params"], inputs, jax.random.key(0),
+                        settings=settings, max_decode_len=max_decode_len)
+
+  return jax.jit(run)
 
 
 def _measure(name: str, method: str, args: argparse.Namespace) -> list[dict]:
@@ -55,10 +71,9 @@ def _measure(name: str, method: str, args: argparse.Namespace) -> list[dict]:
   variables = jax.jit(model.init)(jax.random.key(0), inputs, inputs)
   compiled, compile_s = {}, {}
   for cache in args.cache:
-    translate = jit_translate_ids(
+    translate = jit_search(
         model, method=method, beam_size=args.beam_size, max_decode_len=args.steps,
-        min_length=args.steps, length_penalty=0.6, eos_id=EOS_ID,
-        grow_cache=GROW_CACHE[cache])
+        min_length=args.steps, length_penalty=0.6, grow_cache=GROW_CACHE[cache])
     start = time.perf_counter()
     compiled[cache] = translate.lower(variables, inputs).compile()
     compile_s[cache] = time.perf_counter() - start

@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.max_len = 64  # Longest source/target the positional encodings cover.
   model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16" (params stay float32).
 
-  # --- data: validated by flax_transformer.data.pipeline.DataConfig.
+  # --- data: flax_transformer.config.DataConfig.
   config.data = data = ml_collections.ConfigDict()
   data.source = "synthetic"  # "synthetic" | "tfds" | "local".
   data.tfds_name = ""  # TFDS dataset name when source="tfds", e.g. "wmt14_translate/de-en".
@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   data.seed = 0  # Shuffling and synthetic generation.
   data.num_workers = 0  # grain worker processes (0 = in the training process).
 
-  # --- train: optimisation and the loop (flax_transformer.experiment.TrainConfig).
+  # --- train: optimisation and the loop (flax_transformer.config.TrainConfig).
   config.train = train = ml_collections.ConfigDict()
   train.num_train_steps = 600  # Optimizer updates in all (BLEU ~99 on the test split by then).
   train.optimizer = "adam"  # "adam" | "adamw" (decoupled weight decay on matrices).
@@ -80,16 +80,23 @@ def get_config() -> ml_collections.ConfigDict:
   # --- eval: periodic evaluation on data.eval_split, and the final test split.
   config.eval = evaluation = ml_collections.ConfigDict()
   evaluation.eval_every_steps = 300  # Loss/accuracy (and BLEU/chrF) every N steps; 0 = at end.
-  evaluation.translate = True  # Also decode the eval split for sacreBLEU BLEU and chrF.
+  evaluation.translate = True  # Also translate the split (config.search) for BLEU and chrF.
   evaluation.test_at_end = True  # Score data.test_split at the end of training.
   evaluation.num_examples_to_show = 3  # Example translations logged at each evaluation.
 
-  # --- decode: beam search used for BLEU.
-  config.decode = decode = ml_collections.ConfigDict()
-  decode.beam_size = 4  # K hypotheses kept per sentence.
-  decode.length_penalty = 0.6  # GNMT alpha: scores divided by ((5 + n) / 6) ** alpha.
-  decode.max_decode_len = 0  # L, longest output; 0 = data.eval_max_length (within model.max_len).
-  # Grow the self-attention cache with the output (faster decoding, longer compiles): "auto"
-  # (beam search on CPU), "yes" or "no". Also the default of translate/evaluate for this workdir.
-  decode.grow_cache = "auto"
+  # --- search: how translations are searched, by training's BLEU and (as this workdir's
+  # defaults) by `flax-transformer translate` and `evaluate` (flax_transformer.config.SearchConfig).
+  config.search = search = ml_collections.ConfigDict()
+  search.method = "beam"  # "beam" | "greedy" | "sample".
+  search.beam_size = 4  # K hypotheses kept per sentence.
+  search.length_penalty = 0.6  # GNMT alpha: scores divided by ((5 + n) / 6) ** alpha.
+  search.max_len_a = 1.0  # At most max_len_a * source tokens + max_len_b tokens before EOS,
+  search.max_len_b = 50  # within model.max_len (the paper: source length + 50).
+  search.min_length = 0  # Fewest tokens before EOS.
+  search.temperature = 1.0  # method "sample": softmax temperature.
+  search.top_k = 0  # method "sample": keep the k most probable tokens (0 = all).
+  search.top_p = 1.0  # method "sample": nucleus probability mass (1 = all).
+  # Grow the self-attention cache with the output (faster search, longer compiles): "auto"
+  # (beam search on CPU), "yes" or "no".
+  search.grow_cache = "auto"
   return config

@@ -75,7 +75,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   config.checkpoint.save_every_steps = 2000  # ~10 minutes on 8 GPUs.
   config.checkpoint.max_to_keep = 5  # The paper averaged the last 5 checkpoints.
   config.eval.eval_every_steps = 5000  # Loss and beam-search BLEU on newstest2013.
-  config.decode.beam_size = 4  # The paper's beam size.
-  config.decode.length_penalty = 0.6  # The paper's alpha.
-  config.decode.max_decode_len = 256  # Outputs up to 256 tokens.
+  config.search.beam_size = 4  # The paper's beam size.
+  config.search.length_penalty = 0.6  # The paper's alpha.
   return config

@@ -1,19 +1,38 @@
 """flax-transformer: the Transformer of "Attention Is All You Need" as pure JAX/Flax modules.
 
-Public API: `ModelConfig`, `Transformer`, `Translator` (the latter imported on first use, since it
-pulls in checkpointing and tokenization).
+Public API:
+  ModelConfig        the frozen architecture (presets `base`, `big`, `small`, `tiny`)
+  Transformer        the Flax module: `apply(variables, inputs, targets)` -> logits; `encode`,
+                     `precompute_cross_attention`, `init_cache`, `decode_step` for decoding
+  SearchConfig       how translations are searched (beam, greedy or sampling; length limits)
+  TranslateConfig    serving settings: a SearchConfig plus batching
+  Translator         restore a workdir and translate lists of sentences
+  prepare_search     encode a batch once and build what the search functions take
+  beam_search, greedy_search, sample
+                     the searches, pure functions over an explicit cache (no model imports)
+  load_config        parse and validate an experiment ConfigDict (-> Experiment)
+
+Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the
+`flax-transformer` command serves (`flax_transformer.cli`).
 """
 
-from flax_transformer.config import ModelConfig
+from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
+from flax_transformer.config import load as load_config
 from flax_transformer.model.transformer import Transformer
+from flax_transformer.predict import prepare_search
+from flax_transformer.search import beam_search, greedy_search, sample
+from flax_transformer.translate import Translator
 
-__all__ = ["ModelConfig", "Transformer", "Translator"]
+__all__ = [
+    "ModelConfig",
+    "SearchConfig",
+    "TranslateConfig",
+    "Transformer",
+    "Translator",
+    "beam_search",
+    "greedy_search",
+    "load_config",
+    "prepare_search",
+    "sample",
+]
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-  if name == "Translator":
-    from flax_transformer.translate import Translator
-
-    return Translator
-  raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")

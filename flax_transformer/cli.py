@@ -29,9 +29,8 @@ def _add_restore_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Padded source tokens per decoding batch (default 4096).")
   parser.add_argument(
       "--grow_cache", choices=("auto", "yes", "no"), default=None,
-      help="Grow the self-attention cache with the output: faster decoding, longer compiles "
-      "(default: the workdir's config.decode.grow_cache, else auto = yes for beam search on "
-      "CPU).")
+      help="Grow the self-attention cache with the output: faster search, longer compiles "
+      "(default: the workdir's config.search.grow_cache; auto = yes for beam search on CPU).")
   _add_cache_argument(parser)
 
 
@@ -43,25 +42,26 @@ def _add_cache_argument(parser: argparse.ArgumentParser) -> None:
       "~/.cache/flax_transformer/xla; '' turns it off).")
 
 
+_SETTING_FLAGS = ("beam_size", "length_penalty", "batch_tokens", "grow_cache")
+
+
 def _translator(args: argparse.Namespace):
   from flax_transformer.translate import Translator
 
-  settings = {name: getattr(args, name) for name in ("beam_size", "length_penalty", "batch_tokens")
+  settings = {name: getattr(args, name) for name in _SETTING_FLAGS
               if getattr(args, name) is not None}
-  if args.grow_cache is not None:
-    from flax_transformer.predict import GROW_CACHE_SETTINGS
-
-    settings["grow_cache"] = GROW_CACHE_SETTINGS[args.grow_cache]
   return Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint, **settings)
 
 
 def _translate_file(translator, path: str) -> list[str]:
-  from flax_transformer.translate import ProgressBar, read_lines, translate_lines
+  from flax_transformer.progress import ProgressBar
+  from flax_transformer.textfiles import read_lines
+  from flax_transformer.translate import translate_lines
 
   lines = read_lines(path)
-  bar = ProgressBar(sum(1 for line in lines if line.strip()))
-  outputs = translate_lines(translator, lines, progress=bar)
-  bar.close()
+  bar = ProgressBar(sum(1 for line in lines if line.strip()), unit="sentences")
+  outputs = translate_lines(translator, lines, progress=bar.advance)
+  bar.close("Translated")
   if translator.truncated:
     print(f"Warning: {translator.truncated} line(s) of {path} exceeded the model's max_len and "
           "were truncated.", file=sys.stderr)
@@ -69,7 +69,7 @@ def _translate_file(translator, path: str) -> list[str]:
 
 
 def run_translate(args: argparse.Namespace) -> int:
-  from flax_transformer.translate import read_lines, write_lines_atomically
+  from flax_transformer.textfiles import read_lines, write_lines_atomically
 
   if args.input != "-":
     read_lines(args.input)  # Fail on a missing file or bad UTF-8 before restoring anything.
@@ -79,8 +79,8 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-  from flax_transformer.evaluate import score_translations
-  from flax_transformer.translate import read_lines, write_lines_atomically
+  from flax_transformer.scoring import score_translations
+  from flax_transformer.textfiles import read_lines, write_lines_atomically
 
   sources, references = read_lines(args.src), read_lines(args.ref)
   if len(sources) != len(references):
@@ -92,8 +92,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     write_lines_atomically(args.output, hypotheses)
   scores = score_translations(hypotheses, references)
   scores.update(step=translator.step, checkpoint=args.checkpoint, src=args.src, ref=args.ref,
-                beam_size=translator.settings.beam_size,
-                length_penalty=translator.settings.length_penalty)
+                beam_size=translator.settings.search.beam_size,
+                length_penalty=translator.settings.search.length_penalty)
   if args.json:
     print(json.dumps(scores, indent=2))
   else:
@@ -103,7 +103,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_average(args: argparse.Namespace) -> int:
-  from flax_transformer.averaging import average_checkpoints
+  from flax_transformer.workdir import average_checkpoints
 
   path = average_checkpoints(args.workdir, args.last)
   print(path)

@@ -1,35 +1,46 @@
-"""Translating token ids with a Transformer: the glue between `model.apply` and `decode`.
+"""The bridge between the Transformer and `flax_transformer.search`.
 
-`translate_ids` encodes the batch once, computes every decoder layer's cross-attention
-keys/values once (they become `shared_state`, read by all K beams of a sentence without
-copies), builds an empty self-attention cache (the per-beam state) and runs beam search, greedy
-decoding or sampling. It is a pure function of (variables, inputs, rng): bind the model and the
-options and jit it, e.g. with `jit_translate_ids(model, beam_size=4, max_decode_len=64)`.
+`prepare_search` does, once per batch of source ids, what every search needs: it encodes the
+batch, computes every decoder layer's cross-attention keys/values (the search's shared state,
+read by all K beams of a sentence without copies), builds an empty self-attention cache (the
+per-beam state) and the `tokens_to_logits` closure around `Transformer.decode_step`. Its
+`arguments` are the keyword arguments the search functions share, so callers call the search
+they want directly:
+
+  prepared = prepare_search(model, variables, inputs, max_decode_len=64, max_len_a=1.0,
+                            max_len_b=50, grow_cache=grows_cache("auto", "beam"))
+  sequences, scores = search.beam_search(**prepared.arguments, beam_size=4, length_penalty=0.6)
+  sequences, scores = search.greedy_search(**prepared.arguments)
+  sequences, scores = search.sample(**prepared.arguments, rng=key, temperature=0.8)
+
+Everything here is a pure function of (variables, inputs): call it inside `jax.jit`.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, Literal
+import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from flax_transformer import decode
+from flax_transformer import search
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
-from flax_transformer.model.transformer import DECODER_START_ID, Transformer, resize_cache
+from flax_transformer.model.transformer import (
+    DECODER_START_ID,
+    CrossAttentionCache,
+    DecoderCache,
+    Transformer,
+    resize_cache,
+)
 
 Array = jax.Array
-Method = Literal["beam", "greedy", "sample"]
-METHODS = ("beam", "greedy", "sample")
-# The words configs and the CLI use for `translate_ids(grow_cache=...)`.
-GROW_CACHE_SETTINGS = {"auto": None, "yes": True, "no": False}
+GROW_CACHE_CHOICES = ("auto", "yes", "no")
 
 
 def make_tokens_to_logits(model: Transformer, variables: Any
-                          ) -> decode.TokensToLogitsWithShared:
-  """The decoding step for `decode`: (ids [B*K, 1], cache, cross) -> (logits [B*K, V], cache).
+                          ) -> search.TokensToLogitsWithShared:
+  """The decoding step: (ids [B*K, 1], cache, cross) -> (logits [B*K, V], cache).
 
   `variables` is what `model.apply` takes ({"params": ...}). The cache leaves lead with B*K and
   its `index` is 0-d; `cross` (from `Transformer.precompute_cross_attention`) leads with B.
@@ -54,100 +65,66 @@ def output_length_caps(inputs: Array, max_len_a: float, max_len_b: int | None) -
   return jnp.maximum(caps, 0).astype(jnp.int32)
 
 
-def translate_ids(
-    model: Transformer,
-    variables: Any,
-    inputs: Array,
-    *,
-    beam_size: int = 4,
-    max_decode_len: int,
-    length_penalty: float = 0.6,
-    eos_id: int = EOS_ID,
-    max_len_a: float = 0.0,
-    max_len_b: int | None = None,
-    min_length: int = 0,
-    method: Method = "beam",
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    rng: Array | None = None,
-    return_all: bool = False,
-    grow_cache: bool | None = None,
-    segment_length: int = decode.DEFAULT_SEGMENT_LENGTH,
-) -> tuple[Array, Array]:
-  """Translates a batch of source ids.
+def grows_cache(setting: str, method: str) -> bool:
+  """Whether the search grows the self-attention cache (`search`'s "Growing state").
+
+  `setting` is config.search.grow_cache: "yes", "no", or "auto", which grows it for beam search
+  on CPU only, decided at trace time. On the 2-core CPU a beam step is bound by memory traffic,
+  mostly the reorder of the whole cache by parent beam, so a cache grown by
+  `search.growth_schedule` (16, 32, 48, 64, then doubling) makes a 64-step beam search 14-25%
+  faster, for 2.2-2.3x its compile time (one loop body per segment; BENCHMARKS.md). Greedy
+  decoding and sampling reorder nothing and gain 2-4%, too little for the compile time. On a
+  GPU the step is bound by kernel launches rather than bytes, and there the cache stays fixed.
+  """
+  if setting not in GROW_CACHE_CHOICES:
+    raise ValueError(f"grow_cache must be one of {GROW_CACHE_CHOICES}, got {setting!r}.")
+  if setting == "auto":
+    return method == "beam" and jax.default_backend() == "cpu"
+  return setting == "yes"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSearch:
+  """One encoded batch, ready to search: the keyword arguments of every `search` function."""
+
+  tokens_to_logits: search.TokensToLogitsWithShared
+  initial_state: DecoderCache  # Empty self-attention K/V, leaves [B, N, L, H] (per beam).
+  shared_state: CrossAttentionCache  # Cross-attention K/V [B, N, S, H], shared by the beams.
+  batch_size: int  # B.
+  max_decode_len: int  # L: output tokens including EOS.
+  max_lengths: Array | None  # int32 [B]: tokens before EOS per sentence, or no cap.
+  resize_state: search.ResizeState | None  # Grows the cache between loop segments, or None.
+  eos_id: int = EOS_ID
+  bos_id: int = DECODER_START_ID
+
+  @property
+  def arguments(self) -> dict[str, Any]:
+    return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+def prepare_search(
+    model: Transformer, variables: Any, inputs: Array, *, max_decode_len: int,
+    max_len_a: float = 0.0, max_len_b: int | None = None, grow_cache: bool = False,
+) -> PreparedSearch:
+  """Encodes `inputs` once and builds what a search of up to `max_decode_len` tokens needs.
 
   Args:
     model: the Transformer. variables: its variables ({"params": ...}).
     inputs: int32 [B, S] source ids ending with EOS, padded with 0.
-    beam_size: K (method "beam" only). max_decode_len: L, output tokens including EOS.
-    length_penalty: GNMT alpha (method "beam" only).
-    eos_id: the end-of-sentence id.
+    max_decode_len: L, output tokens including EOS.
     max_len_a, max_len_b: at most floor(a * source length + b) tokens before EOS per sentence
       (the paper used source length + 50); defaults: no cap beyond L.
-    min_length: fewest tokens before EOS.
-    method: "beam", "greedy" or "sample" (temperature, top_k, top_p and rng apply).
-    return_all: beam search's K hypotheses ([B, K, L], [B, K]) instead of the best ([B, L], [B]);
-      greedy and sampling then give K = 1.
-    grow_cache: grow the self-attention cache in segments of the loop (`decode`'s "Growing
-      state") instead of holding L positions from the first step. None: for beam search on
-      CPU only (see `_grow_cache_by_default`). segment_length: the step of `decode.growth_schedule`.
-
-  Returns:
-    (sequences int32, scores float32), as `decode.beam_search` / `greedy_search` / `sample`
-    define them: EOS included, zeros after; beam scores length-normalized, the others summed
-    log-probabilities.
+    grow_cache: grow the self-attention cache in segments (see `grows_cache`).
   """
-  if method not in METHODS:
-    raise ValueError(f"translate_ids: method must be one of {METHODS}, got {method!r}.")
-  if method == "sample" and rng is None:
-    raise ValueError("translate_ids: method='sample' needs rng (a jax.random key).")
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
-    raise ValueError(f"translate_ids: inputs must be int [B, S], got {jnp.shape(inputs)} "
+    raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
                      f"{jnp.result_type(inputs)}.")
   batch_size = inputs.shape[0]
   encoded = model.apply(variables, inputs, method=Transformer.encode)  # [B, S, D]
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   cache = model.apply(variables, batch_size, max_decode_len, method=Transformer.init_cache)
-  common = dict(
-      batch_size=batch_size, max_decode_len=max_decode_len, eos_id=eos_id, bos_id=DECODER_START_ID,
-      shared_state=cross, max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
-      min_length=min_length)
-  if grow_cache is None:
-    grow_cache = _grow_cache_by_default(method)
-  if grow_cache:
-    common.update(resize_state=resize_cache, segment_length=segment_length)
-  step = make_tokens_to_logits(model, variables)
-  if method == "beam":
-    return decode.beam_search(step, cache, beam_size=beam_size, length_penalty=length_penalty,
-                              return_all=return_all, **common)
-  if method == "greedy":
-    sequences, scores = decode.greedy_search(step, cache, **common)
-  else:
-    sequences, scores = decode.sample(step, cache, rng, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, **common)
-  if return_all:
-    return sequences[:, None], scores[:, None]
-  return sequences, scores
-
-
-def _grow_cache_by_default(method: Method) -> bool:
-  """Whether `translate_ids` grows the cache when not told: beam search on CPU, at trace time.
-
-  On the 2-core CPU a beam step is bound by memory traffic, mostly the reorder of the whole
-  cache by parent beam, so a cache grown by `decode.growth_schedule` (16, 32, 48, 64, then
-  doubling) makes a 64-step beam search 14-25% faster, for 2.2-2.3x its compile time (one
-  loop body per segment; BENCHMARKS.md).
-  Greedy decoding and sampling reorder nothing and gain 2-4%, too little for the compile time.
-  On a GPU the step is bound by kernel launches rather than bytes, and compiles take longer;
-  that trade is not measured, so the cache stays fixed there.
-  """
-  return method == "beam" and jax.default_backend() == "cpu"
-
-
-def jit_translate_ids(model: Transformer, **options: Any) -> Callable[..., tuple[Array, Array]]:
-  """`translate_ids` with the model and `options` bound, jitted: fn(variables, inputs, rng=None).
-
-  Compiles once per input shape; keep the number of distinct [B, S] shapes small (buckets).
-  """
-  return jax.jit(functools.partial(translate_ids, model, **options))
+  return PreparedSearch(
+      tokens_to_logits=make_tokens_to_logits(model, variables), initial_state=cache,
+      shared_state=cross, batch_size=batch_size, max_decode_len=max_decode_len,
+      max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
+      resize_state=resize_cache if grow_cache else None)

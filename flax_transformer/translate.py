@@ -1,23 +1,22 @@
-"""Batch translation with a trained checkpoint: the `Translator` API and its file helpers.
+"""Batch translation with a trained model: the `Translator` and the batched search it runs.
 
     tr = Translator.from_workdir("workdirs/multi30k")          # latest checkpoint
     tr.translate(["A man is riding a bike."], beam_size=4)    # -> ["Ein Mann fährt Fahrrad."]
 
 Sentences are tokenized once, sorted by length, grouped into a few padded bucket shapes (so the
-decoder compiles a handful of times, not once per batch), encoded once per batch, decoded with
-the cached beam search, and returned in the input order.
+search compiles a handful of times, not once per batch), encoded once per batch, searched with
+the cached beam search (or greedy decoding, or sampling: `config.search.method`), and returned
+in the input order. With a `mesh`, every batch is split over its first axis (training's BLEU
+runs this way on the training mesh, so it is the number `flax-transformer evaluate` gives).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
+import functools
 import logging
 import math
 import os
-import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,48 +24,47 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flax_transformer import averaging, predict
-from flax_transformer.config import ModelConfig, model_config_from
+from flax_transformer import predict, search
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig, search_config_from
 from flax_transformer.data.tokenizer import EOS_ID, Tokenizer
 from flax_transformer.model.transformer import Transformer
-from flax_transformer.training import checkpoints
 
 Array = jax.Array
 MIN_BUCKET = 8  # Shortest padded source length; buckets double from here up to max_len.
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeSettings:
-  """How translations are searched. At most floor(max_len_a * n + max_len_b) tokens before EOS
-  for a source of n tokens (EOS included; the paper used n + 50), within the model's max_len."""
+def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
+                 settings: SearchConfig, max_decode_len: int) -> tuple[Array, Array]:
+  """Searches translations of one batch: inputs int32 [B, S] -> (sequences int32 [B, K, L],
+  scores float32 [B, K]), best first; K = 1 for greedy decoding and sampling.
 
-  beam_size: int = 4
-  length_penalty: float = 0.6
-  max_len_a: float = 1.0
-  max_len_b: int = 50
-  batch_tokens: int = 4096  # Source tokens (padded) per decoding batch.
-  # Grow the self-attention cache with the output (faster runs, longer compiles): None = on
-  # for beam search on CPU (`predict.translate_ids`).
-  grow_cache: bool | None = None
-
-  def __post_init__(self):
-    if self.beam_size < 1:
-      raise ValueError(f"beam_size must be >= 1, got {self.beam_size}.")
-    if self.length_penalty < 0:
-      raise ValueError(f"length_penalty must be >= 0, got {self.length_penalty}.")
-    if self.max_len_a < 0 or self.max_len_b < 1:
-      raise ValueError(
-          f"max_len_a must be >= 0 and max_len_b >= 1, got {self.max_len_a}, {self.max_len_b}.")
-    if self.batch_tokens < MIN_BUCKET:
-      raise ValueError(f"batch_tokens must be >= {MIN_BUCKET}, got {self.batch_tokens}.")
-    if self.grow_cache not in (None, True, False):
-      raise ValueError(f"grow_cache must be None, True or False, got {self.grow_cache!r}.")
+  Jit it with `settings` and `max_decode_len` static. Scores: beam search's are
+  length-normalized log-probabilities, the others' summed log-probabilities.
+  """
+  prepared = predict.prepare_search(
+      model, {"params": params}, inputs, max_decode_len=max_decode_len,
+      max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
+      grow_cache=predict.grows_cache(settings.grow_cache, settings.method))
+  if settings.method == "beam":
+    return search.beam_search(
+        **prepared.arguments, beam_size=settings.beam_size,
+        length_penalty=settings.length_penalty, min_length=settings.min_length)
+  if settings.method == "greedy":
+    sequences, scores = search.greedy_search(**prepared.arguments,
+                                             min_length=settings.min_length)
+  else:
+    sequences, scores = search.sample(
+        **prepared.arguments, rng=rng, temperature=settings.temperature, top_k=settings.top_k,
+        top_p=settings.top_p, min_length=settings.min_length)
+  return sequences[:, None], scores[:, None]
 
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """One decoding batch: which sentences, padded to which shape."""
+  """One search batch: which sentences, padded to which shape."""
 
   indices: np.ndarray  # int [rows used], positions in the input list
   rows: int  # padded row count (a power of two)
@@ -111,10 +109,19 @@ def _ceil_power_of_two(n: int) -> int:
 
 
 class Translator:
-  """Restored parameters + vocabulary + model config, ready to translate lists of sentences."""
+  """Parameters + vocabulary + model config, ready to translate lists of sentences.
+
+  Args:
+    model_config: the architecture. params: its parameters (variables['params']).
+    tokenizer: the shared vocabulary. settings: how to search and batch (default: defaults).
+    step: the checkpoint step the parameters come from (for reports).
+    mesh: split every batch over this mesh's first axis (rows padded to a multiple of its
+      size); parameters stay where they are. None: one device.
+  """
 
   def __init__(self, model_config: ModelConfig, params: Any, tokenizer: Tokenizer,
-               settings: DecodeSettings | None = None, *, step: int | None = None):
+               settings: TranslateConfig | None = None, *, step: int | None = None,
+               mesh: Mesh | None = None):
     if tokenizer.vocab_size != model_config.vocab_size:
       raise ValueError(
           f"The vocabulary {tokenizer.path} has {tokenizer.vocab_size} pieces but the model "
@@ -123,11 +130,13 @@ class Translator:
     self.model = Transformer(model_config)
     self.params = params
     self.tokenizer = tokenizer
-    self.settings = settings or DecodeSettings()
+    self.settings = settings or TranslateConfig()
     self.step = step
-    self._search = jax.jit(self._search_batch, static_argnames=(
-        "beam_size", "max_decode_len", "length_penalty", "max_len_a", "max_len_b",
-        "grow_cache"))
+    self.mesh = mesh
+    replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+    self._search = jax.jit(functools.partial(search_batch, self.model),
+                           static_argnames=("settings", "max_decode_len"),
+                           out_shardings=replicated)
     self.truncated = 0  # Sentences cut to the model's max_len in the last call.
 
   @classmethod
@@ -139,32 +148,20 @@ class Translator:
       workdir: the training workdir.
       step: the checkpoint step (default: the latest).
       checkpoint: instead of a step, an averaged checkpoint written by `average_checkpoints`.
-      **settings: `DecodeSettings` fields (beam_size, length_penalty, ...); defaults come from
-        the workdir's config.decode where it has them.
+      **settings: `TranslateConfig` fields, its search group's included (beam_size,
+        length_penalty, batch_tokens, ...); the defaults come from the workdir's config.search.
     """
-    workdir = Path(workdir)
-    config_path = workdir / checkpoints.CONFIG_FILE
-    if not config_path.is_file():
-      raise FileNotFoundError(
-          f"{config_path} not found: is {workdir} a training workdir (train.py --workdir)?")
-    config = json.loads(config_path.read_text())
-    tokenizer = Tokenizer.load(workdir / checkpoints.VOCAB_FILE)
-    model_config = model_config_from(config["model"], tokenizer.vocab_size)
-    defaults = {k: v for k, v in config.get("decode", {}).items()
-                if k in {f.name for f in dataclasses.fields(DecodeSettings)}}
-    if "grow_cache" in defaults:  # "auto", "yes" or "no" in the config.
-      if defaults["grow_cache"] not in predict.GROW_CACHE_SETTINGS:
-        raise ValueError(
-            f"{config_path}: decode.grow_cache must be one of "
-            f"{', '.join(predict.GROW_CACHE_SETTINGS)}; got {defaults['grow_cache']!r}.")
-      defaults["grow_cache"] = predict.GROW_CACHE_SETTINGS[defaults["grow_cache"]]
-    defaults.update(settings)
-    settings = DecodeSettings(**defaults)  # Checked before the checkpoint is read.
-    if checkpoint is not None:
-      params, step = averaging.restore_averaged_params(checkpoint)
-    else:
-      params, step = checkpoints.restore_params(workdir, step)
-    return cls(model_config, params, tokenizer, settings, step=step)
+    config = workdir_lib.read_config(workdir)
+    tokenizer = workdir_lib.load_tokenizer(workdir)
+    model_config = workdir_lib.model_config(config, tokenizer)
+    try:
+      search_config = search_config_from(config)
+    except ValueError as error:
+      raise ValueError(f"{Path(workdir) / workdir_lib.CONFIG_FILE}: {error}") from None
+    # Checked before the checkpoint is read.
+    translate_config = TranslateConfig(search=search_config).replace(**settings)
+    params, step = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
+    return cls(model_config, params, tokenizer, translate_config, step=step)
 
   def translate(self, sentences: Sequence[str], **settings: Any) -> list[str]:
     """One translation per sentence, in input order; empty sentences give empty strings."""
@@ -174,14 +171,14 @@ class Translator:
                       **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
-    Scores are length-normalised log-probabilities: sum of log p / ((5 + m) / 6) ** alpha.
+    Beam scores are length-normalised log-probabilities: sum of log p / ((5 + m) / 6) ** alpha.
     """
     results: list[list[tuple[str, float]]] = [[] for _ in sentences]
     for indices, sequences, scores in self._translate_ids(sentences, **settings):
-      take = n or sequences.shape[1]
+      take = min(n or sequences.shape[1], sequences.shape[1])
       for row, index in enumerate(indices):
-        results[index] = [(self.tokenizer.decode(sequences[row, k]), float(scores[row, k]))
-                          for k in range(min(take, sequences.shape[1]))]
+        results[index] = [(self.tokenizer.detokenize(sequences[row, k]), float(scores[row, k]))
+                          for k in range(take)]
     for index, sentence in enumerate(sentences):
       if not sentence.strip():
         results[index] = [("", 0.0)]
@@ -191,15 +188,15 @@ class Translator:
                      **settings: Any) -> Iterator[tuple[np.ndarray, list[str]]]:
     """Yields (input indices, best translations) batch by batch, for progress reporting."""
     for indices, sequences, _ in self._translate_ids(sentences, **settings):
-      yield indices, [self.tokenizer.decode(seq[0]) for seq in sequences[: len(indices)]]
+      yield indices, [self.tokenizer.detokenize(seq[0]) for seq in sequences[: len(indices)]]
 
-  def _translate_ids(self, sentences: Sequence[str], **settings: Any):
-    options = dataclasses.replace(self.settings, **settings)
+  def _tokenize(self, sentences: Sequence[str]) -> list[list[int]]:
+    """Source ids + EOS per sentence ([] for blank ones), cut to the model's max_len."""
     limit = self.model_config.max_len - 1  # Room for EOS.
     token_ids = []
     self.truncated = 0
     for sentence in sentences:
-      ids = self.tokenizer.encode(sentence) if sentence.strip() else []
+      ids = self.tokenizer.tokenize(sentence) if sentence.strip() else []
       if len(ids) > limit:
         self.truncated += 1
         ids = ids[:limit]
@@ -207,83 +204,40 @@ class Translator:
     if self.truncated:
       logging.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
                       "and were truncated.", self.truncated, len(sentences), limit + 1)
+    return token_ids
+
+  def _translate_ids(self, sentences: Sequence[str], **settings: Any):
+    options = self.settings.replace(**settings)
+    token_ids = self._tokenize(sentences)
     real = [i for i, ids in enumerate(token_ids) if ids]
     lengths = [len(token_ids[i]) for i in real]
+    rng = jax.random.key(options.seed)
     for batch in plan_batches(lengths, options.batch_tokens, self.model_config.max_len):
       indices = np.asarray(real)[batch.indices]
-      inputs = np.zeros((batch.rows, batch.length), np.int32)  # [B, S]
+      inputs = np.zeros((self._rows(batch.rows), batch.length), np.int32)  # [B, S]
       for row, index in enumerate(indices):
         inputs[row, : len(token_ids[index])] = token_ids[index]
       # Room for the longest cap in the bucket, plus EOS.
-      cap = math.floor(options.max_len_a * batch.length) + options.max_len_b + 1
+      cap = math.floor(options.search.max_len_a * batch.length) + options.search.max_len_b + 1
       sequences, scores = self._search(
-          self.params, jnp.asarray(inputs), beam_size=options.beam_size,
-          max_decode_len=int(min(cap, self.model_config.max_len)),
-          length_penalty=float(options.length_penalty), max_len_a=float(options.max_len_a),
-          max_len_b=int(options.max_len_b), grow_cache=options.grow_cache)
+          self.params, self._place(inputs), rng, settings=options.search,
+          max_decode_len=int(min(cap, self.model_config.max_len)))
       yield indices, np.asarray(sequences)[: len(indices)], np.asarray(scores)[: len(indices)]
 
-  def _search_batch(self, params: Any, inputs: Array, *, beam_size: int, max_decode_len: int,
-                    length_penalty: float, max_len_a: float, max_len_b: int,
-                    grow_cache: bool | None) -> tuple[Array, Array]:
-    """inputs [B, S] -> (sequences [B, K, L], scores [B, K]), best first."""
-    return predict.translate_ids(
-        self.model, {"params": params}, inputs, beam_size=beam_size,
-        max_decode_len=max_decode_len, length_penalty=length_penalty, eos_id=EOS_ID,
-        max_len_a=max_len_a, max_len_b=max_len_b, return_all=True, grow_cache=grow_cache)
+  def _rows(self, rows: int) -> int:
+    """Rows padded up to a multiple of the mesh's first axis, so they split evenly."""
+    if self.mesh is None:
+      return rows
+    size = self.mesh.shape[self.mesh.axis_names[0]]
+    return -(-rows // size) * size
 
-
-# ------------------------------------------------------------------------------------ files
-def read_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 text file ('-' for stdin; gzip-compressed when it ends in .gz), without
-  line ends.
-
-  Raises:
-    FileNotFoundError for a missing file; ValueError naming the file for a corrupt .gz, and the
-    file and line number of the first invalid UTF-8 byte sequence.
-  """
-  name = "<stdin>" if path == "-" else path
-  if path == "-":
-    raw = sys.stdin.buffer.read()
-  else:
-    if not Path(path).is_file():
-      raise FileNotFoundError(f"Input file not found: {path}")
-    raw = Path(path).read_bytes()
-    if path.endswith(".gz"):
-      try:
-        raw = gzip.decompress(raw)
-      except (OSError, EOFError) as error:
-        raise ValueError(f"{path}: not a valid gzip file ({error}).") from None
-  lines = raw.split(b"\n")
-  if lines and lines[-1] == b"":
-    lines.pop()
-  text = []
-  for number, line in enumerate(lines, start=1):
-    try:
-      text.append(line.decode("utf-8").rstrip("\r"))
-    except UnicodeDecodeError as error:
-      raise ValueError(f"{name}:{number}: invalid UTF-8 ({error.reason} at byte "
-                       f"{error.start}); translate needs UTF-8 text.") from None
-  return text
-
-
-def write_lines_atomically(path: str, lines: Sequence[str]) -> None:
-  """Writes one line per item to `path` ('-' for stdout; gzip-compressed when it ends in .gz,
-  as `read_lines` reads it) through a temporary file + rename, so a failure never leaves a
-  partial file that looks complete."""
-  text = "".join(line.replace("\n", " ") + "\n" for line in lines)
-  if path == "-":
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    return
-  target = Path(path)
-  tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
-  try:
-    data = text.encode("utf-8")
-    tmp.write_bytes(gzip.compress(data, mtime=0) if path.endswith(".gz") else data)
-    os.replace(tmp, target)
-  finally:
-    tmp.unlink(missing_ok=True)
+  def _place(self, inputs: np.ndarray) -> Array:
+    """The batch on the device, or split over the mesh's first axis (every process passes the
+    same whole batch and keeps its own rows)."""
+    if self.mesh is None:
+      return jnp.asarray(inputs)
+    sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
+    return jax.make_array_from_callback(inputs.shape, sharding, lambda index: inputs[index])
 
 
 def translate_lines(translator: Translator, lines: Sequence[str], *,
@@ -297,31 +251,3 @@ def translate_lines(translator: Translator, lines: Sequence[str], *,
     if progress:
       progress(len(indices))
   return outputs
-
-
-class ProgressBar:
-  """A one-line progress bar on stderr (only when stderr is a terminal) and a final summary."""
-
-  def __init__(self, total: int, stream=sys.stderr):
-    self.total, self.done, self.stream = total, 0, stream
-    self.start = time.perf_counter()
-    self.interactive = stream.isatty()
-
-  def __call__(self, count: int) -> None:
-    self.done += count
-    if self.interactive and self.total:
-      width = 30
-      filled = int(width * self.done / self.total)
-      rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-      self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                        f"sentences, {rate:.1f}/s")
-      self.stream.flush()
-
-  def close(self) -> float:
-    """Ends the bar, prints sentences/s, and returns the elapsed seconds."""
-    elapsed = time.perf_counter() - self.start
-    if self.interactive:
-      self.stream.write("\n")
-    self.stream.write(f"Translated {self.total} lines in {elapsed:.1f} s "
-                      f"({self.total / max(elapsed, 1e-9):.1f} sentences/s).\n")
-    return elapsed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import defaultdict
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.workdir import METRICS_FILE, atomic_write
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
          ("decoder", "self_attention", "decoder self-attention"),
@@ -59,8 +61,8 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
 
   tokenizer = translator.tokenizer
   target = translator.translate([text])[0] if target is None else target
-  source_ids = np.asarray(tokenizer.encode(text) + [EOS_ID], np.int32)
-  target_ids = np.asarray(tokenizer.encode(target) + [EOS_ID], np.int32)
+  source_ids = np.asarray(tokenizer.tokenize(text) + [EOS_ID], np.int32)
+  target_ids = np.asarray(tokenizer.tokenize(target) + [EOS_ID], np.int32)
   maps = attention_maps(translator.model, translator.params, source_ids, target_ids)
   source_tokens = [tokenizer.id_to_piece(i) for i in source_ids]
   target_tokens = [tokenizer.id_to_piece(i) for i in target_ids]
@@ -96,7 +98,7 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
 
 def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple[int, float]]]:
   """metrics.jsonl as {(split, name): [(step, value), ...]} in file order."""
-  path = Path(workdir) / "metrics.jsonl"
+  path = Path(workdir) / METRICS_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path} not found: has training written any metrics yet?")
   series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
@@ -143,10 +145,10 @@ def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) 
 
 
 def _save_figure(figure: Any, output: str | os.PathLike) -> None:
-  """Saves a PNG through a temporary file + rename."""
+  """Saves a PNG atomically (the folder is created when missing)."""
   output = Path(output)
   output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.with_name(f".{output.name}.tmp.png")
-  figure.savefig(tmp, dpi=110)
-  os.replace(tmp, output)
+  png = io.BytesIO()
+  figure.savefig(png, format="png", dpi=110)
+  atomic_write(output, png.getvalue())
 

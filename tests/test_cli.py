@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from flax_transformer import Translator
-from flax_transformer.averaging import average_checkpoints, restore_averaged_params
 from flax_transformer.cli import main
 from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
-from flax_transformer.data.pipeline import DataConfig, split_texts
-from flax_transformer.training import checkpoints
-from flax_transformer.translate import read_lines
+from flax_transformer.config import DataConfig, parse_group
+from flax_transformer.data.pipeline import split_texts
+from flax_transformer.textfiles import read_lines
+from flax_transformer.workdir import average_checkpoints, restore_params
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
@@ -36,7 +36,7 @@ SHRUNK = {
     "train.num_train_steps": STEPS, "train.warmup_steps": 4, "train.log_every_steps": 5,
     "checkpoint.save_every_steps": 10, "checkpoint.max_to_keep": 3,
     "eval.eval_every_steps": 0, "eval.translate": True, "eval.test_at_end": False,
-    "decode.beam_size": 2, "decode.grow_cache": "no",  # The translate test overrides it.
+    "search.beam_size": 2, "search.grow_cache": "no",  # The translate test overrides it.
 }
 
 
@@ -56,14 +56,14 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def test_pairs(workdir) -> list[tuple[str, str]]:
   config = json.loads((workdir / "config.json").read_text())
-  return split_texts(DataConfig.from_config(config["data"]), "test")
+  return split_texts(parse_group(DataConfig, config["data"]), "test")
 
 
 def test_translator_from_workdir_restores_latest_or_given_step(workdir, test_pairs):
   sources = [source for source, _ in test_pairs[:6]]
   latest = Translator.from_workdir(workdir)
-  assert latest.step == STEPS and latest.settings.beam_size == 2  # config.decode's beam
-  assert latest.settings.grow_cache is False  # config.decode.grow_cache = "no"
+  assert latest.step == STEPS and latest.settings.search.beam_size == 2  # config.search's
+  assert latest.settings.search.grow_cache == "no"
   earlier = Translator.from_workdir(workdir, step=10)
   assert earlier.step == 10
   outputs = latest.translate(sources)
@@ -79,11 +79,11 @@ def test_translator_from_workdir_restores_latest_or_given_step(workdir, test_pai
 def test_a_bad_grow_cache_in_config_json_names_the_file_before_any_checkpoint(workdir, tmp_path):
   # No checkpoints are copied: the error must come from the config, checked first.
   config = json.loads((workdir / "config.json").read_text())
-  config["decode"]["grow_cache"] = "maybe"
+  config["search"]["grow_cache"] = "maybe"
   (tmp_path / "config.json").write_text(json.dumps(config))
   shutil.copy(workdir / "vocab.model", tmp_path / "vocab.model")
-  with pytest.raises(ValueError, match=r"config\.json: decode\.grow_cache must be one of "
-                     r"auto, yes, no; got 'maybe'"):
+  with pytest.raises(ValueError, match=r"config\.json: config\.search\.grow_cache must be one "
+                     r"of \('auto', 'yes', 'no'\), got 'maybe'"):
     Translator.from_workdir(tmp_path)
 
 
@@ -92,7 +92,7 @@ def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, t
   source = tmp_path / "in.txt"
   source.write_text("\n".join(lines) + "\n")
   output = tmp_path / "out.txt"
-  # A growing cache here, the workdir's fixed one (config.decode) below: the same translations.
+  # A growing cache here, the workdir's fixed one (config.search) below: the same translations.
   assert main(["translate", "--workdir", str(workdir), "--input", str(source),
                "--output", str(output), "--beam_size", "3", "--grow_cache", "yes"]) == 0
   translated = read_lines(str(output))
@@ -122,9 +122,9 @@ def test_translate_command_reuses_its_compilation_cache(workdir, test_pairs, tmp
     entries.append(sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_")))
     logs.append(result.stderr.lower())
   assert entries[0], "the first run wrote no compiled programs to the cache"
-  assert "cache miss for 'jit__search_batch'" in logs[0]
-  assert "cache hit for 'jit__search_batch'" in logs[1]
-  assert "cache miss for 'jit__search_batch'" not in logs[1]
+  assert "cache miss for 'jit_search_batch'" in logs[0]
+  assert "cache hit for 'jit_search_batch'" in logs[1]
+  assert "cache miss for 'jit_search_batch'" not in logs[1]
   assert entries[1] == entries[0], "the second run compiled something the first had not cached"
   assert outputs[1] == outputs[0] and len(outputs[0]) == 5
 
@@ -169,10 +169,10 @@ def test_average_command_averages_parameters(workdir, capsys):
   assert main(["average", "--workdir", str(workdir), "--last", "2"]) == 0
   path = Path(capsys.readouterr().out.strip())
   assert path.name == f"step_{STEPS}_last_2"
-  averaged, step = restore_averaged_params(path)
+  averaged, step = restore_params(workdir, checkpoint=path)
   assert step == STEPS
-  a, _ = checkpoints.restore_params(workdir, STEPS - 10)
-  b, _ = checkpoints.restore_params(workdir, STEPS)
+  a, _ = restore_params(workdir, STEPS - 10)
+  b, _ = restore_params(workdir, STEPS)
   for x, y, mean in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(averaged),
                         strict=True):
     np.testing.assert_allclose(mean, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6, atol=1e-7)
@@ -198,8 +198,8 @@ def test_attention_maps_are_distributions(workdir, test_pairs):
 
   translator = Translator.from_workdir(workdir)
   tok = translator.tokenizer
-  source = np.asarray([*tok.encode(test_pairs[0][0]), EOS_ID])
-  target = np.asarray([*tok.encode(test_pairs[0][1]), EOS_ID])
+  source = np.asarray([*tok.tokenize(test_pairs[0][0]), EOS_ID])
+  target = np.asarray([*tok.tokenize(test_pairs[0][1]), EOS_ID])
   maps = attention_maps(translator.model, translator.params, source, target)
   s, t = len(source), len(target)
   assert [m.shape for m in maps["encoder/self_attention"]] == [(4, s, s)]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import tensorflow_datasets as tfds
 
+from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data import pipeline
-from flax_transformer.data.pipeline import DataConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def _write(path: Path, lines, gz=False):
 
 
 def _local(tmp_path, **overrides):
-  return DataConfig.from_config({"source": "local", "local_dir": str(tmp_path / "text"),
+  return parse_group(DataConfig, {"source": "local", "local_dir": str(tmp_path / "text"),
                                  "tfds_data_dir": str(tmp_path / "tfds"), **overrides})
 
 
@@ -118,8 +118,9 @@ def test_two_processes_prepare_together(tmp_path, corpus):
   script = textwrap.dedent(f"""
       import sys
       sys.path.insert(0, {str(REPO)!r})
+      from flax_transformer.config import DataConfig, parse_group
       from flax_transformer.data import pipeline
-      data = pipeline.DataConfig.from_config(dict(
+      data = parse_group(DataConfig, dict(
           source="local", local_dir={str(tmp_path / "text")!r},
           tfds_data_dir={str(tmp_path / "tfds")!r}))
       print(len(pipeline.split_texts(data, "train")))
@@ -136,7 +137,7 @@ def test_two_processes_prepare_together(tmp_path, corpus):
 
 def test_tfds_dataset_by_name_and_direction(tmp_path):
   # ted_hrlr_translate/pt_to_en builds without TensorFlow; mock_data serves fake examples.
-  data = DataConfig.from_config(dict(source="tfds", tfds_name="ted_hrlr_translate/pt_to_en",
+  data = parse_group(DataConfig, dict(source="tfds", tfds_name="ted_hrlr_translate/pt_to_en",
                                      source_lang="en", target_lang="pt",
                                      tfds_data_dir=str(tmp_path)))
   with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
@@ -144,18 +145,18 @@ def test_tfds_dataset_by_name_and_direction(tmp_path):
     expected = [(raw[i]["en"], raw[i]["pt"]) for i in range(12)]
     assert pipeline.split_texts(data, "train") == expected
     tokenizer = pipeline.train_or_load_tokenizer(
-        DataConfig.from_config({**vars(data), "vocab_size": 40}), str(tmp_path / "work"))
+        parse_group(DataConfig, {**vars(data), "vocab_size": 40}), str(tmp_path / "work"))
     batch = next(pipeline.train_iterator(
-        DataConfig.from_config({**vars(data), "batch_tokens": 64, "max_length": 64}), tokenizer))
+        parse_group(DataConfig, {**vars(data), "batch_tokens": 64, "max_length": 64}), tokenizer))
     assert batch["inputs"].shape == (1, 64) and batch["inputs_segment_ids"].max() >= 1
   with tfds.testing.mock_data(num_examples=2, policy=tfds.testing.MockPolicy.USE_CODE):
-    bad = DataConfig.from_config({**vars(data), "target_lang": "de"})
+    bad = parse_group(DataConfig, {**vars(data), "target_lang": "de"})
     with pytest.raises(ValueError, match=r"config\.data\.target_lang must be one of"):
       pipeline.split_texts(bad, "train")
 
 
 def test_unknown_tfds_name_gives_tfds_hint_and_ours():
-  data = DataConfig.from_config(dict(source="tfds", tfds_name="wmt14_translat/de-en"))
+  data = parse_group(DataConfig, dict(source="tfds", tfds_name="wmt14_translat/de-en"))
   with pytest.raises(ValueError) as err:
     pipeline.split_texts(data, "train")
   message = str(err.value)
@@ -165,12 +166,12 @@ def test_unknown_tfds_name_gives_tfds_hint_and_ours():
 
 
 def test_synthetic_builder_splits(tmp_path):
-  data = DataConfig.from_config(dict(source="synthetic", tfds_data_dir=str(tmp_path),
+  data = parse_group(DataConfig, dict(source="synthetic", tfds_data_dir=str(tmp_path),
                                      synthetic_num_train=50, synthetic_num_eval=20,
                                      synthetic_num_test=10, eval_split="dev"))
   sizes = {s: len(pipeline.split_texts(data, s)) for s in ("train", "dev", "test")}
   assert sizes == {"train": 50, "dev": 20, "test": 10}
-  reverse = DataConfig.from_config({**vars(data), "source_lang": "de", "target_lang": "en"})
+  reverse = parse_group(DataConfig, {**vars(data), "source_lang": "de", "target_lang": "en"})
   assert pipeline.split_texts(reverse, "test") == [
       (t, s) for s, t in pipeline.split_texts(data, "test")]
   assert "tensorflow" not in sys.modules

@@ -9,15 +9,15 @@ import grain
 import numpy as np
 import pytest
 
+from flax_transformer.config import ConfigError, DataConfig, parse_group
 from flax_transformer.data import pipeline
-from flax_transformer.data.pipeline import DataConfig
 from flax_transformer.data.tokenizer import EOS_ID
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("data")
-  data = DataConfig.from_config(dict(
+  data = parse_group(DataConfig, dict(
       source="synthetic", tfds_data_dir=str(root / "tfds"), synthetic_num_train=600,
       synthetic_num_eval=70, synthetic_num_test=30, vocab_size=300, max_length=24,
       batch_tokens=24 * 8, eval_batch_size=16, eval_max_length=20, seed=3))
@@ -29,7 +29,7 @@ def _reference_examples(data, tokenizer, split):
   """(inputs, targets) id tuples of every pair of `split` that passes the length filter."""
   out = []
   for source, target in pipeline.split_texts(data, split):
-    s, t = tokenizer.encode(source) + [EOS_ID], tokenizer.encode(target) + [EOS_ID]
+    s, t = tokenizer.tokenize(source) + [EOS_ID], tokenizer.tokenize(target) + [EOS_ID]
     if len(s) <= data.max_length and len(t) <= data.max_length:
       out.append((tuple(s), tuple(t)))
   return out
@@ -60,23 +60,26 @@ def _unpack(batch):
      r"config\.data\.local_pattern"),
     (dict(target_lang="fr"), r"config\.data\.target_lang must be one of \('en', 'de'\)"),
     (dict(target_lang="en"), r"config\.data\.target_lang must be a language other"),
-    (dict(max_length=1), r"config\.data\.max_length must be an integer >= 2"),
+    (dict(max_length=1), r"config\.data\.max_length must be >= 2 \(tokens including EOS\)"),
     (dict(batch_tokens=8, max_length=16), r"config\.data\.batch_tokens must be at least"),
     (dict(seed=-1), r"config\.data\.seed"),
-    (dict(vocab_size="1000"), r"config\.data\.vocab_size must be an integer"),
+    (dict(vocab_size="1000"), r"config\.data\.vocab_size must be of type int, got '1000'"),
     (dict(num_workers=-2), r"config\.data\.num_workers"),
     (dict(eval_split="train"), r"config\.data\.test_split must be three different names"),
-    (dict(colour="red"), r"Unknown key\(s\) config\.data\.colour; allowed: source, "),
+    (dict(colour="red"), r"Unknown config key config\.data\.colour\. Allowed in config\.data: "
+     r"source, "),
+    (dict(max_lenght=8), r"Unknown config key config\.data\.max_lenght\. Did you mean "
+     r"max_length\?"),
 ])
 def test_config_errors_name_key_and_allowed_values(override, match):
-  with pytest.raises(ValueError, match=match):
-    DataConfig.from_config(override)
+  with pytest.raises(ConfigError, match=match):
+    parse_group(DataConfig, override)
 
 
 def test_config_from_configdict_and_rows():
   import ml_collections
   config = ml_collections.ConfigDict(dict(source="synthetic", batch_tokens=1000, max_length=25))
-  data = DataConfig.from_config(config)
+  data = parse_group(DataConfig, config)
   assert (data.source, data.global_rows, data.rows_per_process(4)) == ("synthetic", 40, 10)
   with pytest.raises(ValueError, match=r"40 rows per step, not divisible by the 3 processes"):
     data.rows_per_process(3)
@@ -104,7 +107,7 @@ def test_train_batches_are_packed_examples_of_the_split(setup):
 
 def test_length_filter_drops_and_logs_exact_count(setup, caplog):
   data, tokenizer = setup
-  short = DataConfig.from_config({**vars(data), "max_length": 12, "batch_tokens": 12 * 4})
+  short = parse_group(DataConfig, {**vars(data), "max_length": 12, "batch_tokens": 12 * 4})
   texts = pipeline.split_texts(short, short.train_split)
   expected_kept = len(_reference_examples(short, tokenizer, short.train_split))
   assert 0 < expected_kept < len(texts)  # The test needs some pairs on each side.
@@ -136,7 +139,7 @@ def test_epochs_are_reshuffled_deterministically(setup):
   data, tokenizer = setup
   first = [_unpack(next(pipeline.train_iterator(data, tokenizer)))]
   again = [_unpack(next(pipeline.train_iterator(data, tokenizer)))]
-  other_seed = DataConfig.from_config({**vars(data), "seed": 4})
+  other_seed = parse_group(DataConfig, {**vars(data), "seed": 4})
   other = [_unpack(next(pipeline.train_iterator(other_seed, tokenizer)))]
   assert first == again and first != other
 
@@ -170,7 +173,7 @@ def test_exact_resume_from_state_and_orbax_checkpoint(setup, tmp_path):
 
 def test_worker_processes_give_the_same_batches(setup):
   data, tokenizer = setup
-  workers = DataConfig.from_config({**vars(data), "num_workers": 1})
+  workers = parse_group(DataConfig, {**vars(data), "num_workers": 1})
   it = pipeline.train_iterator(workers, tokenizer)
   got = [next(it) for _ in range(3)]
   it.close()
@@ -207,7 +210,7 @@ def test_eval_batches_keep_every_example_and_truncate(setup, caplog, process_cou
   for (source, target), src_row, tgt_row in zip(pairs, rows["inputs"][real],
                                                 rows["targets"][real], strict=True):
     for text, row in ((source, src_row), (target, tgt_row)):
-      ids = tokenizer.encode(text) + [EOS_ID]
+      ids = tokenizer.tokenize(text) + [EOS_ID]
       if len(ids) > data.eval_max_length:
         ids = ids[:data.eval_max_length - 1] + [EOS_ID]
         truncated += 1

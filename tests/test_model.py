@@ -344,11 +344,13 @@ def test_dropout_only_in_training():
 
 # ------------------------------------------------------------------------------ config
 @pytest.mark.parametrize("overrides, message", [
-    (dict(emb_dim=30, num_heads=4), "emb_dim (30) must be divisible by num_heads (4)"),
-    (dict(mlp_dim=0), "mlp_dim must be a positive integer"),
-    (dict(num_decoder_layers=-1), "num_decoder_layers must be a positive integer"),
-    (dict(dropout_rate=1.0), "dropout_rate must lie in [0, 1)"),
-    (dict(attention_dropout_rate=-0.1), "attention_dropout_rate must lie in [0, 1)"),
+    (dict(emb_dim=30, num_heads=4), "config.model.emb_dim (30) must be divisible by "
+     "config.model.num_heads (4)"),
+    (dict(mlp_dim=0), "config.model.mlp_dim must be > 0, got 0"),
+    (dict(mlp_dim=64.0), "config.model.mlp_dim must be of type int, got 64.0"),
+    (dict(num_decoder_layers=-1), "config.model.num_decoder_layers must be > 0, got -1"),
+    (dict(dropout_rate=1.0), "config.model.dropout_rate must be in [0, 1), got 1.0"),
+    (dict(attention_dropout_rate=-0.1), "config.model.attention_dropout_rate must be in [0, 1)"),
     (dict(norm_placement="middle"), "norm_placement must be one of ('post', 'pre')"),
     (dict(dtype="int8"), "dtype must be one of"),
 ])

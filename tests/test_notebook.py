@@ -120,7 +120,8 @@ def test_committed_notebook_is_clean_nbformat4():
 
 @pytest.mark.slow
 def test_quickstart_runs_end_to_end(tmp_path):
-  from flax_transformer.data.pipeline import DataConfig, split_texts
+  from flax_transformer.config import DataConfig, parse_group
+  from flax_transformer.data.pipeline import split_texts
 
   notebook = nbformat.read(NOTEBOOK, as_version=4)
   workdir, tfds_dir = tmp_path / "workdir", tmp_path / "tfds"
@@ -147,7 +148,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert losses[-1] < 0.6 * losses[0]
   assert probe["step"] == NUM_STEPS
   # The printed table shows the real first test pairs, read here independently.
-  pairs = split_texts(DataConfig.from_config(_data_config(tfds_dir)), "test")
+  pairs = split_texts(parse_group(DataConfig, _data_config(tfds_dir)), "test")
   assert len(pairs) == NUM_TEST
   for source, reference in pairs[:5]:
     assert f"source     {source}\n" in stdout and f"reference  {reference}\n" in stdout
@@ -171,7 +172,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
   lines = _cell_text(notebook, "translate_nbest").splitlines()
   scores = [float(line.split()[0]) for line in lines]  # "  -0.329  text" (text may be empty)
   assert len(scores) == 4 and scores == sorted(scores, reverse=True)
-  decoded = _cell_text(notebook, "translate_ids")
+  decoded = _cell_text(notebook, "prepare_search")
   assert decoded.count("greedy  ") == 3 and decoded.count("sampled ") == 3
 
 

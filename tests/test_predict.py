@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
-from flax_transformer.decode import beam_search
-from flax_transformer.evaluate import score_translations
-from flax_transformer.predict import jit_translate_ids, make_tokens_to_logits, translate_ids
+from flax_transformer.predict import grows_cache, make_tokens_to_logits, prepare_search
+from flax_transformer.scoring import score_translations
+from flax_transformer.search import beam_search, greedy_search, sample
 
 VOCAB, EOS, MAX_LEN = 19, 1, 6
 
@@ -28,6 +28,19 @@ def model_and_variables():
   inputs = jnp.asarray([[5, 7, 9, 4, 1, 0], [3, 8, 1, 0, 0, 0], [12, 6, 17, 1, 0, 0]], jnp.int32)
   variables = model.init(jax.random.key(0), inputs, jnp.ones((3, MAX_LEN), jnp.int32))
   return model, variables, inputs
+
+
+def translate_ids(model, variables, inputs, *, method="beam", max_decode_len, max_len_a=0.0,
+                  max_len_b=None, grow_cache=False, segment_length=None, eos_id=EOS, **options):
+  """prepare_search, then the search of `method` called directly, as callers do."""
+  assert eos_id == EOS
+  prepared = prepare_search(model, variables, inputs, max_decode_len=max_decode_len,
+                            max_len_a=max_len_a, max_len_b=max_len_b, grow_cache=grow_cache)
+  arguments = prepared.arguments
+  if segment_length is not None:
+    arguments["segment_length"] = segment_length
+  search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[method]
+  return search(**arguments, **options)
 
 
 def _teacher_forced_scores(model, variables, inputs, sequences, alpha):
@@ -45,9 +58,9 @@ def _teacher_forced_scores(model, variables, inputs, sequences, alpha):
 
 def test_beam_scores_equal_teacher_forced_rescoring(model_and_variables):
   model, variables, inputs = model_and_variables
-  sequences, scores = jit_translate_ids(
-      model, beam_size=3, max_decode_len=MAX_LEN, length_penalty=0.6, eos_id=EOS,
-      return_all=True)(variables, inputs)
+  search = jax.jit(lambda v, x: translate_ids(model, v, x, beam_size=3, max_decode_len=MAX_LEN,
+                                              length_penalty=0.6, return_all=True))
+  sequences, scores = search(variables, inputs)
   assert sequences.shape == (3, 3, MAX_LEN) and scores.shape == (3, 3)
   finished = (np.asarray(sequences) == EOS).any(-1)  # [B, K]; finished ones rank first
   assert (np.diff(finished.astype(int), axis=1) <= 0).all()
@@ -125,19 +138,23 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
 def test_grow_cache_runs_one_loop_per_segment_and_by_default_only_for_beams_on_cpu(
     model_and_variables):
   # Outputs alone cannot tell a growing cache from a fixed one; the program can: one while
-  # loop per capacity of decode.growth_schedule(10, 3) = (4, 8, 10).
+  # loop per capacity of search.growth_schedule(10, 3) = (4, 8, 10).
   model, variables, inputs = model_and_variables
 
   def loops(**options):
     jaxpr = jax.make_jaxpr(lambda v, x: translate_ids(
-        model, v, x, max_decode_len=10, eos_id=EOS, segment_length=3, **options))(
+        model, v, x, max_decode_len=10, segment_length=3, **options))(
             variables, inputs)
     return sum(equation.primitive.name == "while" for equation in jaxpr.jaxpr.eqns)
 
-  assert loops(grow_cache=True) == 3 and loops(grow_cache=False) == 1
+  assert loops(beam_size=2, grow_cache=True) == 3 and loops(beam_size=2, grow_cache=False) == 1
   assert loops(method="greedy", grow_cache=True) == 3
-  assert loops() == (3 if jax.default_backend() == "cpu" else 1)  # Beam search's default.
-  assert loops(method="greedy") == 1
+  # "auto": beam search grows on CPU only; greedy decoding and sampling never.
+  assert grows_cache("auto", "beam") == (jax.default_backend() == "cpu")
+  assert not grows_cache("auto", "greedy") and not grows_cache("auto", "sample")
+  assert grows_cache("yes", "greedy") and not grows_cache("no", "beam")
+  with pytest.raises(ValueError, match="grow_cache must be one of"):
+    grows_cache("maybe", "beam")
 
 
 @pytest.mark.parametrize("growth", GROWTH, ids=["fixed_cache", "growing_cache"])
@@ -146,10 +163,10 @@ def test_greedy_equals_beam_one_and_its_own_rescoring(model_and_variables, growt
   # the greedy path (it keeps finished hypotheses apart, so with EOS free it may differ).
   model, variables, inputs = model_and_variables
   options = dict(max_decode_len=MAX_LEN, eos_id=EOS, min_length=MAX_LEN - 1, max_len_a=0.0,
-                 max_len_b=MAX_LEN - 1, length_penalty=0.0, **growth)
+                 max_len_b=MAX_LEN - 1, **growth)
   greedy, greedy_scores = translate_ids(model, variables, inputs, method="greedy", **options)
   beam, beam_scores = translate_ids(model, variables, inputs, method="beam", beam_size=1,
-                                    **options)
+                                    length_penalty=0.0, return_all=False, **options)
   np.testing.assert_array_equal(np.asarray(greedy)[:, -1], EOS)
   np.testing.assert_array_equal(beam, greedy)
   np.testing.assert_allclose(beam_scores, greedy_scores, atol=1e-5, rtol=0)
@@ -176,10 +193,6 @@ def test_sampling_runs_with_the_model_and_scores_its_samples(model_and_variables
                                     top_k=5, top_p=0.9)
   expected = _teacher_forced_scores(model, variables, inputs, np.asarray(sequences)[:, None], 0.0)
   np.testing.assert_allclose(scores, expected[:, 0], atol=1e-4, rtol=0)
-  with pytest.raises(ValueError, match="needs rng"):
-    translate_ids(model, variables, inputs, method="sample", max_decode_len=MAX_LEN)
-  with pytest.raises(ValueError, match="method must be one of"):
-    translate_ids(model, variables, inputs, method="nucleus", max_decode_len=MAX_LEN)
 
 
 def test_make_tokens_to_logits_matches_decode_step(model_and_variables):

@@ -1,4 +1,4 @@
-"""Experiment config validation (`flax_transformer.experiment.load`) and the shipped configs."""
+"""Experiment config validation (`flax_transformer.config.load`) and the shipped configs."""
 
 import importlib.util
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flax_transformer import experiment
-from flax_transformer.experiment import ConfigError
+from flax_transformer import config as config_lib
+from flax_transformer.config import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -21,32 +21,38 @@ def _config(name: str = "default", variant: str | None = None):
 
 
 def _load(config, devices: int = 8, processes: int = 1):
-  return experiment.load(config, num_devices=devices, num_processes=processes)
+  return config_lib.load(config, num_devices=devices, num_processes=processes)
 
 
 def test_default_config_is_valid():
   exp = _load(_config())
   assert exp.data.source == "synthetic"
-  assert exp.global_batch_rows == 4096 // 32
+  assert exp.data.global_rows == 4096 // 32
   assert exp.model_config(512).emb_dim == 64
 
 
 @pytest.mark.parametrize("group, key, value, message", [
-    ("train", "learning_rat", 1.0, "Unknown config key(s) config.train.learning_rat; allowed"),
+    ("train", "learning_rat", 1.0, "Unknown config key config.train.learning_rat. Did you "
+     "mean learning_rate? Allowed in config.train: num_train_steps, optimizer,"),
     ("train", "num_train_steps", 1.5, "config.train.num_train_steps must be of type int"),
     ("train", "fsdp", 1, "config.train.fsdp must be of type bool"),
     ("train", "schedule", "linear", "config.train.schedule must be one of ('rsqrt',"),
     ("train", "warmup_steps", 5000, "config.train.warmup_steps (5000) must not exceed"),
-    ("train", "label_smoothing", 1.0, "config.train.label_smoothing must lie in [0, 1)"),
+    ("train", "label_smoothing", 1.0, "config.train.label_smoothing must be in [0, 1)"),
     ("train", "weight_decay", 0.1, "needs config.train.optimizer='adamw'"),
     ("checkpoint", "save_every_steps", 0, "config.checkpoint.save_every_steps must be > 0"),
-    ("decode", "beam_size", 0, "config.decode.beam_size must be > 0"),
-    ("eval", "bleu", True, "Unknown config key(s) config.eval.bleu"),
-    ("model", "num_heads", 5, "config.model: ModelConfig.emb_dim (64) must be divisible"),
-    ("model", "hidden", 5, "config.model: Unknown config key(s) model.hidden"),
-    ("data", "source", "web", "config.data: config.data.source must be one of"),
-    ("decode", "max_decode_len", 65, "config.decode.max_decode_len (65) exceeds"),
-    ("decode", "grow_cache", "maybe", "config.decode.grow_cache must be one of ('auto', 'yes',"),
+    ("search", "beam_size", 0, "config.search.beam_size must be > 0"),
+    ("search", "top_p", 0.0, "config.search.top_p must be in (0, 1], got 0.0"),
+    ("search", "method", "nucleus", "config.search.method must be one of ('beam', 'greedy',"),
+    ("eval", "bleu", True, "Unknown config key config.eval.bleu. Allowed in config.eval:"),
+    ("model", "num_heads", 5, "config.model.emb_dim (64) must be divisible by "
+     "config.model.num_heads (5)"),
+    ("model", "hidden", 5, "Unknown config key config.model.hidden. Allowed in config.model: "
+     "preset, emb_dim,"),
+    ("model", "dropout_rate", 1.0, "config.model.dropout_rate must be in [0, 1), got 1.0"),
+    ("data", "source", "web", "config.data.source must be one of ('synthetic', 'tfds', 'local')"),
+    ("data", "vocab_size", "8k", "config.data.vocab_size must be of type int, got '8k'"),
+    ("search", "grow_cache", "maybe", "config.search.grow_cache must be one of ('auto', 'yes',"),
 ])
 def test_bad_values_name_the_key(group, key, value, message):
   config = _config().to_dict()  # As a config file might write it, without ConfigDict's types.
@@ -54,6 +60,23 @@ def test_bad_values_name_the_key(group, key, value, message):
   with pytest.raises(ConfigError) as error:
     _load(config)
   assert message in str(error.value)
+
+
+def test_a_config_with_the_old_decode_group_is_told_its_new_name():
+  config = _config().to_dict()
+  config["decode"] = config.pop("search")
+  with pytest.raises(ConfigError, match=r"unknown: \['decode'\], missing: \['search'\]\. "
+                     r"config\.decode is now config\.search\."):
+    _load(config)
+
+
+def test_search_group_of_an_older_workdir_config_json_is_read():
+  old = {"decode": {"beam_size": 3, "length_penalty": 1.0, "max_decode_len": 40,
+                    "grow_cache": "no"}}
+  assert config_lib.search_config_from(old) == config_lib.SearchConfig(
+      beam_size=3, length_penalty=1.0, grow_cache="no")
+  with pytest.raises(ConfigError, match=r"config\.search\.beam_size must be > 0"):
+    config_lib.search_config_from({"search": {"beam_size": 0}})
 
 
 def test_batch_must_split_over_devices_and_micro_batches():

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from flax_transformer.training import checkpoints
+from flax_transformer.workdir import restore_params
 
 REPO = Path(__file__).resolve().parents[1]
 TOTAL_STEPS = 24  # 2N
@@ -61,7 +61,7 @@ def _train(workdir: Path, shared, **changes) -> subprocess.CompletedProcess:
 
 
 def _params(workdir: Path, step: int | None = None):
-  params, restored_step = checkpoints.restore_params(workdir, step)
+  params, restored_step = restore_params(workdir, step)
   return jax.tree.map(np.asarray, params), restored_step
 
 

@@ -14,17 +14,16 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer, predict
+from flax_transformer.config import ConfigError, TranslateConfig
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
 from flax_transformer.predict import output_length_caps
+from flax_transformer.textfiles import read_lines, write_lines_atomically
 from flax_transformer.translate import (
     Batch,
-    DecodeSettings,
     Translator,
     bucket_length,
     plan_batches,
-    read_lines,
     translate_lines,
-    write_lines_atomically,
 )
 
 WORDS = [
@@ -39,17 +38,16 @@ def sentences(count: int, seed: int = 0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-  path = tmp_path_factory.mktemp("vocab") / "vocab.model"
-  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram", path=path)
+def tokenizer():
+  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram")
 
 
-def copy_search(params, inputs, *, beam_size, max_decode_len, length_penalty, max_len_a,
-                max_len_b, grow_cache):
+def copy_search(params, inputs, rng, *, settings, max_decode_len):
   """Stands in for beam search: K hypotheses, each the source itself, cut at the length cap."""
-  del params, length_penalty, grow_cache
+  del params, rng
+  beam_size = settings.beam_size
   rows, length = inputs.shape
-  caps = output_length_caps(inputs, max_len_a, max_len_b)  # tokens before EOS
+  caps = output_length_caps(inputs, settings.max_len_a, settings.max_len_b)  # before EOS
   source = jnp.zeros((rows, max_decode_len), jnp.int32).at[:, : min(length, max_decode_len)].set(
       inputs[:, :max_decode_len])
   positions = jnp.arange(max_decode_len)[None]
@@ -66,7 +64,7 @@ def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=max_len)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
-  translator = Translator(config, params, tokenizer, DecodeSettings(**settings))
+  translator = Translator(config, params, tokenizer, TranslateConfig().replace(**settings))
   translator._search = copy_search
   return translator
 
@@ -79,23 +77,23 @@ def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokeni
   tokens = jnp.ones((1, 4), jnp.int32)
   params = Transformer(config).init(jax.random.key(1), tokens, tokens)["params"]
   seen = []
-  search = predict.translate_ids
-  monkeypatch.setattr(predict, "translate_ids",
+  prepare = predict.prepare_search
+  monkeypatch.setattr(predict, "prepare_search",
                       lambda *args, **kwargs: seen.append(kwargs["grow_cache"])
-                      or search(*args, **kwargs))
+                      or prepare(*args, **kwargs))
   texts = sentences(6, seed=3)
   results = {}
-  for grow in (True, False, None):
-    translator = Translator(config, params, tokenizer, DecodeSettings(grow_cache=grow))
+  for grow in ("yes", "no", "auto"):
+    translator = Translator(config, params, tokenizer, TranslateConfig().replace(grow_cache=grow))
     results[grow] = translator.translate_nbest(texts, n=2)
-    assert set(seen) == {grow}
+    assert set(seen) == {grow == "yes" or (grow == "auto" and jax.default_backend() == "cpu")}
     seen.clear()
-  assert results[None] == results[jax.default_backend() == "cpu"]  # Auto: grows on CPU.
-  for grown, fixed in zip(results[True], results[False], strict=True):
+  assert results["auto"] == results["yes" if jax.default_backend() == "cpu" else "no"]
+  for grown, fixed in zip(results["yes"], results["no"], strict=True):
     assert [h for h, _ in grown] == [h for h, _ in fixed]
     np.testing.assert_allclose([s for _, s in grown], [s for _, s in fixed], atol=1e-5, rtol=0)
-  with pytest.raises(ValueError, match="grow_cache must be None, True or False"):
-    DecodeSettings(grow_cache="yes")
+  with pytest.raises(ConfigError, match=r"config\.search\.grow_cache must be one of"):
+    TranslateConfig().replace(grow_cache=True)
 
 
 def test_plan_batches_covers_every_sentence_once_in_few_shapes():
@@ -127,7 +125,7 @@ def test_order_is_restored_and_empty_lines_stay_empty(tokenizer):
   outputs = translator.translate(lines)
   assert len(outputs) == len(lines)
   for line, output in zip(lines, outputs, strict=True):
-    assert output == tokenizer.decode(tokenizer.encode(line))  # The copy of its own source.
+    assert output == tokenizer.detokenize(tokenizer.tokenize(line))  # The copy of its own source.
   assert outputs[3] == "" and outputs[17] == ""
   nbest = translator.translate_nbest(lines[4:9], n=3, beam_size=3)
   assert [len(h) for h in nbest] == [3, 3, 3, 3, 3]
@@ -140,13 +138,13 @@ def test_long_lines_are_truncated_and_counted(tokenizer):
   outputs = translator.translate(["a man", long_line])
   assert translator.truncated == 1
   assert outputs[0] == "a man"
-  assert len(tokenizer.encode(outputs[1])) <= 15
+  assert len(tokenizer.tokenize(outputs[1])) <= 15
 
 
 def test_output_length_is_capped_relative_to_the_source(tokenizer):
   translator = copy_translator(tokenizer, max_len_a=0.0, max_len_b=3)
   output = translator.translate(["a man is riding a red bike"])[0]
-  assert len(tokenizer.encode(output)) == 3  # 3 tokens, then EOS
+  assert len(tokenizer.tokenize(output)) == 3  # 3 tokens, then EOS
 
 
 def test_read_lines_reports_invalid_utf8_with_file_and_line(tmp_path):

@@ -1,7 +1,7 @@
 """Input pipeline: TFDS sources (WMT by name, local parallel text, the synthetic pair),
 the shared SentencePiece vocabulary, and grain pipelines of packed train and padded eval batches.
 
-  data = DataConfig.from_config(config.data)
+  data = flax_transformer.config.load(config).data      # a validated DataConfig
   tokenizer = train_or_load_tokenizer(data, workdir)
   batches = train_iterator(data, tokenizer, process_index=..., process_count=...)
   evals = eval_batches(data, tokenizer, data.eval_split)
@@ -18,7 +18,6 @@ __all__ = [
     "EOS_ID",
     "PAD_ID",
     "UNK_ID",
-    "DataConfig",
     "Tokenizer",
     "eval_batches",
     "split_texts",
@@ -28,7 +27,7 @@ __all__ = [
 ]
 
 _PIPELINE_NAMES = frozenset(
-    ("DataConfig", "eval_batches", "split_texts", "train_dataset", "train_iterator",
+    ("eval_batches", "split_texts", "train_dataset", "train_iterator",
      "train_or_load_tokenizer"))
 
 

@@ -33,10 +33,10 @@ from typing import Any, ClassVar
 import tensorflow_datasets as tfds
 from etils import epath
 
+from flax_transformer.config import DEFAULT_LOCAL_PATTERN
 from flax_transformer.data import synthetic
 
 ARRAY_RECORD = "array_record"
-DEFAULT_LOCAL_PATTERN = "{split}.{lang}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +246,9 @@ def _file_lock(path: Path):
 def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
   """Prepares `builder` as array_record unless already prepared; safe across processes."""
   if builder.is_prepared():
-    return builder
+    # A builder made while another process was still preparing holds no split info (it was
+    # read before the files existed); made again, it reads the finished dataset's.
+    return builder if builder.info.splits else type(builder)(**_builder_kwargs(builder))
   lock = Path(builder.data_dir_root) / f".{builder.info.full_name.replace('/', '--')}.lock"
   with _file_lock(lock):
     fresh = type(builder)(**_builder_kwargs(builder))

@@ -27,8 +27,9 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-SOURCE_LANG = "en"
-TARGET_LANG = "de"
+from flax_transformer.config import SYNTHETIC_LANGS
+
+SOURCE_LANG, TARGET_LANG = SYNTHETIC_LANGS
 MIN_WORDS, MAX_WORDS = 3, 12
 _LEXICON_SEED = 1706  # Fixes the target pseudo-words; part of the language, not of the config.
 

@@ -7,17 +7,15 @@ The special ids live here and nowhere else:
   EOS_ID = 1  ends every source and target sequence.
   UNK_ID = 2  characters the vocabulary cannot spell (never produced with byte fallback).
 
-`Tokenizer.encode` returns the pieces of a sentence without EOS; the pipeline appends it.
-`Tokenizer.decode` stops at the first EOS and ignores padding, so a row of decoder output
-(`[7, 12, 1, 0, 0]`) decodes to its sentence.
+`Tokenizer.tokenize` returns the ids of a sentence without EOS; the pipeline appends it.
+`Tokenizer.detokenize` stops at the first EOS and ignores padding, so a row of search output
+(`[7, 12, 1, 0, 0]`) gives its sentence.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -30,9 +28,6 @@ UNK_ID = 2
 # Vocabularies at least this big reserve 256 byte pieces, so any character round-trips; smaller
 # (toy) vocabularies keep every id for real pieces.
 BYTE_FALLBACK_MIN_VOCAB = 2048
-
-VOCAB_FILENAME = "vocab.model"
-
 
 class Tokenizer:
   """A SentencePiece model with the package's special ids (pad 0, eos 1, unk 2, no BOS)."""
@@ -61,15 +56,20 @@ class Tokenizer:
     """V, the number of ids (including pad, eos and unk)."""
     return self._sp.get_piece_size()
 
-  def encode(self, text: str) -> list[int]:
+  @property
+  def proto(self) -> bytes:
+    """The serialized SentencePiece model (what a vocab.model file holds)."""
+    return self._proto
+
+  def tokenize(self, text: str) -> list[int]:
     """Token ids of `text`, without EOS."""
     return self._sp.encode(text, out_type=int)
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+  def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, without EOS (one call into SentencePiece)."""
     return self._sp.encode(list(texts), out_type=int)
 
-  def decode(self, ids: Iterable[int]) -> str:
+  def detokenize(self, ids: Iterable[int]) -> str:
     """Text of `ids` up to the first EOS, skipping padding."""
     pieces = []
     for i in ids:
@@ -90,10 +90,8 @@ class Tokenizer:
     self.__init__(state["proto"], state["path"])
 
 
-def train_tokenizer(
-    sentences: Iterable[str], *, vocab_size: int, model_type: str, path: str | os.PathLike
-) -> Tokenizer:
-  """Trains SentencePiece on `sentences` and writes the model atomically to `path`.
+def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: str) -> Tokenizer:
+  """Trains SentencePiece on `sentences` (write `Tokenizer.proto` to keep it).
 
   `vocab_size` is a soft limit (`hard_vocab_limit=False`): a small corpus that cannot fill it gets
   a smaller vocabulary instead of an error; `Tokenizer.vocab_size` reports the real size.
@@ -112,20 +110,4 @@ def train_tokenizer(
       num_threads=1,  # Deterministic, so every process trains the same vocabulary.
       minloglevel=2,
   )
-  proto = model.getvalue()
-  write_atomically(Path(path), proto)
-  return Tokenizer(proto, str(path))
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file in the same folder and os.replace."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
-  logging.info("Wrote %s (%d bytes).", path, len(data))
+  return Tokenizer(model.getvalue())

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_transformer.progress import ProgressBar
 from flax_transformer.training import checkpoints
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training.preemption import Preempted, PreemptionWatcher
@@ -72,7 +73,7 @@ def run(
   total = settings.num_train_steps
   pending: list[tuple[int, dict]] = []
   clock = _Clock(int(state.step))
-  bar = metrics_lib.ProgressBar(total, int(state.step), enabled=writer.enabled)
+  bar = ProgressBar(total, unit="steps", start=int(state.step), enabled=writer.enabled)
   with PreemptionWatcher() as watcher:
     for step in range(int(state.step) + 1, total + 1):
       state, step_metrics = train_step(state, next(batches))

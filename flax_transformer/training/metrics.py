@@ -1,4 +1,4 @@
-"""Where metrics go: console lines, a progress bar on terminals, TensorBoard and metrics.jsonl.
+"""Where metrics go: console lines, TensorBoard and metrics.jsonl; FLOPs and MFU.
 
 Only process 0 writes; on other processes `MetricWriter` drops everything.
 """
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import jax
 
+from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ModelConfig
+from flax_transformer.progress import format_duration
 
 # Dense bfloat16 peak FLOP/s per chip by `device_kind` prefix (vendor figures, no sparsity).
 PEAK_FLOPS = (
@@ -59,8 +59,8 @@ class MetricWriter:
       from tensorboardX import SummaryWriter
 
       Path(workdir).mkdir(parents=True, exist_ok=True)
-      self._jsonl = open(Path(workdir) / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
-      self._tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
+      self._jsonl = open(Path(workdir) / workdir_lib.METRICS_FILE, "a", buffering=1)  # noqa: SIM115
+      self._tensorboard = SummaryWriter(str(Path(workdir) / workdir_lib.TENSORBOARD_DIR))
 
   def write(self, step: int, split: str, scalars: dict[str, float]) -> None:
     if not self.enabled:
@@ -79,37 +79,6 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tensorboard.close()
-
-
-class ProgressBar:
-  """A one-line progress bar redrawn on a terminal's stderr; does nothing elsewhere."""
-
-  def __init__(self, total: int, start: int, enabled: bool, stream: TextIO = sys.stderr):
-    self.total, self.enabled, self.stream = total, enabled and stream.isatty(), stream
-    self._last_draw = 0.0
-    self.update(start)
-
-  def update(self, step: int, force: bool = False) -> None:
-    now = time.monotonic()
-    if not self.enabled or (now - self._last_draw < 0.2 and not force):
-      return
-    self._last_draw = now
-    width = 30
-    done = int(width * step / max(self.total, 1))
-    self.stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total}")
-    self.stream.flush()
-
-  def clear(self) -> None:
-    """Erases the bar so a log line can be printed in its place."""
-    if self.enabled:
-      self.stream.write("\r\033[K")
-      self.stream.flush()
-
-
-def format_duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  hours, rest = divmod(seconds, 3600)
-  return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 def train_line(step: int, total: int, scalars: dict[str, float]) -> str:

@@ -17,20 +17,23 @@ from typing import Any
 import jax
 import ml_collections
 
-from flax_transformer import experiment as experiment_lib
+from flax_transformer import config as config_lib
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.config import TranslateConfig
 from flax_transformer.data import pipeline
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.training import checkpoints, evaluation, loop, optim, steps
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
+from flax_transformer.translate import Translator
 
 
 @dataclasses.dataclass
 class _Job:
   """What the setup builds: the model, optimizer, mesh, state, data and sinks."""
 
-  exp: experiment_lib.Experiment
+  exp: config_lib.Experiment
   model: Transformer
   optimizer: Any
   schedule: Any
@@ -49,7 +52,7 @@ def train_and_evaluate(
   """Trains as `config` says, in `workdir`; returns the final evaluation of each split.
 
   Raises:
-    experiment.ConfigError: before anything is compiled, for a bad config.
+    config.ConfigError: before anything is compiled, for a bad config.
     training.checkpoints.CheckpointMismatchError: the workdir holds another model's checkpoint.
     training.preemption.Preempted: after saving, when SIGTERM/SIGINT arrived.
     training.loop.NonFiniteLossError: when a step's loss is NaN or infinite.
@@ -82,7 +85,7 @@ def train_and_evaluate(
 
 def _setup(config: ml_collections.ConfigDict, workdir: Path) -> _Job:
   """Validates, builds everything, and restores the latest checkpoint or initialises."""
-  exp = experiment_lib.load(config)
+  exp = config_lib.load(config)
   is_chief = jax.process_index() == 0
   if is_chief:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -101,8 +104,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: Path) -> _Job:
   _log_config_changes(config, workdir)
   state = _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter)
   if is_chief:  # Only once the checkpoint is known to fit the config.
-    checkpoints.write_json_atomic(
-        workdir / checkpoints.CONFIG_FILE, json.loads(config.to_json_best_effort()))
+    workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE,
+                           json.loads(config.to_json_best_effort()))
   logging.info("Model: %s; %s parameters; mesh %s; fsdp=%s.", model.config,
                f"{_count(abstract.params):,}", dict(mesh.shape), exp.train.fsdp)
   return _Job(exp=exp, model=model, optimizer=optimizer, schedule=schedule, mesh=mesh,
@@ -110,24 +113,22 @@ def _setup(config: ml_collections.ConfigDict, workdir: Path) -> _Job:
               manager=manager, writer=metrics_lib.MetricWriter(workdir, enabled=is_chief))
 
 
-def _loop_settings(exp: experiment_lib.Experiment, model: Transformer) -> loop.LoopSettings:
+def _loop_settings(exp: config_lib.Experiment, model: Transformer) -> loop.LoopSettings:
   return loop.LoopSettings(
       num_train_steps=exp.train.num_train_steps, log_every_steps=exp.train.log_every_steps,
       save_every_steps=exp.checkpoint.save_every_steps,
       eval_every_steps=exp.eval.eval_every_steps,
       flops_per_step=metrics_lib.train_flops_per_step(
-          model.config, exp.global_batch_rows, exp.data.max_length),
+          model.config, exp.data.global_rows, exp.data.max_length),
       peak_flops=jax.device_count() * metrics_lib.peak_flops_per_device(
           jax.devices()[0], exp.train.peak_flops_per_device))
 
 
 def _keep_vocabulary(exp, workdir: Path, is_chief: bool) -> None:
   """Copies a given vocab_path into WORKDIR/vocab.model so the workdir restores on its own."""
-  target = workdir / checkpoints.VOCAB_FILE
+  target = workdir / workdir_lib.VOCAB_FILE
   if is_chief and exp.data.vocab_path and not target.exists():
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(Path(exp.data.vocab_path).read_bytes())
-    tmp.replace(target)
+    workdir_lib.atomic_write(target, Path(exp.data.vocab_path).read_bytes())
 
 
 def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter):
@@ -142,7 +143,7 @@ def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_
 
 def _log_config_changes(config: ml_collections.ConfigDict, workdir: Path) -> None:
   """Logs every value that differs from the saved config.json (a restart)."""
-  path = workdir / checkpoints.CONFIG_FILE
+  path = workdir / workdir_lib.CONFIG_FILE
   if path.exists():
     current = json.loads(config.to_json_best_effort())
     changes = checkpoints.config_differences(json.loads(path.read_text()), current)
@@ -174,12 +175,10 @@ def _compile(train_step, state, batch, writer):
 def _evaluators(exp, model, mesh, param_shardings, tokenizer) -> dict:
   eval_step = steps.jit_eval_step(
       mesh, param_shardings, model=model, label_smoothing=exp.train.label_smoothing)
-  translate = None
+  translator = None
   if exp.eval.translate:
-    translate = evaluation.make_translate(
-        model, mesh, param_shardings, beam_size=exp.decode.beam_size,
-        max_decode_len=exp.decode_length(model.config),
-        length_penalty=exp.decode.length_penalty, grow_cache=exp.decode.grow_cache)
+    translator = Translator(model.config, None, tokenizer, TranslateConfig(search=exp.search),
+                            mesh=mesh)
   evaluators = {}
   for name, split in (("eval", exp.data.eval_split), ("test", exp.data.test_split)):
     if name == "test" and not exp.eval.test_at_end:
@@ -189,7 +188,7 @@ def _evaluators(exp, model, mesh, param_shardings, tokenizer) -> dict:
                                     process_count=jax.process_count())
     evaluators[name] = evaluation.SplitEvaluator(
         name=name, batches=batches, pairs=pipeline.split_texts(exp.data, split),
-        eval_step=eval_step, translate=translate, tokenizer=tokenizer, mesh=mesh)
+        eval_step=eval_step, translator=translator, mesh=mesh)
   return evaluators
 
 

@@ -1,4 +1,4 @@
-"""Tests for flax_transformer.decode on toy step functions whose answers are known or enumerable.
+"""Tests for flax_transformer.search on toy step functions whose answers are known or enumerable.
 
 The references are independent: NumPy brute-force enumeration of every hypothesis, NumPy greedy
 decoding, analytic optima of a Markov chain, and binomial confidence bounds for sampling.
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import decode
-from flax_transformer.decode import beam_search, greedy_search, sample
+from flax_transformer import search
+from flax_transformer.search import beam_search, greedy_search, sample
 
 EOS = 1
 PAD = 0  # Also BOS.
@@ -359,7 +359,7 @@ def test_history_toy_catches_a_segment_that_ends_mid_iteration(monkeypatch):
   # The control for the test above: an odd capacity before L makes the two-step beam loop
   # write past it (clamped onto the last slot), and the toy must then disagree.
   toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
-  monkeypatch.setattr(decode, "growth_schedule", lambda max_len, segment: (3, max_len))
+  monkeypatch.setattr(search, "growth_schedule", lambda max_len, segment: (3, max_len))
   sequences, scores = beam_search(
       toy.step, toy.initial_state(1), batch_size=2, beam_size=81, max_decode_len=5, eos_id=EOS,
       length_penalty=0.6, resize_state=HistoryToy.resize)
@@ -393,7 +393,7 @@ def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
 def test_growth_schedule_steps_by_segments_then_doubles(segment_length):
   step = segment_length + segment_length % 2  # Even capacities: two beam steps per iteration.
   for max_len in range(1, 600):
-    capacities = decode.growth_schedule(max_len, segment_length)
+    capacities = search.growth_schedule(max_len, segment_length)
     assert capacities[-1] == max_len
     assert all(c % 2 == 0 for c in capacities[:-1])
     assert list(capacities) == sorted(set(capacities))
@@ -404,10 +404,10 @@ def test_growth_schedule_steps_by_segments_then_doubles(segment_length):
     following = step * (len(inner) + 1) if len(inner) < 4 else 2 * inner[-1]
     assert following >= max_len or max_len - following < step // 2
     assert not inner or max_len - inner[-1] >= step // 2
-  assert decode.growth_schedule(64) == (16, 32, 48, 64)
-  assert decode.growth_schedule(300) == (16, 32, 48, 64, 128, 256, 300)
+  assert search.growth_schedule(64) == (16, 32, 48, 64)
+  assert search.growth_schedule(300) == (16, 32, 48, 64, 128, 256, 300)
   with pytest.raises(ValueError, match="segment_length must be a positive int"):
-    decode.growth_schedule(10, 0)
+    search.growth_schedule(10, 0)
 
 
 FIXED_LOGITS = np.log(np.array([0.1, 0.05, 0.5, 0.3, 0.15, 0.0 + 1e-30]))  # PAD never emitted.
@@ -492,7 +492,7 @@ def test_blocked_top_k_equals_a_full_sort(vocab, k):
   x[0, :] = -np.inf  # A fully masked row.
   x[1, 3::5] = 9.0  # Many ties above everything else.
   x[2, -4:] = 50.0 + np.arange(4)  # The best values in the tail.
-  values, indices = jax.jit(decode._top_k, static_argnums=1)(jnp.asarray(x), k)
+  values, indices = jax.jit(search._top_k, static_argnums=1)(jnp.asarray(x), k)
   np.testing.assert_array_equal(values, -np.sort(-x, axis=1)[:, :k])
   np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(indices), axis=1), values)
   assert all(len(set(row)) == k for row in np.asarray(indices).tolist())
@@ -501,7 +501,7 @@ def test_blocked_top_k_equals_a_full_sort(vocab, k):
 def test_large_vocabulary_beam_search_equals_the_lax_top_k_version(monkeypatch):
   toy = HashToy(seed=29, batch=2, max_len=5, vocab=1009)
   blocked = _search(toy, beams=4, alpha=0.6)
-  monkeypatch.setattr(decode, "_top_k", lambda x, k: jax.lax.top_k(x, k))
+  monkeypatch.setattr(search, "_top_k", lambda x, k: jax.lax.top_k(x, k))
   reference = _search(toy, beams=4, alpha=0.6)
   np.testing.assert_array_equal(blocked[0], reference[0])
   np.testing.assert_allclose(blocked[1], reference[1], rtol=1e-6)

@@ -1,0 +1,98 @@
+"""The one progress display of the package: training steps and translated sentences alike.
+
+On a terminal, a line on stderr redrawn at most five times a second:
+
+  [#########.....................] 310/1000 sentences | 41.2 sentences/s | 1,480 tokens/s | ETA 0:16
+
+Elsewhere (a log file, a pipe) it draws nothing; `close` prints one summary line either way.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+_WIDTH = 30
+_REDRAW_SECONDS = 0.2
+
+
+def format_duration(seconds: float) -> str:
+  """'1:02:03' for an hour and more, else '2:03'."""
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class ProgressBar:
+  """Counts work done (`advance`, or `update` to a position) against an optional total.
+
+  Args:
+    total: the amount of work, or None when unknown (no bar, no ETA).
+    unit: what is counted ("sentences", "steps").
+    start: work already done before this run (a resumed job); rates count only this run's.
+    enabled: False draws nothing and prints no summary (e.g. on processes other than 0).
+    stream: where to draw (stderr).
+  """
+
+  def __init__(self, total: int | None, *, unit: str, start: int = 0, enabled: bool = True,
+               stream: TextIO = sys.stderr):
+    self.total, self.unit, self.stream, self.enabled = total, unit, stream, enabled
+    self.start, self.done = start, start
+    self.counters: dict[str, int] = {}
+    self.interactive = enabled and stream.isatty()
+    self._began = time.perf_counter()
+    self._drawn = 0.0
+
+  @property
+  def elapsed(self) -> float:
+    return time.perf_counter() - self._began
+
+  def advance(self, count: int, **counters: int) -> None:
+    """Adds `count` done, and to named counters such as tokens=... (shown as rates)."""
+    for name, value in counters.items():
+      self.counters[name] = self.counters.get(name, 0) + value
+    self.update(self.done + count)
+
+  def update(self, done: int) -> None:
+    """Sets the amount done and redraws (on a terminal, at most every 0.2 s)."""
+    self.done = done
+    now = time.perf_counter()
+    if not self.interactive or now - self._drawn < _REDRAW_SECONDS:
+      return
+    self._drawn = now
+    self.stream.write("\r\033[K" + self.line())
+    self.stream.flush()
+
+  def line(self) -> str:
+    """The progress line without the bar's redraw codes."""
+    rate = (self.done - self.start) / max(self.elapsed, 1e-9)
+    parts = [f"{self.done}/{self.total} {self.unit}" if self.total is not None
+             else f"{self.done} {self.unit}", f"{rate:,.1f} {self.unit}/s"]
+    parts += [f"{value / max(self.elapsed, 1e-9):,.0f} {name}/s"
+              for name, value in self.counters.items()]
+    if self.total is not None:
+      filled = int(_WIDTH * min(self.done / max(self.total, 1), 1.0))
+      parts.insert(0, f"[{'#' * filled}{'.' * (_WIDTH - filled)}]")
+      if rate > 0:
+        parts.append(f"ETA {format_duration((self.total - self.done) / rate)}")
+    return " | ".join(parts)
+
+  def clear(self) -> None:
+    """Erases the bar so that a log line can be printed in its place."""
+    if self.interactive:
+      self.stream.write("\r\033[K")
+      self.stream.flush()
+
+  def close(self, verb: str) -> float:
+    """Erases the bar, prints '<verb> N unit in T s (R unit/s, ...)' and returns T."""
+    elapsed = self.elapsed
+    self.clear()
+    if self.enabled:
+      count = self.done - self.start
+      rates = [f"{count / max(elapsed, 1e-9):,.1f} {self.unit}/s"]
+      rates += [f"{value / max(elapsed, 1e-9):,.0f} {name}/s"
+                for name, value in self.counters.items()]
+      self.stream.write(f"{verb} {count} {self.unit} in {elapsed:.1f} s ({', '.join(rates)}).\n")
+      self.stream.flush()
+    return elapsed

@@ -1,0 +1,249 @@
+"""The training workdir: its layout, restoring parameters for serving, checkpoint averaging, and
+the one atomic-write helper. Training writes the workdir; serving reads it through this module
+alone, so nothing here imports the training code (or grain).
+
+  WORKDIR/
+    config.json        the resolved experiment config (`ConfigDict.to_json_best_effort`), written
+                       atomically by process 0 once the checkpoint is known to fit it; groups
+                       model/data/train/checkpoint/eval/search (`flax_transformer.config`).
+                       The model is `model_config_from(config['model'], vocab_size)` with
+                       vocab_size = the SentencePiece model's piece count.
+    vocab.model        the SentencePiece model shared by source and target.
+    checkpoints/       an orbax `CheckpointManager` directory:
+      <step>/          one finished checkpoint per saved step (integer name, no prefix);
+                       unfinished saves live under temporary names and are never listed.
+        params/        the model's params pytree (variables['params'], float32), StandardSave.
+        train_state/   {'step': int32 [], 'opt_state': optax state, 'rng': uint32 [2]}.
+        data_iter/     the grain iterator position, one process_<i>-of-<n>.json per process.
+    averaged/          step_<S>_last_<K>/: the mean params of the K checkpoints up to step S.
+    metrics.jsonl      {"step", "split", "name", "value"} per line (process 0).
+    tensorboard/       TensorBoard event files (process 0).
+
+`restore_params` restores the params item alone onto one device, whatever the number of devices
+or processes the checkpoint was written from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from flax_transformer.config import ModelConfig, model_config_from
+from flax_transformer.data.tokenizer import Tokenizer
+
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.model"
+CHECKPOINT_DIR = "checkpoints"
+AVERAGED_DIR = "averaged"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+PARAMS_ITEM = "params"  # The checkpoint item serving reads; training adds its own items.
+_AVERAGED_NAME = re.compile(r"step_(\d+)_last_(\d+)$")
+
+
+class UnreadableCheckpointError(ValueError):
+  """A checkpoint that exists but cannot be read (a damaged or truncated file)."""
+
+
+# ----------------------------------------------------------------------------- files, atomically
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+  """Writes `data` to `path` through a temporary file in the same folder and a rename, so a
+  crash never leaves a partial file under the real name. The folder must exist."""
+  path = Path(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+  """Writes `value` as indented, key-sorted JSON, atomically."""
+  atomic_write(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- config and vocab
+def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
+  """WORKDIR/config.json as a dict; FileNotFoundError naming it when `workdir` is no workdir."""
+  path = Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    raise FileNotFoundError(
+        f"{path} not found: is {workdir} a training workdir (train.py --workdir)?")
+  try:
+    return json.loads(path.read_text())
+  except ValueError as error:
+    raise ValueError(f"{path}: not valid JSON ({error}).") from None
+
+
+def load_tokenizer(workdir: str | os.PathLike) -> Tokenizer:
+  """The workdir's shared SentencePiece vocabulary."""
+  return Tokenizer.load(Path(workdir) / VOCAB_FILE)
+
+
+def model_config(config: dict[str, Any], tokenizer: Tokenizer) -> ModelConfig:
+  """The architecture a workdir's config.json describes, for its vocabulary."""
+  return model_config_from(config["model"], tokenizer.vocab_size)
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any], *,
+                       max_to_keep: int | None = None, async_save: bool = True,
+                       read_only: bool = False) -> ocp.CheckpointManager:
+  """The orbax `CheckpointManager` of WORKDIR/checkpoints with the given items' handlers.
+
+  Saving is decided by the caller (every `save` call saves). Serving opens it read-only with
+  the params handler only; training adds its train-state and data-iterator items.
+  """
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+      save_interval_steps=0 if read_only else 1, enable_async_checkpointing=async_save)
+  return ocp.CheckpointManager(Path(workdir).resolve() / CHECKPOINT_DIR, options=options,
+                               item_handlers=item_handlers)
+
+
+def _params_manager(workdir: str | os.PathLike) -> ocp.CheckpointManager:
+  return checkpoint_manager(workdir, {PARAMS_ITEM: ocp.StandardCheckpointHandler()},
+                            async_save=False, read_only=True)
+
+
+def saved_steps(workdir: str | os.PathLike) -> list[int]:
+  """The steps of WORKDIR's finished checkpoints, ascending (empty when none)."""
+  if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
+    return []
+  manager = _params_manager(workdir)
+  try:
+    return sorted(manager.all_steps())
+  finally:
+    manager.close()
+
+
+def restore_params(
+    workdir: str | os.PathLike, step: int | None = None, *,
+    checkpoint: str | os.PathLike | None = None, device: jax.Device | None = None,
+) -> tuple[Any, int]:
+  """Restores the params of WORKDIR's checkpoint `step` (default: the latest), or of an
+  averaged `checkpoint` (a folder written by `average_checkpoints`).
+
+  Returns:
+    (params as in variables['params'], on `device` (default: the first local device), step).
+
+  Raises:
+    FileNotFoundError: no such checkpoint, naming the saved steps.
+    UnreadableCheckpointError: the checkpoint exists but cannot be read, naming it and why.
+  """
+  sharding = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+  if checkpoint is not None:
+    return _restore_averaged(Path(checkpoint), sharding)
+  directory = Path(workdir) / CHECKPOINT_DIR
+  steps = saved_steps(workdir)
+  if step is None and not steps:
+    raise FileNotFoundError(f"No finished checkpoint in {directory}.")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
+  manager = _params_manager(workdir)
+  try:
+    metadata = manager.item_metadata(step)[PARAMS_ITEM]
+    target = _on(sharding, getattr(metadata, "tree", metadata))
+    restored = manager.restore(
+        step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(target)}))
+  except Exception as error:  # Orbax and tensorstore raise many types for a damaged file.
+    raise UnreadableCheckpointError(
+        f"The checkpoint {directory / str(step)} is unreadable: {_first_line(error)}. Saved "
+        f"steps: {steps}; pass --step with an earlier one to use it instead.") from error
+  finally:
+    manager.close()
+  return restored[PARAMS_ITEM], step
+
+
+def _restore_averaged(path: Path, sharding: jax.sharding.Sharding) -> tuple[Any, int]:
+  match = _AVERAGED_NAME.search(path.name)
+  if not path.is_dir() or match is None:
+    raise FileNotFoundError(
+        f"{path} is not an averaged checkpoint (expected WORKDIR/{AVERAGED_DIR}/step_S_last_K, "
+        "written by `flax-transformer average`).")
+  checkpointer = ocp.StandardCheckpointer()
+  try:
+    metadata = checkpointer.metadata(path)
+    tree = getattr(metadata, "item_metadata", metadata)
+    params = checkpointer.restore(path, _on(sharding, getattr(tree, "tree", tree)))
+  except Exception as error:
+    raise UnreadableCheckpointError(
+        f"The averaged checkpoint {path} is unreadable: {_first_line(error)}.") from error
+  finally:
+    checkpointer.close()
+  return params, int(match.group(1))
+
+
+def _on(sharding: jax.sharding.Sharding, metadata: Any) -> Any:
+  """Abstract arrays with the metadata's shapes and dtypes, placed by `sharding`."""
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+                      metadata)
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def average_checkpoints(workdir: str | os.PathLike, last: int) -> Path:
+  """Averages the params of the `last` newest checkpoints (the paper averaged the last 5 for
+  base, 20 for big) into WORKDIR/averaged/step_<S>_last_<K>; returns that folder.
+
+  Raises:
+    ValueError: fewer than `last` checkpoints, or checkpoints whose param shapes differ.
+  """
+  if last < 1:
+    raise ValueError(f"--last must be >= 1, got {last}.")
+  steps = saved_steps(workdir)
+  if len(steps) < last:
+    raise ValueError(f"{workdir} has {len(steps)} checkpoint(s) ({steps}); cannot average the "
+                     f"last {last}. Keep more with config.checkpoint.max_to_keep.")
+  chosen = steps[-last:]
+  total, first = None, None
+  for step in chosen:
+    params, _ = restore_params(workdir, step)
+    if first is None:
+      first = params
+    differing = shape_differences(params, first)
+    if differing:
+      raise ValueError(f"Checkpoint {step} does not match checkpoint {chosen[0]} in shape at: "
+                       f"{', '.join(differing[:10])}.")
+    as_f64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    total = as_f64 if total is None else jax.tree.map(np.add, total, as_f64)
+  mean = jax.tree.map(lambda s, x: (s / last).astype(np.asarray(x).dtype), total, first)
+  target = Path(workdir).resolve() / AVERAGED_DIR / f"step_{chosen[-1]}_last_{last}"
+  checkpointer = ocp.StandardCheckpointer()
+  # Orbax writes to a temporary directory and renames it when complete: never a partial one.
+  checkpointer.save(target, mean, force=True)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+  logging.info("Averaged steps %s into %s", chosen, target)
+  return target
+
+
+# -------------------------------------------------------------------------------------- shapes
+def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """{'['encoder']['layers_0']...': shape} for every leaf of `tree` (arrays or metadata)."""
+  return {jax.tree_util.keystr(path): tuple(np.shape(leaf) if not hasattr(leaf, "shape")
+                                            else leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def shape_differences(tree: Any, reference: Any) -> list[str]:
+  """'path: tree SHAPE, reference SHAPE' for every leaf whose shape differs or is missing."""
+  shapes, wanted = flat_shapes(tree), flat_shapes(reference)
+  return [f"{k}: {shapes.get(k)} vs {wanted.get(k)}"
+          for k in sorted(set(shapes) | set(wanted)) if shapes.get(k) != wanted.get(k)]
