@@ -299,6 +299,69 @@ def test_parameter_counts_match_the_paper():
   assert 208e6 <= count_parameters(ModelConfig.big(37000)) <= 218e6  # paper: 213M
 
 
+# Every parameter's path and shape: the layout of every checkpoint written so far. A refactor
+# that renames, moves or reshapes one breaks `Translator` on existing workdirs.
+ATTENTION_PARAMS = {"query/kernel": (D, N, D // N), "key/kernel": (D, N, D // N),
+                    "value/kernel": (D, N, D // N), "output/kernel": (N, D // N, D)}
+NORM_PARAMS = {"scale": (D,), "bias": (D,)}
+FEED_FORWARD_PARAMS = {"wi/kernel": (D, F), "wi/bias": (F,), "wo/kernel": (F, D), "wo/bias": (D,)}
+ENCODER_LAYER_PARAMS = {
+    **{f"self_attention/{k}": v for k, v in ATTENTION_PARAMS.items()},
+    **{f"self_attention_norm/{k}": v for k, v in NORM_PARAMS.items()},
+    **{f"feed_forward/{k}": v for k, v in FEED_FORWARD_PARAMS.items()},
+    **{f"feed_forward_norm/{k}": v for k, v in NORM_PARAMS.items()},
+}
+DECODER_LAYER_PARAMS = {
+    **ENCODER_LAYER_PARAMS,
+    **{f"cross_attention/{k}": v for k, v in ATTENTION_PARAMS.items()},
+    **{f"cross_attention_norm/{k}": v for k, v in NORM_PARAMS.items()},
+}
+
+
+def expected_parameters(encoder_layers: int, decoder_layers: int, *, pre_norm: bool,
+                        separate_target_embedding: bool, untied: bool, learned: bool):
+  expected = {"embedder/embedding": (V, D)}
+  for stack, layers, layer in (("encoder", encoder_layers, ENCODER_LAYER_PARAMS),
+                               ("decoder", decoder_layers, DECODER_LAYER_PARAMS)):
+    for i in range(layers):
+      expected.update({f"{stack}/layers_{i}/{k}": v for k, v in layer.items()})
+    if pre_norm:
+      expected.update({f"{stack}/final_norm/{k}": v for k, v in NORM_PARAMS.items()})
+    if learned:
+      expected[f"{stack}/positional_encoding/position_embedding"] = (16, D)  # max_len 16
+  if separate_target_embedding:
+    expected["target_embedder/embedding"] = (V, D)
+  if untied:
+    expected["decoder/output_projection/kernel"] = (D, V)
+  return expected
+
+
+@pytest.mark.parametrize("overrides, layers, flags", [
+    (dict(), (2, 3), dict()),
+    (dict(norm_placement="pre"), (2, 3), dict(pre_norm=True)),
+    (dict(share_embeddings=False), (2, 3), dict(separate_target_embedding=True)),
+    (dict(share_embeddings=False, tie_output_projection=False), (2, 3),
+     dict(separate_target_embedding=True, untied=True)),
+    (dict(tie_output_projection=False), (2, 3), dict(untied=True)),
+    (dict(positional_encoding="learned"), (2, 3), dict(learned=True)),
+    (dict(share_layer_weights=True), (1, 1), dict()),
+    (dict(norm_placement="pre", share_layer_weights=True, share_embeddings=False,
+          tie_output_projection=False, positional_encoding="learned"), (1, 1),
+     dict(pre_norm=True, separate_target_embedding=True, untied=True, learned=True)),
+], ids=["paper", "pre-norm", "separate-tied", "separate-untied", "shared-untied", "learned",
+        "shared-layers", "everything"])
+def test_parameter_paths_and_shapes_are_pinned(overrides, layers, flags):
+  config = make_config(**overrides)
+  inputs, targets = make_batch()
+  shapes = jax.eval_shape(
+      lambda: nn.unbox(Transformer(config).init(jax.random.key(0), inputs, targets)))
+  got = {"/".join(str(k.key) for k in path): leaf.shape
+         for path, leaf in jax.tree_util.tree_leaves_with_path(shapes["params"])}
+  options = dict(pre_norm=False, separate_target_embedding=False, untied=False, learned=False)
+  assert got == expected_parameters(*layers, **{**options, **flags})
+  assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(shapes)} == {jnp.dtype("float32")}
+
+
 def test_every_parameter_has_logical_axis_names():
   config = make_config(share_embeddings=False, tie_output_projection=False,
                        positional_encoding="learned")
