@@ -1,14 +1,19 @@
 """Attention masks, multi-head scaled dot-product attention, and its explicit key/value cache.
 
-Shape letters, used the same way in every module of the package:
-  B batch, S source length, T target (query) length, D model dim (`emb_dim`), N heads,
-  H head dim (D / N), F feed-forward dim, V vocabulary, K beams, L cache length (max decode length).
+The shape letters of the whole model package (`layers.py` and `transformer.py` use them too);
+lower-case in einsum strings. No letter has a second meaning.
+  B  batch rows; during beam search B*K rows, K beams per sentence
+  S  source length; in the attention functions, the number of keys and values
+  T  target length; in the attention functions, the number of queries
+  L  cache length: the positions a decoding cache has room for
+  D  model dim (`emb_dim`)      N  heads      H  head dim (D / N)
+  F  feed-forward dim (`mlp_dim`)      V  vocabulary      K  beams
 Masks are boolean, True where attention is allowed, shaped [B, 1, T, S] (broadcast over heads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Literal
 
 import flax.linen as nn
 import flax.struct
@@ -18,7 +23,8 @@ import jax.numpy as jnp
 from flax_transformer.model.layers import keep_mask
 
 Array = jax.Array
-Initializer = Callable[..., Array]
+# Keys and values [B, S, N, H] as projected, or heads-major [B, N, S, H] as a decoding cache.
+KVLayout = Literal["bsnh", "bnsh"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,12 +105,7 @@ def scaled_dot_product_attention(
   if dropout_rate == 0.0 and _use_fused_attention(implementation):
     return jax.nn.dot_product_attention(
         query, key, value, mask=mask, implementation=implementation)
-  weights = attention_weights(query, key, mask)  # [B, N, T, S]
-  if dropout_rate > 0.0:
-    keep, keep_prob = keep_mask(dropout_rng, weights.shape, 1.0 - dropout_rate)
-    weights = jnp.where(keep, weights / keep_prob, 0.0)
-  # [B, T, N, H]
-  return jnp.einsum("bnts,bsnh->btnh", weights.astype(value.dtype), value)
+  return attend(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
 def _use_fused_attention(implementation: str | None) -> bool:
@@ -119,32 +120,43 @@ def _use_fused_attention(implementation: str | None) -> bool:
   return implementation is not None or jax.default_backend() != "cpu"
 
 
-def attention_weights(query: Array, key: Array, mask: Array | None) -> Array:
-  """softmax(Q K^T / sqrt(H) + mask): query [B, T, N, H], key [B, S, N, H] -> f32 [B, N, T, S]."""
-  logits = jnp.einsum("btnh,bsnh->bnts", query, key).astype(jnp.float32)
+def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
+           kv_layout: KVLayout = "bsnh", dropout_rate: float = 0.0,
+           dropout_rng: Array | None = None) -> Array:
+  """softmax(Q K^T / sqrt(H) + mask) V as two einsums, with the weights materialised.
+
+  The one attention core of the model: training's path on CPU and with attention dropout, and
+  every decoding path. A decoding cache is heads-major, [B, N, L, H]; attending over it in that
+  layout (`kv_layout="bnsh"`) avoids what `jax.nn.dot_product_attention` would do on CPU, a
+  transpose, that is a copy, of the whole cache at every step.
+
+  Args:
+    query: [B, T, N, H]; key, value: [B, S, N, H], or [B, N, S, H] with `kv_layout="bnsh"`.
+    mask: bool, broadcastable to [B, N, T, S]; True where attention is allowed.
+    dropout_rate: probability of dropping an attention weight; needs `dropout_rng` when > 0.
+  Returns:
+    [B, T, N, H] in the value's dtype.
+  """
+  weights = attention_weights(query, key, mask, kv_layout=kv_layout)  # f32 [B, N, T, S]
+  if dropout_rate > 0.0:
+    keep, keep_prob = keep_mask(dropout_rng, weights.shape, 1.0 - dropout_rate)
+    weights = jnp.where(keep, weights / keep_prob, 0.0)
+  # [B, T, N, H]
+  return jnp.einsum(f"bnts,{kv_layout}->btnh", weights.astype(value.dtype), value)
+
+
+def attention_weights(query: Array, key: Array, mask: Array | None, *,
+                      kv_layout: KVLayout = "bsnh") -> Array:
+  """softmax(Q K^T / sqrt(H) + mask): query [B, T, N, H], key as in `attend` -> f32 [B, N, T, S].
+
+  Logits, masking and softmax in float32 whatever the compute dtype; masked logits become the
+  lowest float32 rather than -inf, so a row with no allowed key gives uniform weights, not NaN.
+  """
+  logits = jnp.einsum(f"btnh,{kv_layout}->bnts", query, key).astype(jnp.float32)
   logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(logits, axis=-1)
-
-
-def cached_attention(query: Array, keys: Array, values: Array, mask: Array | None) -> Array:
-  """Attention over a heads-major cache, with no transpose of the cache.
-
-  `jax.nn.dot_product_attention` wants keys [B, S, N, H] and on CPU transposes them to heads-major
-  on every call; for a decoding cache that is a copy of the whole cache per step.
-
-  Args:
-    query: [B, T, N, H]; keys, values: [B, N, S, H]; mask: bool, broadcastable to [B, N, T, S].
-  Returns:
-    [B, T, N, H].
-  """
-  logits = jnp.einsum("btnh,bnsh->bnts", query, keys).astype(jnp.float32)  # [B, N, T, S]
-  logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
-  return jnp.einsum("bnts,bnsh->btnh", weights, values)
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,8 +241,8 @@ class MultiHeadAttention(nn.Module):
     # The K beams of a sentence become K query positions of that sentence: [B, K, N, H].
     query = query.reshape(batch, beams, self.num_heads, self.head_dim)
     mask = key_mask[:, None, None, :]  # [B, 1, 1, S]
-    attended = cached_attention(query, key_values.keys.astype(query.dtype),
-                                key_values.values.astype(query.dtype), mask)  # [B, K, N, H]
+    keys, values = key_values.keys.astype(query.dtype), key_values.values.astype(query.dtype)
+    attended = attend(query, keys, values, mask, kv_layout="bnsh")  # [B, K, N, H]
     attended = attended.reshape(rows, 1, self.num_heads, self.head_dim)
     return self.output(attended)  # [B*K, 1, D]
 
@@ -254,6 +266,6 @@ class MultiHeadAttention(nn.Module):
     cache_length = cache.keys.shape[2]
     mask = (jnp.arange(cache_length) <= index)[None, None, None, :]  # [1, 1, 1, L]
     query = self.query(queries_from)  # [B, 1, N, H]
-    attended = cached_attention(query, cache.keys.astype(query.dtype),
-                                cache.values.astype(query.dtype), mask)
+    attended = attend(query, cache.keys.astype(query.dtype), cache.values.astype(query.dtype),
+                      mask, kv_layout="bnsh")  # [B, 1, N, H]
     return self.output(attended), cache  # [B, 1, D]
