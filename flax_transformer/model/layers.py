@@ -1,5 +1,6 @@
 """Building blocks around attention: embeddings, positional encodings, the feed-forward network,
-and the residual + LayerNorm connection. Shape letters as in `attention.py`.
+and the sub-layer connection (LayerNorm, dropout and the residual). Shape letters as in
+`attention.py`.
 """
 
 from __future__ import annotations
@@ -151,6 +152,12 @@ class FeedForward(nn.Module):
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(hidden)
 
 
+def pre_norm(config: ModelConfig) -> bool:
+  """Whether LayerNorm comes before each sub-layer (and once after the stack) rather than after
+  each residual sum, as in the paper."""
+  return config.norm_placement == "pre"
+
+
 def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
   """LayerNorm over D with a learned scale and bias, statistics in float32."""
   return nn.LayerNorm(
@@ -160,21 +167,42 @@ def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
 
 
-def residual(x: Array, sublayer: Callable[[Array], tuple[Array, Any]], norm: nn.LayerNorm,
-             dropout: Dropout, *, pre_norm: bool, train: bool) -> tuple[Array, Any]:
-  """Residual connection and LayerNorm around one sub-layer f, which returns (y, extra).
+class SubLayer(nn.Module):
+  """One sub-layer f (attention or the FFN) with its LayerNorm, dropout and residual connection.
 
-  post-norm (the paper): LayerNorm(x + Dropout(f(x))).
-  pre-norm:              x + Dropout(f(LayerNorm(x))).
-  `extra` (e.g. an updated cache) is passed through untouched.
+    post-norm (the paper): LayerNorm(x + Dropout(f(x)))
+    pre-norm:              x + Dropout(f(LayerNorm(x)))
 
-  Args:
-    x: [B, T, D].
-  Returns:
-    ([B, T, D], extra).
+  The LayerNorm shares this module's scope, so its parameters sit at `<name>/{scale,bias}`: name
+  the sub-layer after its norm (e.g. "self_attention_norm"), the layout of every checkpoint.
+  `dropout` is the enclosing layer's `Dropout`, shared by all its sub-layers rather than owned by
+  each: Flax derives the masks from the module's path, so one module per layer keeps the masks
+  (and a run resumed from a checkpoint) as they have always been.
   """
-  if pre_norm:
-    y, extra = sublayer(norm(x))
-    return x + dropout(y, deterministic=not train), extra
-  y, extra = sublayer(x)
-  return norm(x + dropout(y, deterministic=not train)), extra
+
+  config: ModelConfig
+  dropout: Dropout
+
+  def setup(self):
+    self.norm = layer_norm(self.config)
+    nn.share_scope(self, self.norm)
+
+  def __call__(self, x: Array, sublayer: Callable[[Array], Any], *, train: bool = False,
+               has_aux: bool = False) -> Array | tuple[Array, Any]:
+    """x [B, T, D] -> [B, T, D].
+
+    Args:
+      x: the residual stream [B, T, D].
+      sublayer: f, [B, T, D] -> [B, T, D]; with `has_aux`, -> ([B, T, D], aux).
+      train: whether dropout is on.
+      has_aux: as in `jax.grad`: f also returns aux (e.g. an updated cache), which comes back
+        untouched with the output: ([B, T, D], aux).
+    """
+    f = sublayer if has_aux else lambda h: (sublayer(h), None)
+    if pre_norm(self.config):
+      y, aux = f(self.norm(x))
+      x = x + self.dropout(y, deterministic=not train)
+    else:
+      y, aux = f(x)
+      x = self.norm(x + self.dropout(y, deterministic=not train))
+    return (x, aux) if has_aux else x

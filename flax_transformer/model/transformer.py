@@ -12,6 +12,8 @@ module-level `resize_cache` changes the number of positions the cache has room f
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.linen as nn
 import flax.struct
 import jax
@@ -31,8 +33,9 @@ from flax_transformer.model.layers import (
     Embedder,
     FeedForward,
     PositionalEncoding,
+    SubLayer,
     layer_norm,
-    residual,
+    pre_norm,
 )
 
 Array = jax.Array
@@ -112,30 +115,32 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
       param_dtype=config.parameter_dtype, implementation=config.attention_implementation)
 
 
+def _feed_forward(config: ModelConfig) -> FeedForward:
+  return FeedForward(config.mlp_dim, config.compute_dtype, config.parameter_dtype)
+
+
 def _default_positions(ids: Array) -> Array:
   return jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
 
 
 class EncoderLayer(nn.Module):
-  """Self-attention, then the feed-forward network, each inside residual + LayerNorm."""
+  """Self-attention, then the feed-forward network, each a `SubLayer` (norm, dropout, residual)."""
 
   config: ModelConfig
 
   def setup(self):
     c = self.config
+    self.dropout = Dropout(c.dropout_rate)  # Shared by the sub-layers (see `SubLayer`).
     self.self_attention = _attention(c)
-    self.self_attention_norm = layer_norm(c)
-    self.feed_forward = FeedForward(c.mlp_dim, c.compute_dtype, c.parameter_dtype)
-    self.feed_forward_norm = layer_norm(c)
-    self.dropout = Dropout(c.dropout_rate)
+    self.self_attention_block = SubLayer(c, self.dropout, name="self_attention_norm")
+    self.feed_forward = _feed_forward(c)
+    self.feed_forward_block = SubLayer(c, self.dropout, name="feed_forward_norm")
 
   def __call__(self, x: Array, mask: Array | None, *, train: bool = False) -> Array:
     """x [B, S, D], mask bool [B, 1, S, S] -> [B, S, D]."""
-    block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=train)
-    x, _ = residual(x, lambda h: (self.self_attention(h, h, mask, train=train), None),
-                    self.self_attention_norm, **block)
-    x, _ = residual(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, **block)
-    return x
+    x = self.self_attention_block(
+        x, lambda h: self.self_attention(h, h, mask, train=train), train=train)
+    return self.feed_forward_block(x, self.feed_forward, train=train)
 
 
 class DecoderLayer(nn.Module):
@@ -145,25 +150,22 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     c = self.config
+    self.dropout = Dropout(c.dropout_rate)  # Shared by the sub-layers (see `SubLayer`).
     self.self_attention = _attention(c)
-    self.self_attention_norm = layer_norm(c)
+    self.self_attention_block = SubLayer(c, self.dropout, name="self_attention_norm")
     self.cross_attention = _attention(c)
-    self.cross_attention_norm = layer_norm(c)
-    self.feed_forward = FeedForward(c.mlp_dim, c.compute_dtype, c.parameter_dtype)
-    self.feed_forward_norm = layer_norm(c)
-    self.dropout = Dropout(c.dropout_rate)
+    self.cross_attention_block = SubLayer(c, self.dropout, name="cross_attention_norm")
+    self.feed_forward = _feed_forward(c)
+    self.feed_forward_block = SubLayer(c, self.dropout, name="feed_forward_norm")
 
   def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
                cross_mask: Array | None, *, train: bool = False) -> Array:
     """x [B, T, D], encoded [B, S, D], masks [B, 1, T, T] and [B, 1, T, S] -> [B, T, D]."""
-    block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=train)
-    x, _ = residual(x, lambda h: (self.self_attention(h, h, self_mask, train=train), None),
-                    self.self_attention_norm, **block)
-    x, _ = residual(
-        x, lambda h: (self.cross_attention(h, encoded, cross_mask, train=train), None),
-        self.cross_attention_norm, **block)
-    x, _ = residual(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, **block)
-    return x
+    x = self.self_attention_block(
+        x, lambda h: self.self_attention(h, h, self_mask, train=train), train=train)
+    x = self.cross_attention_block(
+        x, lambda h: self.cross_attention(h, encoded, cross_mask, train=train), train=train)
+    return self.feed_forward_block(x, self.feed_forward, train=train)
 
   def cross_key_values(self, encoded: Array) -> KeyValues:
     """Projects the encoder output [B, S, D] to this layer's cross-attention K/V [B, N, S, H]."""
@@ -172,59 +174,83 @@ class DecoderLayer(nn.Module):
   def decode_step(self, x: Array, cache: KeyValues, index: Array, cross: KeyValues,
                   source_mask: Array) -> tuple[Array, KeyValues]:
     """One position: x [B*K, 1, D], cache [B*K, N, L, H], cross [B, N, S, H] -> [B*K, 1, D]."""
-    block = dict(dropout=self.dropout, pre_norm=self.config.norm_placement == "pre", train=False)
-    x, cache = residual(x, lambda h: self.self_attention.attend_cached(h, cache, index),
-                        self.self_attention_norm, **block)
-    x, _ = residual(
-        x, lambda h: (self.cross_attention.attend_grouped(h, cross, source_mask), None),
-        self.cross_attention_norm, **block)
-    x, _ = residual(x, lambda h: (self.feed_forward(h), None), self.feed_forward_norm, **block)
-    return x, cache
+    x, cache = self.self_attention_block(
+        x, lambda h: self.self_attention.attend_cached(h, cache, index), has_aux=True)
+    x = self.cross_attention_block(
+        x, lambda h: self.cross_attention.attend_grouped(h, cross, source_mask))
+    return self.feed_forward_block(x, self.feed_forward), cache
 
 
-class Encoder(nn.Module):
-  """Scaled embeddings + positions, dropout, then the stack of encoder layers."""
+class _Stack(nn.Module):
+  """What the encoder and the decoder share: the embedding, the layers and the final norm.
+
+  Scaled token embeddings + positions, then dropout; `depth` layers of `layer_type` (one module
+  reused at every depth with `share_layer_weights`); for pre-norm a final LayerNorm, since the
+  last residual sum is not normalised otherwise. Parameters sit under the subclass's name, e.g.
+  `encoder/layers_0/...` and `decoder/final_norm/...`.
+  """
 
   config: ModelConfig
   embedder: Embedder
+  layer_type: ClassVar[type[EncoderLayer | DecoderLayer]]
+
+  @property
+  def depth(self) -> int:
+    """The number of layers."""
+    raise NotImplementedError
 
   def setup(self):
     c = self.config
     self.positional_encoding = PositionalEncoding(
         c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype)
-    distinct = 1 if c.share_layer_weights else c.num_encoder_layers
-    self.layers = [EncoderLayer(c) for _ in range(distinct)]
     self.dropout = Dropout(c.dropout_rate)
-    if c.norm_placement == "pre":
-      self.final_norm = layer_norm(c)
+    self.layers = [self.layer_type(c) for _ in range(1 if c.share_layer_weights else self.depth)]
+    self.final_norm = layer_norm(c) if pre_norm(c) else None
+
+  def embed(self, ids: Array, positions: Array, *, train: bool = False) -> Array:
+    """ids int [B, T], positions int [B, T] -> [B, T, D]."""
+    x = self.embedder(ids) + self.positional_encoding(positions)
+    return self.dropout(x, deterministic=not train)
+
+  def layer(self, depth: int) -> EncoderLayer | DecoderLayer:
+    """The layer at `depth` (0 is next to the embeddings)."""
+    return self.layers[depth % len(self.layers)]
+
+  def normalize_output(self, x: Array) -> Array:
+    """The stack's output [B, T, D]: LayerNorm(x) for pre-norm, x as it is for post-norm."""
+    return x if self.final_norm is None else self.final_norm(x)
+
+
+class Encoder(_Stack):
+  """Source embeddings + positions, dropout, then the stack of encoder layers."""
+
+  layer_type = EncoderLayer
+
+  @property
+  def depth(self) -> int:
+    return self.config.num_encoder_layers
 
   def __call__(self, inputs: Array, positions: Array, mask: Array | None, *,
                train: bool = False) -> Array:
     """inputs int [B, S], positions int [B, S], mask [B, 1, S, S] -> [B, S, D]."""
-    x = self.embedder(inputs) + self.positional_encoding(positions)
-    x = self.dropout(x, deterministic=not train)
-    for depth in range(self.config.num_encoder_layers):
-      x = self.layers[depth % len(self.layers)](x, mask, train=train)
-    if self.config.norm_placement == "pre":
-      x = self.final_norm(x)
-    return x
+    x = self.embed(inputs, positions, train=train)
+    for depth in range(self.depth):
+      x = self.layer(depth)(x, mask, train=train)
+    return self.normalize_output(x)
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
   """Target embeddings + positions, the decoder layers, and the output projection."""
 
-  config: ModelConfig
-  embedder: Embedder
+  layer_type = DecoderLayer
+
+  @property
+  def depth(self) -> int:
+    return self.config.num_decoder_layers
 
   def setup(self):
+    super().setup()
     c = self.config
-    self.positional_encoding = PositionalEncoding(
-        c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype)
-    distinct = 1 if c.share_layer_weights else c.num_decoder_layers
-    self.layers = [DecoderLayer(c) for _ in range(distinct)]
-    self.dropout = Dropout(c.dropout_rate)
-    if c.norm_placement == "pre":
-      self.final_norm = layer_norm(c)
     if not c.tie_output_projection:
       self.output_projection = nn.DenseGeneral(
           c.vocab_size, use_bias=False, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
@@ -235,16 +261,14 @@ class Decoder(nn.Module):
                self_mask: Array | None, cross_mask: Array | None, *,
                train: bool = False) -> Array:
     """Teacher-forced: decoder_inputs int [B, T], encoded [B, S, D] -> logits float32 [B, T, V]."""
-    x = self.embedder(decoder_inputs) + self.positional_encoding(positions)
-    x = self.dropout(x, deterministic=not train)
-    for depth in range(self.config.num_decoder_layers):
-      x = self.layers[depth % len(self.layers)](x, encoded, self_mask, cross_mask, train=train)
+    x = self.embed(decoder_inputs, positions, train=train)
+    for depth in range(self.depth):
+      x = self.layer(depth)(x, encoded, self_mask, cross_mask, train=train)
     return self._logits(x)
 
   def _logits(self, x: Array) -> Array:
     """[B, T, D] -> float32 [B, T, V]."""
-    if self.config.norm_placement == "pre":
-      x = self.final_norm(x)
+    x = self.normalize_output(x)
     if self.config.tie_output_projection:
       logits = self.embedder.logits(x)
     else:
@@ -255,18 +279,17 @@ class Decoder(nn.Module):
     """Cross-attention K/V of every layer from encoded [B, S, D], computed once."""
     distinct = [layer.cross_key_values(encoded) for layer in self.layers]
     return CrossAttentionCache(
-        layers=tuple(distinct[d % len(distinct)] for d in range(self.config.num_decoder_layers)),
+        layers=tuple(distinct[d % len(distinct)] for d in range(self.depth)),
         source_mask=source_mask)
 
   def decode_step(self, ids: Array, cache: DecoderCache,
                   cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
     """ids int [B*K, 1] at position `cache.index` -> (logits float32 [B*K, V], cache)."""
     positions = jnp.full(ids.shape, cache.index, jnp.int32)  # [B*K, 1]
-    x = self.embedder(ids) + self.positional_encoding(positions)
+    x = self.embed(ids, positions)
     new_self_attention = []
-    for depth in range(self.config.num_decoder_layers):
-      layer = self.layers[depth % len(self.layers)]
-      x, layer_cache = layer.decode_step(
+    for depth in range(self.depth):
+      x, layer_cache = self.layer(depth).decode_step(
           x, cache.self_attention[depth], cache.index, cross.layers[depth], cross.source_mask)
       new_self_attention.append(layer_cache)
     logits = self._logits(x)[:, 0]  # [B*K, V]
