@@ -1,7 +1,8 @@
 """The encoder-decoder Transformer: encoder and decoder stacks, teacher-forced logits, and the
 explicit cache for step-by-step decoding. Shape letters as in `attention.py`.
 
-Decoding uses three calls, each a method of `Transformer` run through `model.apply`:
+Training and scoring call the model itself, `encode` then `teacher_forced_logits`. Decoding uses
+four calls, each a method of `Transformer` run through `model.apply`:
   encoded = encode(inputs)                                  # once per batch
   cross = precompute_cross_attention(encoded, inputs)       # cross-attention K/V, once per batch
   cache = init_cache(batch_size, max_decode_len)            # empty self-attention K/V
@@ -323,7 +324,7 @@ class Transformer(nn.Module):
     """inputs int [B, S], targets int [B, T] (+ packing metadata) -> logits float32 [B, T, V]."""
     encoded = self.encode(inputs, inputs_segment_ids=inputs_segment_ids,
                           inputs_positions=inputs_positions, train=train)
-    return self.decode_logits(
+    return self.teacher_forced_logits(
         encoded, inputs, targets, inputs_segment_ids=inputs_segment_ids,
         targets_segment_ids=targets_segment_ids, targets_positions=targets_positions,
         train=train)
@@ -339,10 +340,11 @@ class Transformer(nn.Module):
     positions = _default_positions(inputs) if inputs_positions is None else inputs_positions
     return self.encoder(inputs, positions, mask, train=train)
 
-  def decode_logits(self, encoded: Array, inputs: Array, targets: Array, *,
-                    inputs_segment_ids: Array | None = None,
-                    targets_segment_ids: Array | None = None,
-                    targets_positions: Array | None = None, train: bool = False) -> Array:
+  def teacher_forced_logits(self, encoded: Array, inputs: Array, targets: Array, *,
+                            inputs_segment_ids: Array | None = None,
+                            targets_segment_ids: Array | None = None,
+                            targets_positions: Array | None = None,
+                            train: bool = False) -> Array:
     """Teacher-forced decoder: encoded [B, S, D], targets int [B, T] -> logits [B, T, V]."""
     target_valid, source_valid = targets > 0, inputs > 0
     packed = targets_segment_ids is not None and inputs_segment_ids is not None
