@@ -1,13 +1,13 @@
 """Attention masks, multi-head scaled dot-product attention, and its explicit key/value cache.
 
-The shape letters of the whole model package (`layers.py` and `transformer.py` use them too);
-lower-case in einsum strings. No letter has a second meaning.
-  B  batch rows; during beam search B*K rows, K beams per sentence
-  S  source length; in the attention functions, the number of keys and values
-  T  target length; in the attention functions, the number of queries
+The shape letters of the whole model package (`layers.py` and `transformer.py` use them too),
+lower-case in einsum strings:
+  B  batch rows; B*K rows during beam search
+  S  source length; in the attention functions, the keys' length (source, target or cache)
+  T  target length; in the attention functions, the queries' length
   L  cache length: the positions a decoding cache has room for
   D  model dim (`emb_dim`)      N  heads      H  head dim (D / N)
-  F  feed-forward dim (`mlp_dim`)      V  vocabulary      K  beams
+  F  feed-forward dim (`mlp_dim`)      V  vocabulary      K  beams per sentence
 Masks are boolean, True where attention is allowed, shaped [B, 1, T, S] (broadcast over heads).
 """
 
