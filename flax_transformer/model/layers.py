@@ -152,12 +152,6 @@ class FeedForward(nn.Module):
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(hidden)
 
 
-def pre_norm(config: ModelConfig) -> bool:
-  """Whether LayerNorm comes before each sub-layer (and once after the stack) rather than after
-  each residual sum, as in the paper."""
-  return config.norm_placement == "pre"
-
-
 def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
   """LayerNorm over D with a learned scale and bias, statistics in float32."""
   return nn.LayerNorm(
@@ -199,7 +193,7 @@ class SubLayer(nn.Module):
         untouched with the output: ([B, T, D], aux).
     """
     f = sublayer if has_aux else lambda h: (sublayer(h), None)
-    if pre_norm(self.config):
+    if self.config.pre_norm:
       y, aux = f(self.norm(x))
       x = x + self.dropout(y, deterministic=not train)
     else:

@@ -36,7 +36,6 @@ from flax_transformer.model.layers import (
     PositionalEncoding,
     SubLayer,
     layer_norm,
-    pre_norm,
 )
 
 Array = jax.Array
@@ -206,7 +205,7 @@ class _Stack(nn.Module):
         c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype)
     self.dropout = Dropout(c.dropout_rate)
     self.layers = [self.layer_type(c) for _ in range(1 if c.share_layer_weights else self.depth)]
-    self.final_norm = layer_norm(c) if pre_norm(c) else None
+    self.final_norm = layer_norm(c) if c.pre_norm else None
 
   def embed(self, ids: Array, positions: Array, *, train: bool = False) -> Array:
     """ids int [B, T], positions int [B, T] -> [B, T, D]."""
