@@ -115,7 +115,9 @@ def parse_group(cls: type, group: Mapping[str, Any], **extra: Any) -> Any:
 class ModelConfig:
   """Architecture of the encoder-decoder Transformer (Vaswani et al., 2017).
 
-  Shape letters: see the legend in `flax_transformer.model.attention`.
+  Shape letters (B, S, T, L, D, N, H, F, V, K): see the one legend in
+  `flax_transformer.model.attention`; fields name their letter (D `emb_dim`, N `num_heads`,
+  F `mlp_dim`, V `vocab_size`).
   """
 
   GROUP: typing.ClassVar[str] = "model"
