@@ -74,6 +74,7 @@ def translate_ids(
     return_all: bool = False,
     grow_cache: bool | None = None,
     segment_length: int = decode.DEFAULT_SEGMENT_LENGTH,
+    steps_per_iteration: int | None = None,
 ) -> tuple[Array, Array]:
   """Translates a batch of source ids.
 
@@ -92,6 +93,9 @@ def translate_ids(
     grow_cache: grow the self-attention cache in segments of the loop (`decode`'s "Growing
       state") instead of holding L positions from the first step. None: for beam search on
       CPU only (see `_grow_cache_by_default`). segment_length: the step of `decode.growth_schedule`.
+    steps_per_iteration: decoding steps per while-loop iteration (`decode`'s "Steps per loop
+      iteration"); None: the backend's default, `decode.default_steps_per_iteration`. The
+      outputs do not depend on it.
 
   Returns:
     (sequences int32, scores float32), as `decode.beam_search` / `greedy_search` / `sample`
@@ -112,7 +116,7 @@ def translate_ids(
   common = dict(
       batch_size=batch_size, max_decode_len=max_decode_len, eos_id=eos_id, bos_id=DECODER_START_ID,
       shared_state=cross, max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
-      min_length=min_length)
+      min_length=min_length, steps_per_iteration=steps_per_iteration)
   if grow_cache is None:
     grow_cache = _grow_cache_by_default(method)
   if grow_cache:
