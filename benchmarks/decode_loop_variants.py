@@ -129,6 +129,18 @@ class Anchor:
     return self.bench.run(inputs)
 
 
+def _attempt(fn):
+  """fn, returning the exception it raises instead of raising it."""
+
+  def attempted(*args):
+    try:
+      return fn(*args)
+    except Exception as error:  # Reported by the caller.
+      return error
+
+  return attempted
+
+
 def _timed(h, bench, inputs) -> float:
   start = time.perf_counter()
   h.jax_block(bench.run(inputs))
@@ -146,14 +158,23 @@ def measure(h, args, config: str, method: str) -> list[dict[str, Any]]:
   for bench in benches:
     bench.lower()
   with concurrent.futures.ThreadPoolExecutor(args.compile_threads) as pool:
-    compile_s = list(pool.map(lambda b: b.compile(), benches))
-  outputs = [np.asarray(bench.run(h.jax_materialize(bench.make_inputs(0)))) for bench in benches]
+    compile_s = list(pool.map(_attempt(lambda b: b.compile()), benches))
+  outputs = [_attempt(lambda b: np.asarray(b.run(h.jax_materialize(b.make_inputs(0)))))(bench)
+             for bench in benches]
+  failed = [i for i, result in enumerate(zip(compile_s, outputs, strict=True))
+            if any(isinstance(r, Exception) for r in result)]
+  for i in failed:  # Reported, then left out: a variant XLA cannot build must not stop the rest.
+    error = next(r for r in (compile_s[i], outputs[i]) if isinstance(r, Exception))
+    print(json.dumps(dict(config=config, method=method, variant=benches[i].variant["name"],
+                          error=str(error)[:300])), flush=True)
+  keep = [i for i in range(len(benches)) if i not in failed]
+  benches, compile_s, outputs = ([x[i] for i in keep] for x in (benches, compile_s, outputs))
   times = [[] for _ in benches]
   for round_index in range(args.rounds):
     for i, bench in enumerate(benches):
       inputs = h.jax_materialize(bench.make_inputs(1 + round_index))
       times[i].append(_timed(h, bench, inputs))
-  anchor_s = statistics.median(times[-1]) if args.flax_wmt_dir else None
+  anchor_s = statistics.median(times[-1]) if isinstance(benches[-1], Anchor) else None
   records = []
   for bench, seconds, compiled_s, output in zip(benches, times, compile_s, outputs, strict=True):
     median = statistics.median(seconds)

@@ -57,13 +57,14 @@ def _optimizer_settings(warmup: int = 10):
 
 def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_steps: int,
             warmup_steps: int, rows: int | None = None, length: int | None = None,
-            profile_dir: str | None = None, time_optimizer: bool = False) -> dict:
+            profile_dir: str | None = None, time_optimizer: bool = False,
+            attention_implementation: str | None = None) -> dict:
   """One JSON-able record for `size` (its own batch unless `rows`/`length` are given)."""
   preset, vocab, default_rows, default_length = SIZES[size]
   rows, length = rows or default_rows, length or default_length
   config = getattr(ModelConfig, preset)(
       vocab, dropout_rate=0.1, attention_dropout_rate=attention_dropout, dtype=dtype,
-      max_len=max(256, length))
+      max_len=max(256, length), attention_implementation=attention_implementation)
   model = Transformer(config)
   optimizer, schedule = optim.make_optimizer(_optimizer_settings(), config.emb_dim)
   mesh = sharding_lib.make_mesh()
@@ -105,7 +106,8 @@ def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_
   if time_optimizer:
     record["optimizer_update_ms"] = _optimizer_ms(optimizer, state)
   if profile_dir:
-    directory = os.path.join(profile_dir, f"{size}_{dtype}_attdrop{attention_dropout}")
+    directory = os.path.join(profile_dir, f"{size}_{dtype}_attdrop{attention_dropout}_"
+                                          f"{record['attention_kernel']}")
     with jax.profiler.trace(directory, create_perfetto_trace=True):
       for _ in range(3):
         state, metrics = compiled(state, batch)
@@ -157,6 +159,8 @@ def main() -> None:
   parser.add_argument("--rows", type=int, default=None, help="rows per batch, every size")
   parser.add_argument("--length", type=int, default=None, help="tokens per row, every size")
   parser.add_argument("--profile", default=None, help="trace 3 steps per record under DIR")
+  parser.add_argument("--attention_implementation", default=None, choices=("xla", "cudnn"),
+                      help="the model's setting (default: chosen per call, see attention.py)")
   parser.add_argument("--time_optimizer", action="store_true",
                       help="also time the Adam update alone")
   args = parser.parse_args()
@@ -169,7 +173,8 @@ def main() -> None:
       record = measure(size, attention_dropout=rate, dtype=args.dtype, fsdp=args.fsdp,
                        num_steps=args.steps, warmup_steps=args.warmup, rows=args.rows,
                        length=args.length, profile_dir=args.profile,
-                       time_optimizer=args.time_optimizer)
+                       time_optimizer=args.time_optimizer,
+                       attention_implementation=args.attention_implementation)
       print(json.dumps(record), flush=True)
 
 
