@@ -30,11 +30,13 @@ Steps per loop iteration
   it to the host before every iteration, so the host waits and the kernels of the next
   iteration queue only after it: a round trip per iteration. A larger k pays it once per k
   steps; the price is up to k - 1 steps after the search could have stopped, and a body k times
-  larger to compile. The outputs are the same for every k: a step after the last position L
-  changes nothing but the callable's state, and a step after early exit changes no output (see
-  `_beam_step` and `_sequential_search`). Growing-state capacities before L are multiples of k,
-  so no segment's last iteration runs past its capacity. None picks
-  `default_steps_per_iteration` for the backend at trace time.
+  larger to compile. (On an H100 at the benchmark sizes, k = 8 showed no gain over k = 2 for
+  beam search, BENCHMARKS.md: there the round trip is small against the steps.) The outputs are
+  the same for every k: a step after the last position L changes nothing but the callable's
+  state, and a step after early exit changes no output (see `_beam_step` and
+  `_sequential_search`). Growing-state capacities before L are multiples of k, so no segment's
+  last iteration runs past its capacity. None picks `default_steps_per_iteration` for the
+  backend at trace time.
 
 How the Transformer plugs in (`flax_transformer.predict` does exactly this):
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
@@ -75,10 +77,11 @@ OUTPUT_PADDING_ID = 0
 _NEG_INF = -jnp.inf
 # Growing state: positions added per loop segment (the first four; then capacities double).
 DEFAULT_SEGMENT_LENGTH = 16
-# Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling).
-# CPU (and TPU, whose loops run on the device): the measured settings of earlier sessions.
-# GPU: measured on an H100 (BENCHMARKS.md, "On an H100").
-STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (8, 8)}
+# Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling);
+# other backends (TPU, whose loops run on the device) take the CPU's. CPU: the settings of
+# earlier sessions. GPU: on an H100, k = 8 was no faster than k = 2 for beam search at the
+# small size and took twice the compile time (BENCHMARKS.md, "On an H100"), so the same.
+STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
 
 
 class TokensToLogits(Protocol):
@@ -286,8 +289,9 @@ def _segmented_loop(capacities: tuple[int, ...], grow: Callable[[Loop, int], Loo
 def _run_steps(step: Callable[[Loop], Loop], steps: int, loop_state: Loop) -> Loop:
   """`steps` calls of `step`, unrolled: k copies in one loop body, no inner loop of their own.
 
-  (An inner `lax.fori_loop` with the same static trip count was measured against this on an
-  H100; BENCHMARKS.md.)
+  An inner `lax.fori_loop` with the same static trip count is the alternative (a smaller
+  program, but a loop XLA runs on its own); `benchmarks/decode_loop_variants.py` times both
+  (variant `loop=fori`).
   """
   for _ in range(steps):
     loop_state = step(loop_state)
