@@ -2,6 +2,8 @@
 
 python benchmarks/train_throughput.py                      # small and base, float32, CPU/GPU/TPU
 python benchmarks/train_throughput.py --sizes=big --dtype=bfloat16 --fsdp   # GPU/TPU, with MFU
+python benchmarks/train_throughput.py --sizes=base,big --dtype=bfloat16 --rows=200 --length=128 \
+    --profile=/tmp/trace --time_optimizer        # a realistic GPU batch (25.6k target tokens)
 
 Workloads (the same as the Flax examples/wmt comparison in DESIGN.md): small = vocab 8000,
 D 256, 3+3 layers, 4 heads, F 1024, 64 sentences x 32 tokens; base = vocab 32000, the paper's
@@ -9,6 +11,10 @@ base model, 16 sentences x 64 tokens; big = vocab 32000, the paper's big model, 
 Every row is one full sentence (no padding), dropout 0.1; each size is measured with attention
 dropout 0.1 and 0.0 (`--attention_dropout`). The step is the training job's own jitted step
 (`flax_transformer.training.steps`), with Adam and label smoothing, on all local devices.
+`--rows`/`--length` replace every size's batch. Each record names the attention kernel the
+compiled step calls ("cudnn" or "xla") and its device memory by XLA's own count; `--profile`
+adds where the device time goes (`profile_summary.py`), `--time_optimizer` the time of the Adam
+update alone.
 """
 
 from __future__ import annotations
@@ -16,18 +22,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import resource
+import sys
 import time
 
 import jax
 import numpy as np
+import optax
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import optim, steps
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profile_summary
 
 SIZES = {  # name: (preset, vocab, rows, length)
     "small": ("small", 8000, 64, 32),
@@ -44,12 +56,15 @@ def _optimizer_settings(warmup: int = 10):
 
 
 def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_steps: int,
-            warmup_steps: int) -> dict:
-  """One JSON-able record for `size`."""
-  preset, vocab, rows, length = SIZES[size]
+            warmup_steps: int, rows: int | None = None, length: int | None = None,
+            profile_dir: str | None = None, time_optimizer: bool = False,
+            attention_implementation: str | None = None) -> dict:
+  """One JSON-able record for `size` (its own batch unless `rows`/`length` are given)."""
+  preset, vocab, default_rows, default_length = SIZES[size]
+  rows, length = rows or default_rows, length or default_length
   config = getattr(ModelConfig, preset)(
       vocab, dropout_rate=0.1, attention_dropout_rate=attention_dropout, dtype=dtype,
-      max_len=max(256, length))
+      max_len=max(256, length), attention_implementation=attention_implementation)
   model = Transformer(config)
   optimizer, schedule = optim.make_optimizer(_optimizer_settings(), config.emb_dim)
   mesh = sharding_lib.make_mesh()
@@ -79,15 +94,49 @@ def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_
       "batch": f"{rows}x{length}", "dtype": dtype, "fsdp": fsdp,
       "attention_dropout": attention_dropout, "devices": jax.device_count(),
       "device_kind": jax.devices()[0].device_kind,
+      "attention_kernel": "cudnn" if "cudnn" in compiled.as_text() else "xla",
       "target_tokens_per_second": round(tokens / seconds, 1),
       "step_ms": round(1000 * seconds, 2), "compile_s": round(compile_seconds, 2),
-      "steps_timed": num_steps, **_peak_memory(),
+      "steps_timed": num_steps, **_program_memory(compiled), **_peak_memory(),
   }
   peak = metrics_lib.peak_flops_per_device(jax.devices()[0]) * jax.device_count()
   if peak:
     flops = metrics_lib.train_flops_per_step(config, rows, length)
     record["mfu"] = round(flops / seconds / peak, 4)
+  if time_optimizer:
+    record["optimizer_update_ms"] = _optimizer_ms(optimizer, state)
+  if profile_dir:
+    directory = os.path.join(profile_dir, f"{size}_{dtype}_attdrop{attention_dropout}_"
+                                          f"{record['attention_kernel']}")
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+      for _ in range(3):
+        state, metrics = compiled(state, batch)
+      jax.block_until_ready((state, metrics))
+    record["profile"] = profile_summary.summarize(directory, steps=3)
   return record
+
+
+def _program_memory(compiled) -> dict:
+  """Device memory of the compiled step by XLA's count: arguments + outputs + temporaries."""
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return {}
+  total = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+           - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+  return {"program_memory_mib": round(total / 2**20, 1),
+          "program_temp_mib": round(analysis.temp_size_in_bytes / 2**20, 1)}
+
+
+def _optimizer_ms(optimizer, state, repeats: int = 10) -> float:
+  """Milliseconds of the Adam update alone (gradients = parameters), jitted."""
+  update = jax.jit(lambda params, opt_state: optax.apply_updates(
+      params, optimizer.update(params, opt_state, params)[0]))
+  jax.block_until_ready(update(state.params, state.opt_state))
+  start = time.perf_counter()
+  for _ in range(repeats):
+    out = update(state.params, state.opt_state)
+  jax.block_until_ready(out)
+  return round(1000 * (time.perf_counter() - start) / repeats, 3)
 
 
 def _peak_memory() -> dict:
@@ -107,6 +156,13 @@ def main() -> None:
   parser.add_argument("--fsdp", action="store_true", help="shard params + Adam state")
   parser.add_argument("--steps", type=int, default=10, help="timed steps per record")
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+  parser.add_argument("--rows", type=int, default=None, help="rows per batch, every size")
+  parser.add_argument("--length", type=int, default=None, help="tokens per row, every size")
+  parser.add_argument("--profile", default=None, help="trace 3 steps per record under DIR")
+  parser.add_argument("--attention_implementation", default=None, choices=("xla", "cudnn"),
+                      help="the model's setting (default: chosen per call, see attention.py)")
+  parser.add_argument("--time_optimizer", action="store_true",
+                      help="also time the Adam update alone")
   args = parser.parse_args()
   header = {"benchmark": "train_step_environment", "date": datetime.date.today().isoformat(),
             "jax": jax.__version__, "backend": jax.default_backend(),
@@ -115,7 +171,10 @@ def main() -> None:
   for size in args.sizes.split(","):
     for rate in (float(r) for r in args.attention_dropout.split(",")):
       record = measure(size, attention_dropout=rate, dtype=args.dtype, fsdp=args.fsdp,
-                       num_steps=args.steps, warmup_steps=args.warmup)
+                       num_steps=args.steps, warmup_steps=args.warmup, rows=args.rows,
+                       length=args.length, profile_dir=args.profile,
+                       time_optimizer=args.time_optimizer,
+                       attention_implementation=args.attention_implementation)
       print(json.dumps(record), flush=True)
 
 

@@ -24,6 +24,20 @@ Growing state (optional)
   is its own while loop with static shapes. On average a step then handles a bit over half of
   the L positions, at the price of compiling one loop body per segment.
 
+Steps per loop iteration
+  Each iteration of the while loop runs k = `steps_per_iteration` steps, unrolled, and tests
+  for early exit once. On a GPU, XLA evaluates a while loop's condition on the device and copies
+  it to the host before every iteration, so the host waits and the kernels of the next
+  iteration queue only after it: a round trip per iteration. A larger k pays it once per k
+  steps; the price is up to k - 1 steps after the search could have stopped, and a body k times
+  larger to compile. (On an H100 at the benchmark sizes, k = 8 showed no gain over k = 2 for
+  beam search, BENCHMARKS.md: there the round trip is small against the steps.) The outputs are
+  the same for every k: a step after the last position L changes nothing but the callable's
+  state, and a step after early exit changes no output (see `_beam_step` and
+  `_sequential_search`). Growing-state capacities before L are multiples of k, so no segment's
+  last iteration runs past its capacity. None picks `default_steps_per_iteration` for the
+  backend at trace time.
+
 How the Transformer plugs in (`flax_transformer.predict` does exactly this):
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   cache = model.apply(variables, B, L, method=Transformer.init_cache)
@@ -46,6 +60,7 @@ Outputs
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -62,6 +77,11 @@ OUTPUT_PADDING_ID = 0
 _NEG_INF = -jnp.inf
 # Growing state: positions added per loop segment (the first four; then capacities double).
 DEFAULT_SEGMENT_LENGTH = 16
+# Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling);
+# other backends (TPU, whose loops run on the device) take the CPU's. CPU: the settings of
+# earlier sessions. GPU: on an H100, k = 8 was no faster than k = 2 for beam search at the
+# small size and took twice the compile time (BENCHMARKS.md, "On an H100"), so the same.
+STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
 
 
 class TokensToLogits(Protocol):
@@ -124,6 +144,7 @@ def beam_search(
     return_all: bool = True,
     resize_state: ResizeState | None = None,
     segment_length: int = DEFAULT_SEGMENT_LENGTH,
+    steps_per_iteration: int | None = None,
 ) -> tuple[Array, Array]:
   """Beam search with finished hypotheses kept apart from the K alive beams.
 
@@ -147,6 +168,8 @@ def beam_search(
     return_all: True gives all K hypotheses; False only the best one.
     resize_state: optional; grows the state in segments (module docstring, "Growing state").
     segment_length: the step s of `growth_schedule` (capacities s, 2s, 3s, 4s, then doubling).
+    steps_per_iteration: k steps per while-loop iteration (module docstring); None: the
+      backend's default (`default_steps_per_iteration`). The outputs do not depend on it.
 
   Returns:
     (sequences int32 [B, K, L], scores float32 [B, K]), best first; with return_all=False
@@ -158,38 +181,42 @@ def beam_search(
   _check_search_args("beam_search", batch_size, max_decode_len, eos_id, min_length)
   if not isinstance(beam_size, int) or beam_size < 1:
     raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}.")
+  steps = _steps_per_iteration("beam_search", steps_per_iteration, beam=True)
   step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length,
+  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length, steps,
                                       initial_state)
   state = _initial_beam_state(initial_state, batch_size, beam_size, max_decode_len, bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, eos_id)
   step = functools.partial(_beam_step, step_fn, eos_id, length_penalty, max_lengths, min_length)
-  # Two steps per iteration; every capacity but L is even, so a segment ends on its capacity.
   grow = lambda s, capacity: s.replace(
       alive_state=_resized(resize_state, s.alive_state, capacity))
-  final = _segmented_loop(capacities, grow, lambda s: ~s.all_done, lambda s: step(step(s)),
-                          state)
+  final = _segmented_loop(capacities, grow, lambda s: ~s.all_done, step, steps, state)
   sequences, scores = _ranked_hypotheses(final, length_penalty)
   if return_all:
     return sequences, scores
   return sequences[:, 0], scores[:, 0]
 
 
-def growth_schedule(max_decode_len: int,
-                    segment_length: int = DEFAULT_SEGMENT_LENGTH) -> tuple[int, ...]:
+def growth_schedule(max_decode_len: int, segment_length: int = DEFAULT_SEGMENT_LENGTH,
+                    steps_per_iteration: int = 2) -> tuple[int, ...]:
   """Capacities of a growing state, one per loop segment, the last one L.
 
-  With s = `segment_length` (rounded up to even: the beam loop runs two steps per iteration):
+  With s = `segment_length` rounded up to a multiple of k = `steps_per_iteration` (a loop
+  iteration runs k steps, so every segment but the last must end on an iteration's end) and
+  of 2 (the schedule of earlier versions, whose beam loop ran two steps per iteration):
   s, 2s, 3s, 4s, then doubling (8s, 16s, ...), below L, then L. Each segment is compiled
   separately, so doubling keeps long caches to a few segments, while the short outputs where
   most decoding time goes get fine steps. A last segment shorter than s / 2 is merged into the
   one before. E.g. L = 64: (16, 32, 48, 64); L = 115: (16, 32, 48, 64, 115); L = 300: (16, 32,
-  48, 64, 128, 256, 300).
+  48, 64, 128, 256, 300); with k = 3, L = 64: (18, 36, 54, 64).
   """
-  if not isinstance(segment_length, int) or segment_length < 1:
-    raise ValueError(f"segment_length must be a positive int, got {segment_length!r}.")
-  segment = segment_length + segment_length % 2
+  for name, value in (("segment_length", segment_length),
+                      ("steps_per_iteration", steps_per_iteration)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be a positive int, got {value!r}.")
+  multiple = math.lcm(2, steps_per_iteration)
+  segment = -(-segment_length // multiple) * multiple
   capacities = [segment * i for i in range(1, 5)]
   while capacities[-1] * 2 < max_decode_len:
     capacities.append(capacities[-1] * 2)
@@ -199,12 +226,29 @@ def growth_schedule(max_decode_len: int,
   return (*capacities, max_decode_len)
 
 
+def default_steps_per_iteration(beam: bool) -> int:
+  """The backend's steps per loop iteration (`STEPS_PER_ITERATION`), read at trace time."""
+  beam_steps, sequential_steps = STEPS_PER_ITERATION.get(jax.default_backend(),
+                                                         STEPS_PER_ITERATION["cpu"])
+  return beam_steps if beam else sequential_steps
+
+
+def _steps_per_iteration(name: str, steps_per_iteration: int | None, beam: bool) -> int:
+  """`steps_per_iteration`, checked, or the backend's default when None."""
+  if steps_per_iteration is None:
+    return default_steps_per_iteration(beam)
+  if not isinstance(steps_per_iteration, int) or steps_per_iteration < 1:
+    raise ValueError(
+        f"{name}: steps_per_iteration must be a positive int, got {steps_per_iteration!r}.")
+  return steps_per_iteration
+
+
 def _growth(max_decode_len: int, resize_state: ResizeState | None, segment_length: int,
-            initial_state: PyTree) -> tuple[tuple[int, ...], PyTree]:
+            steps_per_iteration: int, initial_state: PyTree) -> tuple[tuple[int, ...], PyTree]:
   """The loop's capacities, and the initial state sized for the first of them."""
   if resize_state is None:
     return (max_decode_len,), initial_state
-  capacities = growth_schedule(max_decode_len, segment_length)
+  capacities = growth_schedule(max_decode_len, segment_length, steps_per_iteration)
   return capacities, _resized(resize_state, initial_state, capacities[0])
 
 
@@ -225,18 +269,32 @@ Loop = Any  # BeamState or _SequentialState.
 
 
 def _segmented_loop(capacities: tuple[int, ...], grow: Callable[[Loop, int], Loop],
-                    keep_going: Callable[[Loop], Array], body: Callable[[Loop], Loop],
-                    loop_state: Loop) -> Loop:
-  """One while loop per capacity: runs `body` while step < capacity and `keep_going`.
+                    keep_going: Callable[[Loop], Array], step: Callable[[Loop], Loop],
+                    steps_per_iteration: int, loop_state: Loop) -> Loop:
+  """One while loop per capacity, each iteration `steps_per_iteration` calls of `step`.
 
-  Between segments, `grow` gives the callable's state room for the next capacity. (It runs
-  even after an early exit: a copy of the state per remaining segment, no steps.)
+  A segment's loop runs while step < capacity and `keep_going`, both tested once per
+  iteration. Between segments, `grow` gives the callable's state room for the next capacity.
+  (It runs even after an early exit: a copy of the state per remaining segment, no steps.)
   """
+  body = functools.partial(_run_steps, step, steps_per_iteration)
   for number, capacity in enumerate(capacities):
     if number:
       loop_state = grow(loop_state, capacity)
     loop_state = lax.while_loop(
         lambda s, capacity=capacity: (s.step < capacity) & keep_going(s), body, loop_state)
+  return loop_state
+
+
+def _run_steps(step: Callable[[Loop], Loop], steps: int, loop_state: Loop) -> Loop:
+  """`steps` calls of `step`, unrolled: k copies in one loop body, no inner loop of their own.
+
+  An inner `lax.fori_loop` with the same static trip count is the alternative (a smaller
+  program, but a loop XLA runs on its own); `benchmarks/decode_loop_variants.py` times both
+  (variant `loop=fori`).
+  """
+  for _ in range(steps):
+    loop_state = step(loop_state)
   return loop_state
 
 
@@ -261,9 +319,13 @@ def _beam_step(step_fn: TokensToLogits, eos_id: int, alpha: float, max_lengths: 
                min_length: int, state: BeamState) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
-  The loop body runs two steps: the beam reorder of the state writes a new buffer that a while
-  loop must copy back into its carry, and two steps per iteration halve those copies. A step
-  past L (the second of an iteration started at L - 1) changes nothing but the state.
+  A loop iteration runs k steps (`_segmented_loop`), so steps can follow the last position or
+  the early exit. A step past L (`valid` false) changes nothing but the state. A step after
+  `all_done` changes no output: every new EOS candidate scores at most the bound `_all_done`
+  computed, so at most the K-th finished score, and `lax.top_k` keeps the earlier (existing)
+  entry of a tie, so the finished hypotheses stay; the alive beams still change, but
+  `_ranked_hypotheses` reads them only for sentences with fewer than K finished, which
+  `all_done` allows only when they have no alive beam (all -inf) left.
   """
   batch, beams, max_len = state.alive_seqs.shape
   valid = state.step < max_len
@@ -422,11 +484,12 @@ def greedy_search(
     min_length: int = 0,
     resize_state: ResizeState | None = None,
     segment_length: int = DEFAULT_SEGMENT_LENGTH,
+    steps_per_iteration: int | None = None,
 ) -> tuple[Array, Array]:
   """Greedy decoding: the most probable emittable token at every step.
 
-  Same state protocol, length options and growing state as `beam_search` (K = 1, so
-  `initial_state` leaves [B, ...] are used as they are).
+  Same state protocol, length options, growing state and `steps_per_iteration` as
+  `beam_search` (K = 1, so `initial_state` leaves [B, ...] are used as they are).
 
   Returns:
     (sequences int32 [B, L], scores float32 [B]): tokens up to and including EOS, zeros after;
@@ -442,7 +505,7 @@ def greedy_search(
       "greedy_search", tokens_to_logits, initial_state, best, batch_size=batch_size,
       max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
       max_lengths=max_lengths, min_length=min_length, resize_state=resize_state,
-      segment_length=segment_length)
+      segment_length=segment_length, steps_per_iteration=steps_per_iteration)
 
 
 def sample(
@@ -462,12 +525,14 @@ def sample(
     min_length: int = 0,
     resize_state: ResizeState | None = None,
     segment_length: int = DEFAULT_SEGMENT_LENGTH,
+    steps_per_iteration: int | None = None,
 ) -> tuple[Array, Array]:
   """Ancestral sampling from softmax(logits / temperature), optionally top-k and nucleus (top-p).
 
   Filters apply in the order temperature, top-k (keep the k most probable tokens; 0 = all),
   top-p (keep the smallest most-probable set whose probability reaches `top_p`; 1 = all).
-  Same state protocol, length options and growing state as `beam_search` with K = 1.
+  Same state protocol, length options, growing state and `steps_per_iteration` as
+  `beam_search` with K = 1.
 
   Returns:
     (sequences int32 [B, L], scores float32 [B]): sampled tokens up to and including EOS, zeros
@@ -496,7 +561,7 @@ def sample(
       "sample", tokens_to_logits, initial_state, draw, batch_size=batch_size,
       max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
       max_lengths=max_lengths, min_length=min_length, resize_state=resize_state,
-      segment_length=segment_length)
+      segment_length=segment_length, steps_per_iteration=steps_per_iteration)
 
 
 def _top_k_filter(logits: Array, k: int) -> Array:
@@ -519,13 +584,19 @@ def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_
                        choose: TokenChooser, *, batch_size: int, max_decode_len: int,
                        eos_id: int, bos_id: int, shared_state: PyTree | None,
                        max_lengths: Array | None, min_length: int,
-                       resize_state: ResizeState | None,
-                       segment_length: int) -> tuple[Array, Array]:
-  """The loop shared by greedy decoding and sampling; `choose` picks each next token."""
+                       resize_state: ResizeState | None, segment_length: int,
+                       steps_per_iteration: int | None) -> tuple[Array, Array]:
+  """The loop shared by greedy decoding and sampling; `choose` picks each next token.
+
+  A row that has finished, or a step past L (the last iteration may run up to k - 1 of them),
+  emits padding and adds nothing to the score, so steps after the early exit or after L
+  change no output.
+  """
   _check_search_args(name, batch_size, max_decode_len, eos_id, min_length)
+  steps = _steps_per_iteration(name, steps_per_iteration, beam=False)
   step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length,
+  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length, steps,
                                       initial_state)
   start = _SequentialState(
       step=jnp.zeros((), jnp.int32), last_ids=jnp.full((batch_size,), bos_id, jnp.int32),
@@ -534,22 +605,23 @@ def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_
       finished=jnp.zeros((batch_size,), bool), state=initial_state)
   _check_step_fn(step_fn, start.last_ids[:, None], initial_state, eos_id)
 
-  def body(s: _SequentialState) -> _SequentialState:
+  def step(s: _SequentialState) -> _SequentialState:
     logits, new_state = step_fn(s.last_ids[:, None], s.state)
     logits = logits.astype(jnp.float32)  # [B, V]
     forced = s.step >= max_lengths  # [B]
     tokens = jnp.where(forced, eos_id, choose(logits, (s.step >= min_length) | forced, s.step))
-    tokens = jnp.where(s.finished, OUTPUT_PADDING_ID, tokens)  # [B]
+    silent = s.finished | (s.step >= max_decode_len)  # [B]: emits padding, scores nothing.
+    tokens = jnp.where(silent, OUTPUT_PADDING_ID, tokens)  # [B]
     log_probs = (jnp.take_along_axis(logits, tokens[:, None], axis=1)[:, 0]
                  - jax.nn.logsumexp(logits, axis=-1))
     return _SequentialState(
         step=s.step + 1, last_ids=tokens,
         sequences=jnp.where(jnp.arange(max_decode_len) == s.step, tokens[:, None], s.sequences),
-        log_probs=s.log_probs + jnp.where(s.finished, 0.0, log_probs),
+        log_probs=s.log_probs + jnp.where(silent, 0.0, log_probs),
         finished=s.finished | (tokens == eos_id), state=new_state)
 
   grow = lambda s, capacity: s.replace(state=_resized(resize_state, s.state, capacity))
-  final = _segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished), body, start)
+  final = _segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished), step, steps, start)
   return final.sequences, final.log_probs
 
 

@@ -39,6 +39,9 @@ def translate_ids(model, variables, inputs, *, method="beam", max_decode_len, ma
   arguments = prepared.arguments
   if segment_length is not None:
     arguments["segment_length"] = segment_length
+  if method != "beam":  # K = 1: the beam-only options do not apply.
+    for name in ("beam_size", "length_penalty", "return_all"):
+      options.pop(name, None)
   search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[method]
   return search(**arguments, **options)
 
@@ -133,6 +136,25 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
   assert lengths.min() >= min_length + 1  # Long hypotheses: beams really get reordered.
   np.testing.assert_array_equal(cached[0], reference[0])
   np.testing.assert_allclose(cached[1], reference[1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("options", [dict(method="beam", grow_cache=False),
+                                     dict(method="beam", grow_cache=True, segment_length=3),
+                                     dict(method="greedy", grow_cache=True, segment_length=3)],
+                         ids=["beam_fixed_cache", "beam_growing_cache", "greedy_growing_cache"])
+def test_steps_per_iteration_changes_no_output_of_the_model(model_and_variables, options):
+  # L = 10 with EOS free from 4 tokens on: loops that stop early or run past L for k = 3, 8.
+  # A fixed cache gives bit-identical scores. A growing one has capacities that depend on k
+  # (multiples of it), and attention over a different number of empty positions may round
+  # differently, so there the scores agree to float32 rounding.
+  model, variables, inputs = model_and_variables
+  results = [translate_ids(model, variables, inputs, beam_size=3, max_decode_len=10,
+                           eos_id=EOS, min_length=4, return_all=True, steps_per_iteration=k,
+                           **options) for k in (None, 1, 3, 8)]
+  tolerance = 1e-6 if options["grow_cache"] else 0.0
+  for sequences, scores in results[1:]:
+    np.testing.assert_array_equal(sequences, results[0][0])
+    np.testing.assert_allclose(scores, results[0][1], rtol=tolerance, atol=0)
 
 
 def test_grow_cache_runs_one_loop_per_segment_and_by_default_only_for_beams_on_cpu(

@@ -6,6 +6,7 @@ decoding, analytic optima of a Markov chain, and binomial confidence bounds for 
 
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -320,9 +321,13 @@ class HistoryToy(HashToy):
     tokens, index = state["tokens"], state["index"]
     self.capacities.append(tokens.shape[1])
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, ids, index, axis=1)
-    running = state["start"]
-    for position in range(tokens.shape[1]):
-      running = jnp.where(position <= index, _hash(running, tokens[:, position]), running)
+    # _hash applied to positions 0..index in order, in closed form: start * 7^(index + 1) +
+    # sum_j (token_j + 1) * 7^(index - j), mod NUM_HASHES (one reduction, not a loop of steps).
+    powers = jnp.asarray([pow(7, m, NUM_HASHES) for m in range(tokens.shape[1] + 1)])
+    positions = jnp.arange(tokens.shape[1])
+    weights = jnp.where(positions <= index, powers[jnp.maximum(index - positions, 0)], 0)
+    running = (state["start"] * powers[index + 1]
+               + jnp.sum((tokens + 1) * weights, axis=1)) % NUM_HASHES
     rows = ids.shape[0]
     table = jnp.asarray(self.table)[jnp.arange(rows) // (rows // self.batch)]
     logits = table[jnp.arange(rows), running] + jnp.asarray(self.position_bias)[index]
@@ -341,16 +346,16 @@ def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
   # L = 5 in segments of 2: capacities 2, 4, 5. K = 81 holds every alive prefix (3 ** 4), so
   # the search is exact, and beams are reordered across both resizes.
   toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
-  search = functools.partial(beam_search, toy.step, batch_size=2, max_decode_len=5, eos_id=EOS,
+  run = functools.partial(beam_search, toy.step, batch_size=2, max_decode_len=5, eos_id=EOS,
                              length_penalty=alpha)
-  sequences, scores = search(toy.initial_state(1), beam_size=81,
+  sequences, scores = run(toy.initial_state(1), beam_size=81,
                              resize_state=HistoryToy.resize, segment_length=2)
   assert sorted(set(toy.capacities)) == [2, 4, 5]
   _assert_matches_brute_force(sequences, scores, toy, alpha)
   # With pruning (K = 3), growing the buffer must not change what a full-size buffer finds.
-  grown = search(toy.initial_state(1), beam_size=3, resize_state=HistoryToy.resize,
+  grown = run(toy.initial_state(1), beam_size=3, resize_state=HistoryToy.resize,
                  segment_length=2)
-  full_size = search(toy.initial_state(5), beam_size=3)
+  full_size = run(toy.initial_state(5), beam_size=3)
   np.testing.assert_array_equal(grown[0], full_size[0])
   np.testing.assert_allclose(grown[1], full_size[1], rtol=1e-6)
 
@@ -359,7 +364,7 @@ def test_history_toy_catches_a_segment_that_ends_mid_iteration(monkeypatch):
   # The control for the test above: an odd capacity before L makes the two-step beam loop
   # write past it (clamped onto the last slot), and the toy must then disagree.
   toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
-  monkeypatch.setattr(search, "growth_schedule", lambda max_len, segment: (3, max_len))
+  monkeypatch.setattr(search, "growth_schedule", lambda max_len, segment, steps: (3, max_len))
   sequences, scores = beam_search(
       toy.step, toy.initial_state(1), batch_size=2, beam_size=81, max_decode_len=5, eos_id=EOS,
       length_penalty=0.6, resize_state=HistoryToy.resize)
@@ -389,13 +394,16 @@ def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
       np.testing.assert_allclose(scores[b], total, rtol=1e-6)
 
 
+@pytest.mark.parametrize("steps_per_iteration", [1, 2, 3, 8])
 @pytest.mark.parametrize("segment_length", [1, 2, 7, 16])
-def test_growth_schedule_steps_by_segments_then_doubles(segment_length):
-  step = segment_length + segment_length % 2  # Even capacities: two beam steps per iteration.
+def test_growth_schedule_steps_by_segments_then_doubles(segment_length, steps_per_iteration):
+  k = steps_per_iteration
+  multiple = 2 * k // math.gcd(2, k)  # Capacities before L are multiples of k (k steps a loop)
+  step = -(-segment_length // multiple) * multiple  # and, as before k existed, even.
   for max_len in range(1, 600):
-    capacities = search.growth_schedule(max_len, segment_length)
+    capacities = search.growth_schedule(max_len, segment_length, k)
     assert capacities[-1] == max_len
-    assert all(c % 2 == 0 for c in capacities[:-1])
+    assert all(c % k == 0 for c in capacities[:-1])
     assert list(capacities) == sorted(set(capacities))
     inner = capacities[:-1]
     assert list(inner[:4]) == [step * i for i in range(1, len(inner[:4]) + 1)]
@@ -406,8 +414,77 @@ def test_growth_schedule_steps_by_segments_then_doubles(segment_length):
     assert not inner or max_len - inner[-1] >= step // 2
   assert search.growth_schedule(64) == (16, 32, 48, 64)
   assert search.growth_schedule(300) == (16, 32, 48, 64, 128, 256, 300)
+  assert search.growth_schedule(64, 16, 3) == (18, 36, 54, 64)
   with pytest.raises(ValueError, match="segment_length must be a positive int"):
     search.growth_schedule(10, 0)
+  with pytest.raises(ValueError, match="steps_per_iteration must be a positive int"):
+    search.growth_schedule(10, 2, 0)
+
+
+STEPS_PER_ITERATION = (1, 2, 3, 4, 8)
+
+
+def _recording_positions(step, positions):
+  """`step` that appends the position of every call it runs (its 0-d index) to `positions`."""
+
+  def recorded(ids, state):
+    jax.debug.callback(lambda index: positions.append(int(index)), state["index"])
+    return step(ids, state)
+
+  return recorded
+
+
+def _search_with(method, toy, step, state, **kwargs):
+  common = dict(batch_size=toy.batch, max_decode_len=toy.max_len, eos_id=EOS, min_length=2)
+  if method == "beam":
+    return beam_search(step, state, beam_size=3, length_penalty=0.6, **common, **kwargs)
+  if method == "greedy":
+    return greedy_search(step, state, **common, **kwargs)
+  return sample(step, state, jax.random.key(5), temperature=2.0, **common, **kwargs)
+
+
+@pytest.mark.parametrize("growing", [False, True], ids=["fixed_state", "growing_state"])
+@pytest.mark.parametrize("early_exit", [True, False], ids=["early_exit", "all_L_steps"])
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_outputs_are_the_same_for_every_steps_per_iteration(method, early_exit, growing):
+  # L = 10 is a multiple of none of 3, 4, 8, so the last iteration runs past L. With EOS likely
+  # (allowed from 2 tokens on) the loop exits early, mid-iteration for most k; with EOS
+  # impossible it runs all L steps. The growing state has capacities 2, 4, 6, 8, 10 at k = 1.
+  toy = HistoryToy(seed=44, batch=3, max_len=10, eos_logits=2.0 if early_exit else -np.inf)
+  outputs, positions = {}, {}
+  for k in STEPS_PER_ITERATION:
+    positions[k] = []
+    step = _recording_positions(toy.step, positions[k])
+    growth = dict(resize_state=HistoryToy.resize, segment_length=2) if growing else {}
+    run = jax.jit(functools.partial(_search_with, method, toy, step, steps_per_iteration=k,
+                                       **growth))  # One compile of all segments.
+    outputs[k] = run(toy.initial_state(1 if growing else toy.max_len))
+  for k in STEPS_PER_ITERATION:
+    np.testing.assert_array_equal(outputs[k][0], outputs[1][0], err_msg=f"k={k}")
+    np.testing.assert_array_equal(outputs[k][1], outputs[1][1], err_msg=f"k={k}")
+    assert len(positions[k]) % k == 0  # Whole iterations of k steps.
+    if early_exit:
+      assert len(positions[k]) < toy.max_len  # The loop stopped before L.
+    else:
+      assert len(positions[k]) == -(-toy.max_len // k) * k  # ... and here ran past L.
+  if early_exit:
+    assert len(positions[1]) < 8  # At k = 1 the exit comes before k = 8's first test.
+  lengths = (np.asarray(outputs[1][0]) != PAD).sum(-1)
+  assert (lengths < toy.max_len).all() if early_exit else (lengths == toy.max_len).all()
+
+
+def test_default_steps_per_iteration_follows_the_backend(monkeypatch):
+  table = search.STEPS_PER_ITERATION
+  assert search.default_steps_per_iteration(beam=True) == (
+      table.get(jax.default_backend(), table["cpu"])[0])
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  assert search.default_steps_per_iteration(beam=True) == 2
+  assert search.default_steps_per_iteration(beam=False) == 1
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # Unlisted: the CPU's settings.
+  assert search.default_steps_per_iteration(beam=True) == 2
+  with pytest.raises(ValueError, match="steps_per_iteration must be a positive int"):
+    greedy_search(_fixed_step, {}, batch_size=1, max_decode_len=3, eos_id=EOS,
+                  steps_per_iteration=0)
 
 
 FIXED_LOGITS = np.log(np.array([0.1, 0.05, 0.5, 0.3, 0.15, 0.0 + 1e-30]))  # PAD never emitted.
@@ -452,12 +529,12 @@ def test_top_p_and_top_k_restrict_the_support():
 
 def test_beam_search_is_jittable_and_return_all_false_gives_the_best():
   toy = HashToy(seed=19, batch=2, max_len=4)
-  search = jax.jit(functools.partial(
+  run = jax.jit(functools.partial(
       beam_search, toy.step, batch_size=2, beam_size=3, max_decode_len=4, eos_id=EOS,
       length_penalty=0.6))
   shared = {"table": jnp.asarray(toy.table)}
   caps = jnp.asarray([2, 9], jnp.int32)
-  jitted = search(toy.initial_state(), shared_state=shared, max_lengths=caps)
+  jitted = run(toy.initial_state(), shared_state=shared, max_lengths=caps)
   eager = _search(toy, beams=3, alpha=0.6, mode="shared", max_lengths=caps)
   np.testing.assert_array_equal(jitted[0], eager[0])
   np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)

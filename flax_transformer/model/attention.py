@@ -88,21 +88,24 @@ def scaled_dot_product_attention(
 ) -> Array:
   """softmax(Q K^T / sqrt(H) + mask) V, per head.
 
-  Without attention dropout this is `jax.nn.dot_product_attention` (the cuDNN fused kernel on
-  GPU when `implementation="cudnn"` or when XLA picks it), except on CPU with no implementation
-  requested, where two einsums are faster (see `_use_fused_attention`). With dropout on the
-  attention weights (training only) the weights are materialised, since the fused kernels do
-  not drop them.
+  Without attention dropout this is `jax.nn.dot_product_attention`, except on CPU with no
+  implementation requested, where two einsums are faster (see `_use_fused_attention`). With no
+  implementation requested on a GPU, cuDNN's flash-attention kernel runs wherever it computes
+  this same function (`_cudnn_applies`: bfloat16/float16, supported head and mask sizes), else
+  XLA's. With dropout on the attention weights (training only) the weights are materialised,
+  since the fused kernels do not drop them with our masks.
 
   Args:
     query: [B, T, N, H]; key, value: [B, S, N, H].
     mask: bool, broadcastable to [B, N, T, S]; True where attention is allowed.
     dropout_rate: probability of dropping an attention weight; needs `dropout_rng` when > 0.
-    implementation: None (XLA decides), "xla" or "cudnn".
+    implementation: None (chosen as above), "xla" or "cudnn".
   Returns:
     [B, T, N, H] in the query's dtype.
   """
   if dropout_rate == 0.0 and _use_fused_attention(implementation):
+    if implementation is None and _cudnn_applies(query, key, value, mask):
+      implementation = "cudnn"
     return jax.nn.dot_product_attention(
         query, key, value, mask=mask, implementation=implementation)
   return attend(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
@@ -111,13 +114,49 @@ def scaled_dot_product_attention(
 def _use_fused_attention(implementation: str | None) -> bool:
   """Whether to call `jax.nn.dot_product_attention` rather than the two einsums.
 
-  Always when an implementation is named, and on GPU/TPU (cuDNN's fused kernel there). On CPU
-  its XLA path transposes Q, K, V to heads-major [B, N, T, H] and back on every call; the einsums
-  let XLA pick the layouts: one self-attention layer at [64, 32, 4, 64] (forward + backward with
-  its projections) took 54 ms with it against 40 ms with the einsums on the 2-core CPU. Decided
-  at trace time from the default backend.
+  Always when an implementation is named, and on GPU/TPU. On CPU its XLA path transposes Q, K,
+  V to heads-major [B, N, T, H] and back on every call; the einsums let XLA pick the layouts:
+  one self-attention layer at [64, 32, 4, 64] (forward + backward with its projections) took 54
+  ms with it against 40 ms with the einsums on the 2-core CPU. Decided at trace time from the
+  default backend.
   """
   return implementation is not None or jax.default_backend() != "cpu"
+
+
+def _cudnn_applies(query: Array, key: Array, value: Array, mask: Array | None) -> bool:
+  """Whether cuDNN's flash attention computes this call exactly as the XLA path does.
+
+  Its conditions (jax's `jax._src.cudnn.fused_attention_stablehlo` checks, cuDNN's support
+  matrix): an NVIDIA GPU of compute capability 8.0 or more; Q, K, V all bfloat16 or all float16
+  (no float32 kernel); head dim a multiple of 8, at most 128 (256 from Hopper, 9.0, on); a mask
+  of full [T, S] size, which jax turns into an additive bias of a large negative number, and
+  then even T and S (needed for the backward pass with a bias). Decided at trace time.
+  """
+  capability = _cuda_compute_capability()
+  if capability is None or capability < 8.0:
+    return False
+  dtypes = {jnp.dtype(x.dtype) for x in (query, key, value)}
+  if len(dtypes) != 1 or dtypes.pop() not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return False
+  head_dim = query.shape[-1]
+  if head_dim % 8 or head_dim > (256 if capability >= 9.0 else 128):
+    return False
+  if mask is None:
+    return True
+  length, source_length = query.shape[1], key.shape[1]
+  return (mask.shape[-2:] == (length, source_length) and length % 2 == 0
+          and source_length % 2 == 0)
+
+
+def _cuda_compute_capability() -> float | None:
+  """The default device's CUDA compute capability (e.g. 9.0), or None off NVIDIA GPUs."""
+  if jax.default_backend() != "gpu":
+    return None
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return float(capability)
+  except (TypeError, ValueError):  # A ROCm device, or none reported.
+    return None
 
 
 def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
