@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -265,8 +266,23 @@ def train_dataset(data: DataConfig, tokenizer: Tokenizer, *, process_index: int 
   if data.num_workers:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app (tests,
       flags.FLAGS.mark_as_parsed()  # notebooks) nothing parses them, so use their defaults.
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data.num_workers))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data.num_workers),
+                        worker_init_fn=_ignore_stop_signals)
   return ds
+
+
+def _ignore_stop_signals(worker_index: int, worker_count: int) -> None:
+  """Runs in every grain worker process before it reads: SIGINT and SIGTERM are ignored there.
+
+  `scancel`, Kubernetes and Ctrl-C send them to the whole process group, the workers included.
+  A worker that died of one takes its prefetched batches and shared memory with it, and the
+  trainer's next batch fails with "Worker process was terminated unexpectedly". The trainer
+  alone answers them: it finishes the step, saves (the iterator's position included) and
+  closes the iterator, which stops the workers itself (grain's stop event, then SIGKILL).
+  """
+  del worker_index, worker_count
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
 
 
 def train_iterator(data: DataConfig, tokenizer: Tokenizer, *, process_index: int = 0,

@@ -81,6 +81,7 @@ def train_and_evaluate(
   finally:
     job.manager.close()
     writer.close()
+    job.train_iter.close()  # Stops grain's worker processes now, not at interpreter exit.
 
 
 def _setup(config: ml_collections.ConfigDict, workdir: Path) -> _Job:
