@@ -19,7 +19,7 @@ from flax_transformer.compilation_cache import CompilationCacheError, enable_com
 from flax_transformer.config import ConfigError
 from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
-from flax_transformer.training.loop import NonFiniteLossError
+from flax_transformer.training.loop import NonFiniteStepError
 from flax_transformer.training.preemption import Preempted
 
 FLAGS = flags.FLAGS
@@ -57,7 +57,7 @@ def main(argv):
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
-  except (ConfigError, CheckpointMismatchError, NonFiniteLossError,
+  except (ConfigError, CheckpointMismatchError, NonFiniteStepError,
           CompilationCacheError) as error:
     sys.exit(f"error: {error}")
   if jax.process_index() == 0:

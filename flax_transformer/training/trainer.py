@@ -55,7 +55,7 @@ def train_and_evaluate(
     config.ConfigError: before anything is compiled, for a bad config.
     training.checkpoints.CheckpointMismatchError: the workdir holds another model's checkpoint.
     training.preemption.Preempted: after saving, when SIGTERM/SIGINT arrived.
-    training.loop.NonFiniteLossError: when a step's loss is NaN or infinite.
+    training.loop.NonFiniteStepError: when a step's loss or gradient norm is NaN or infinite.
   """
   job = _setup(config, Path(workdir))
   exp, writer = job.exp, job.writer
