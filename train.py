@@ -21,6 +21,7 @@ from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
 from flax_transformer.training.loop import NonFiniteStepError
 from flax_transformer.training.preemption import Preempted
+from flax_transformer.workdir import UnreadableCheckpointError, WorkdirInUseError
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
@@ -57,8 +58,8 @@ def main(argv):
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
-  except (ConfigError, CheckpointMismatchError, NonFiniteStepError,
-          CompilationCacheError) as error:
+  except (ConfigError, CheckpointMismatchError, NonFiniteStepError, CompilationCacheError,
+          UnreadableCheckpointError, WorkdirInUseError) as error:
     sys.exit(f"error: {error}")
   if jax.process_index() == 0:
     for split, result in results.items():

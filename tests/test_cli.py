@@ -21,7 +21,7 @@ from flax_transformer.compilation_cache import CompilationCacheError, enable_com
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
 from flax_transformer.textfiles import read_lines
-from flax_transformer.workdir import average_checkpoints, restore_params
+from flax_transformer.workdir import average_checkpoints, lock, restore_params
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
@@ -163,6 +163,41 @@ def test_evaluate_command_scores_with_sacrebleu(workdir, test_pairs, tmp_path, c
   ref2.write_text("a\n")
   assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref",
                str(ref2)]) == 2
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+  """`flax-transformer ARGS` as a user runs it, in a fresh process."""
+  return subprocess.run([sys.executable, "-m", "flax_transformer.cli", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, test_pairs, tmp_path, capsys):
+  damaged = tmp_path / "workdir"
+  shutil.copytree(workdir, damaged)
+  # A truncated data file of the latest checkpoint's params (orbax's OCDBT store).
+  for chunk in (damaged / "checkpoints" / str(STEPS) / "params").glob("ocdbt.process_0/d/*"):
+    os.truncate(chunk, 100)
+  source = tmp_path / "in.txt"
+  source.write_text(test_pairs[0][0] + "\n")
+  result = _cli("translate", "--workdir", str(damaged), "--input", str(source), "--output",
+                str(tmp_path / "out.txt"))
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1, result.stderr[-3000:]  # One line, no traceback.
+  assert (f"error: The checkpoint {damaged / 'checkpoints' / str(STEPS)} is unreadable: "
+          "ValueError: OUT_OF_RANGE: Error reading ") in result.stderr
+  assert "Saved steps: [10, 20, 30]. Pass --step with an earlier one" in result.stderr
+  # As the message says: an earlier step still translates.
+  assert main(["translate", "--workdir", str(damaged), "--step", "20", "--input", str(source),
+               "--output", str(tmp_path / "out.txt")]) == 0
+  assert len(read_lines(str(tmp_path / "out.txt"))) == 1
+
+
+def test_serving_reads_a_workdir_a_trainer_holds(workdir, test_pairs, tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_text(test_pairs[0][0] + "\n")
+  with lock(workdir):
+    assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+                 str(tmp_path / "out.txt")]) == 0
 
 
 def test_average_command_averages_parameters(workdir, capsys):

@@ -1,6 +1,7 @@
 """End to end through `train.py` (real subprocesses): the shrunk default config trains, writes
-and restores checkpoints, and resumes exactly: 2N straight == N + restart + N == SIGTERM mid-run
-+ restart, bitwise on CPU.
+and restores checkpoints, and resumes exactly: 2N straight == N + restart + N == a stop signal to
+the process group mid-run (grain workers included) + restart == a damaged latest checkpoint
+moved aside + restart from the one before, bitwise on CPU.
 
 The runs share a persistent compilation cache, so only the first one pays for compiling.
 """
@@ -150,6 +151,37 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
   resumed = _train(workdir, shared, **overrides)
   assert f"Restored step {stopped_at}" in resumed.stderr
   _assert_identical(_params(workdir)[0], _params(reference)[0])
+
+
+def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run, shared):
+  root, env = shared
+  workdir = root / "damaged"
+  _train(workdir, shared, train__num_train_steps=16)  # Saves steps 8 and 16.
+  for chunk in (workdir / "checkpoints" / "16" / "params").glob("ocdbt.process_0/d/*"):
+    os.truncate(chunk, 100)  # A truncated params file, as a full disk or a lost node leaves.
+  before = _files(workdir)
+  result = subprocess.run(_command(workdir, root), env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 1
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  error = result.stderr.strip().splitlines()[-1]
+  damaged, aside = workdir / "checkpoints" / "16", workdir / "unreadable_checkpoint_16"
+  assert error.startswith(f"error: The checkpoint {damaged} is unreadable: ValueError: "
+                          "OUT_OF_RANGE: Error reading "), error
+  assert error.endswith(f"Saved steps: [8, 16]. To continue, move it aside and rerun the same "
+                        f"command, which then continues from step 8: mv {damaged} {aside}."), error
+  # Neither started from scratch nor fell back to step 8 on its own: nothing was written.
+  assert _files(workdir) == before
+  os.rename(damaged, aside)  # What the message says to do.
+  resumed = _train(workdir, shared)
+  assert "Restored step 8" in resumed.stderr
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
+def _files(workdir: Path) -> list[tuple[Path, int, int]]:
+  """(path, size, mtime) of every file and folder, but the trainer's own lock record."""
+  return sorted((p.relative_to(workdir), p.stat().st_size, p.stat().st_mtime_ns)
+                for p in workdir.rglob("*") if p.name != ".lock")
 
 
 def _wait_for_step(workdir: Path, step: int, process: subprocess.Popen) -> None:

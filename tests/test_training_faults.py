@@ -1,0 +1,57 @@
+"""Faults of real training jobs, through `train.py` as a user or a launcher runs it: a second
+trainer on a workdir. Each must end at once with exit status 1 and one line, no traceback, and
+write nothing.
+
+(A stop signal to the process group and an unreadable checkpoint are in test_training_resume.py,
+where the resumed runs are compared with an uninterrupted one.)
+"""
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from test_training_resume import REPO, SHRUNK
+
+HOLD_LOCK = "from flax_transformer import workdir; import sys, time; lock = workdir.lock(sys.argv[1]); print('held', flush=True); time.sleep(600)"  # noqa: E501
+
+
+def _train_py(workdir: Path, *flags: str, env: dict | None = None,
+              **overrides) -> subprocess.CompletedProcess:
+  settings = dict(SHRUNK, **{"data.tfds_data_dir": str(workdir.parent / "tfds")})
+  settings.update({k.replace("__", "."): v for k, v in overrides.items()})
+  command = [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
+             f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items()), *flags]
+  return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _one_line_error(result: subprocess.CompletedProcess) -> str:
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  return result.stderr.strip().splitlines()[-1]
+
+
+def _listing(folder: Path) -> list[tuple[str, int, int]]:
+  return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                for p in folder.rglob("*"))
+
+
+def test_a_second_trainer_on_a_workdir_stops_at_once_and_a_killed_one_leaves_no_lock(tmp_path):
+  workdir = tmp_path / "workdir"
+  holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(workdir)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == "held\n"
+    before = _listing(workdir)
+    error = _one_line_error(_train_py(workdir))
+    assert error.startswith(f"error: {workdir} is in use by host {socket.gethostname()} pid "
+                            f"{holder.pid} (it holds {workdir / '.lock'})"), error
+    assert _listing(workdir) == before  # Nothing written: no vocab, config or checkpoint.
+  finally:
+    holder.send_signal(signal.SIGKILL)  # The kernel drops the lock with the process.
+    holder.wait()
+  result = _train_py(workdir, train__num_train_steps=2, train__warmup_steps=1,
+                     checkpoint__save_every_steps=2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
