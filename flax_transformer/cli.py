@@ -172,13 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
   curves.add_argument("--workdir", required=True)
   curves.add_argument("--output", required=True, help="PNG file to write.")
   curves.set_defaults(run=run_curves)
+  for command in commands.choices.values():
+    command.add_argument("--verbose", action="store_true",
+                         help="Also log INFO lines (JAX, orbax, ...) on stderr.")
   return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+  """stderr holds the progress line, the results' summary, warnings and errors; libraries'
+  INFO lines (orbax's "CheckpointManager created", ...) only with --verbose."""
+  logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                      format="%(levelname)s %(name)s: %(message)s", force=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `flax-transformer` command."""
-  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
   args = build_parser().parse_args(argv)
+  _configure_logging(args.verbose)
   try:
     if hasattr(args, "compilation_cache_dir"):
       from flax_transformer.compilation_cache import enable_compilation_cache

@@ -1,5 +1,6 @@
 """The serving commands end to end on a real (briefly trained) workdir: translate, evaluate,
-average, attention and curves, plus `Translator.from_workdir` with real beam search.
+average, attention and curves, plus `Translator.from_workdir` with real beam search, and what
+they print (nothing but the summary; one line for an error).
 """
 
 from __future__ import annotations
@@ -169,6 +170,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
   """`flax-transformer ARGS` as a user runs it, in a fresh process."""
   return subprocess.run([sys.executable, "-m", "flax_transformer.cli", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
+
+
+def test_serving_commands_print_only_the_summary_unless_verbose(workdir, test_pairs, tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(s + "\n" for s, _ in test_pairs[:3]))
+  command = ("translate", "--workdir", str(workdir), "--input", str(source), "--output")
+  quiet = _cli(*command, str(tmp_path / "quiet.txt"))
+  assert quiet.returncode == 0, quiet.stderr[-3000:]
+  lines = quiet.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("Translated 3 sentences in "), quiet.stderr
+  verbose = _cli(*command, str(tmp_path / "verbose.txt"), "--verbose")
+  assert verbose.returncode == 0 and "INFO absl: " in verbose.stderr  # orbax's INFO lines
+  assert "Given directory is read only" not in verbose.stderr  # Noise even then.
+  assert read_lines(str(tmp_path / "verbose.txt")) == read_lines(str(tmp_path / "quiet.txt"))
 
 
 def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, test_pairs, tmp_path, capsys):
