@@ -207,6 +207,19 @@ def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, test_pairs, tmp
   assert len(read_lines(str(tmp_path / "out.txt"))) == 1
 
 
+def test_an_output_in_a_missing_folder_fails_before_restoring(tmp_path, capsys):
+  source = tmp_path / "in.txt"
+  source.write_text("a b c\n")
+  missing = tmp_path / "no_such_folder" / "out.txt"
+  # No workdir at all: the output is checked first.
+  for command in (["translate", "--input", str(source), "--output", str(missing)],
+                  ["evaluate", "--src", str(source), "--ref", str(source), "--output",
+                   str(missing)]):
+    assert main([*command, "--workdir", str(tmp_path / "no_workdir")]) == 2
+    error = capsys.readouterr().err
+    assert f"error: Cannot write {missing}: the folder {missing.parent} does not exist" in error
+
+
 def test_serving_reads_a_workdir_a_trainer_holds(workdir, test_pairs, tmp_path):
   source = tmp_path / "in.txt"
   source.write_text(test_pairs[0][0] + "\n")

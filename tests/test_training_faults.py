@@ -1,6 +1,6 @@
 """Faults of real training jobs, through `train.py` as a user or a launcher runs it: a second
-trainer on a workdir. Each must end at once with exit status 1 and one line, no traceback, and
-write nothing.
+trainer on a workdir, bad config keys and files, a damaged corpus.
+Each must end at once with exit status 1 and one line, no traceback, and write nothing.
 
 (A stop signal to the process group and an unreadable checkpoint are in test_training_resume.py,
 where the resumed runs are compared with an uninterrupted one.)
@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_training_resume import REPO, SHRUNK
 
 HOLD_LOCK = "from flax_transformer import workdir; import sys, time; lock = workdir.lock(sys.argv[1]); print('held', flush=True); time.sleep(600)"  # noqa: E501
@@ -55,3 +56,35 @@ def test_a_second_trainer_on_a_workdir_stops_at_once_and_a_killed_one_leaves_no_
                      checkpoint__save_every_steps=2)
   assert result.returncode == 0, result.stderr[-3000:]
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.train.learning_rat=0.1", "error: Unknown config key config.train.learning_rat. "
+     "Did you mean learning_rate? Allowed in config.train: num_train_steps, optimizer,"),
+    ("--config.trian.num_train_steps=5", "error: --config.trian.num_train_steps: Unknown config "
+     "key config.trian. Did you mean train? Allowed in config: model, data, train, checkpoint, "
+     "eval, search."),
+    ("--config.train.num_train_steps.max=5", "error: --config.train.num_train_steps.max: "
+     "config.train.num_train_steps is a value, not a group; set it with "
+     "--config.train.num_train_steps=VALUE."),
+    ("--config=configs/no_such_config.py", "error: --config: the config file cannot be loaded: "
+     "[Errno 2] No such file or directory: 'configs/no_such_config.py'"),
+])
+def test_a_bad_config_key_or_file_is_one_line(flag, message, tmp_path):
+  error = _one_line_error(_train_py(tmp_path / "workdir", flag))
+  assert error.startswith(message), error
+  assert not (tmp_path / "workdir").exists()
+
+
+def test_a_misaligned_local_corpus_is_one_line(tmp_path):
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for split, lines in (("train", 5), ("validation", 2), ("test", 2)):
+    (corpus / f"{split}.en").write_text("".join(f"a b {i}\n" for i in range(lines)))
+    (corpus / f"{split}.de").write_text("".join(f"A B {i}\n" for i in range(lines)))
+  (corpus / "train.de").write_text("A\nB\nC\nD\n")
+  error = _one_line_error(_train_py(tmp_path / "workdir", data__source="local",
+                                    data__local_dir=str(corpus)))
+  assert error == (f"error: Line counts differ: {corpus / 'train.de'} has 4 lines, "
+                   f"{corpus / 'train.en'} has 5 lines; parallel files must be line-aligned.")
+  assert [p.name for p in (tmp_path / "workdir").iterdir()] == [".lock"]
