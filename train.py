@@ -1,9 +1,10 @@
 """Trains the Transformer: `python train.py --config=configs/NAME.py --workdir=DIR`.
 
 Override any config field with `--config.GROUP.KEY=VALUE`. Rerunning the same command continues
-from the latest checkpoint in DIR. Multi-host GPU: add `--coordinator_address=HOST:PORT
---num_processes=N --process_id=I` on every host (omit them on TPU pods and under SLURM, where
-jax.distributed.initialize finds them). Exit status: 0 when training finished; 128 + signal (143
+from the latest checkpoint in DIR. Multi-process: under srun (SLURM), mpirun (Open MPI) or on
+TPU pods the launcher's environment says how many processes there are; elsewhere add
+`--coordinator_address=HOST:PORT --num_processes=N --process_id=I` on every host
+(flax_transformer/distributed.py). Exit status: 0 when training finished; 128 + signal (143
 SIGTERM, 130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors, each
 reported as one line. This file is intentionally kept short: the job lives in
 flax_transformer.training.trainer.
@@ -16,6 +17,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from flax_transformer import distributed
 from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
 from flax_transformer.config import ConfigError, override_problem
 from flax_transformer.data.builders import DataError
@@ -32,9 +34,7 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=False,
                                 accept_new_attributes=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the vocabulary.")
-flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
-flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
-flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+distributed.define_flags()
 flags.DEFINE_string(
     "compilation_cache_dir", None,
     "Persistent XLA compilation cache, so a resumed or repeated run skips compiling (default: "
@@ -42,8 +42,9 @@ flags.DEFINE_string(
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Faults of the job or its inputs that the user can fix: one line each, no traceback.
-EXPECTED_ERRORS = (ConfigError, DataError, WorkdirInUseError, UnreadableCheckpointError,
-                   CheckpointMismatchError, NonFiniteStepError, CompilationCacheError)
+EXPECTED_ERRORS = (ConfigError, DataError, distributed.DistributedError, WorkdirInUseError,
+                   UnreadableCheckpointError, CheckpointMismatchError, NonFiniteStepError,
+                   CompilationCacheError)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -81,9 +82,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   std_logging.getLogger("absl").addFilter(_quiet_libraries)
-  if FLAGS.coordinator_address or FLAGS.num_processes or FLAGS.process_id is not None:
-    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   try:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                  jax.devices())
     enable_compilation_cache(FLAGS.compilation_cache_dir)

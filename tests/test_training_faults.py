@@ -1,11 +1,12 @@
 """Faults of real training jobs, through `train.py` as a user or a launcher runs it: a second
-trainer on a workdir, bad config keys and files, a damaged corpus.
+trainer on a workdir, bad config keys and files, a damaged corpus, SLURM variables without srun.
 Each must end at once with exit status 1 and one line, no traceback, and write nothing.
 
 (A stop signal to the process group and an unreadable checkpoint are in test_training_resume.py,
 where the resumed runs are compared with an uninterrupted one.)
 """
 
+import os
 import signal
 import socket
 import subprocess
@@ -88,3 +89,17 @@ def test_a_misaligned_local_corpus_is_one_line(tmp_path):
   assert error == (f"error: Line counts differ: {corpus / 'train.de'} has 4 lines, "
                    f"{corpus / 'train.en'} has 5 lines; parallel files must be line-aligned.")
   assert [p.name for p in (tmp_path / "workdir").iterdir()] == [".lock"]
+
+
+def test_slurm_tasks_not_started_by_srun_stop_at_once_naming_the_variables(tmp_path):
+  """sbatch --ntasks=2 running `python train.py` itself, not through srun: JAX cannot find
+  the other task, and without the check this process would train alone."""
+  env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID="0",
+             SLURM_LOCALID="0", SLURM_NODELIST="localhost")
+  error = _one_line_error(_train_py(tmp_path / "workdir", env=env))
+  assert error == (
+      "error: SLURM_NTASKS=2, SLURM_PROCID=0 says this job has 2 tasks, but "
+      "SLURM_STEP_NODELIST is not set, so JAX cannot find the other processes; this process "
+      "was not started by srun: start every task with `srun python train.py ...`, or for one "
+      "process run `env -u SLURM_NTASKS python train.py ...`.")
+  assert not (tmp_path / "workdir").exists()
