@@ -1,6 +1,6 @@
 """The serving commands end to end on a real (briefly trained) workdir: translate, evaluate,
-average, attention and curves, plus `Translator.from_workdir` with real beam search, and what
-they print (nothing but the summary; one line for an error).
+average, attention and curves, plus `Translator.from_workdir` with real beam search; what they
+print (nothing but the summary, one line for an error), and that training's BLEU is theirs.
 """
 
 from __future__ import annotations
@@ -41,17 +41,29 @@ SHRUNK = {
 }
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-  root = tmp_path_factory.mktemp("cli")
-  workdir = root / "workdir"
-  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(root / "tfds")})
+def _train(workdir: Path, **changes) -> Path:
+  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(workdir.parent / "tfds")}, **changes)
   command = [sys.executable, str(REPO / "train.py"),
              f"--config={REPO / 'configs' / 'default.py'}", f"--workdir={workdir}",
              *(f"--config.{k}={v}" for k, v in overrides.items())]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+  return _train(tmp_path_factory.mktemp("cli") / "workdir")
+
+
+@pytest.fixture(scope="module")
+def translating_workdir(tmp_path_factory) -> Path:
+  """Trained long enough (600 steps, about 15 s) to translate 64 eval sentences into more than
+  empty strings; training evaluates, and translates, its eval split at the end."""
+  return _train(tmp_path_factory.mktemp("bleu") / "workdir", **{
+      "train.num_train_steps": 600, "train.warmup_steps": 50, "data.batch_tokens": 768,
+      "data.synthetic_num_eval": 64, "train.log_every_steps": 100,
+      "checkpoint.save_every_steps": 600})
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +238,25 @@ def test_serving_reads_a_workdir_a_trainer_holds(workdir, test_pairs, tmp_path):
   with lock(workdir):
     assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
                  str(tmp_path / "out.txt")]) == 0
+
+
+def test_training_bleu_is_the_bleu_of_evaluate(translating_workdir, tmp_path, capsys):
+  """Training's BLEU of its eval split (config.search, the training mesh of 8 devices) is what
+  `evaluate` reports for the same checkpoint and split (one device), to the last digit."""
+  workdir = translating_workdir
+  logged = {m["name"]: m["value"] for m in map(json.loads, (workdir / "metrics.jsonl").open())
+            if m["split"] == "eval" and m["step"] == 600}
+  config = json.loads((workdir / "config.json").read_text())
+  pairs = split_texts(parse_group(DataConfig, config["data"]), config["data"]["eval_split"])
+  src, ref = tmp_path / "eval.src", tmp_path / "eval.ref"
+  src.write_text("".join(s + "\n" for s, _ in pairs))
+  ref.write_text("".join(t + "\n" for _, t in pairs))
+  assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref", str(ref),
+               "--json"]) == 0
+  scores = json.loads(capsys.readouterr().out)
+  assert scores["step"] == 600
+  assert logged["chrf"] > 10.0 and logged["bleu"] > 0.5  # Translations, not empty strings.
+  assert (scores["bleu"], scores["chrf"]) == (logged["bleu"], logged["chrf"])
 
 
 def test_average_command_averages_parameters(workdir, capsys):
