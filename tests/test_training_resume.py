@@ -153,6 +153,32 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
   _assert_identical(_params(workdir)[0], _params(reference)[0])
 
 
+def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(straight_run,
+                                                                            shared):
+  """Orbax writes a step into '<step>.orbax-checkpoint-tmp...' and renames it when complete, so a
+  save cut short by SIGKILL is never listed; the rerun restores the one before."""
+  root, env = shared
+  workdir = root / "killed"
+  checkpoints = workdir / "checkpoints"
+  process = subprocess.Popen(_command(workdir, root), env=env, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    while process.poll() is None:  # Until step 16's save has begun, and not finished.
+      if checkpoints.is_dir() and any(p.name.startswith("16.") for p in checkpoints.iterdir()):
+        process.send_signal(signal.SIGKILL)
+        break
+      time.sleep(0.002)
+    process.wait(timeout=60)
+  finally:
+    process.kill()
+  assert process.returncode == -signal.SIGKILL, process.stderr.read()[-3000:]
+  assert not (checkpoints / "16").exists()  # Killed mid-save.
+  assert _params(workdir)[1] == 8
+  resumed = _train(workdir, shared)
+  assert "Restored step 8" in resumed.stderr
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
 def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run, shared):
   root, env = shared
   workdir = root / "damaged"
