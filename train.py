@@ -1,11 +1,13 @@
 """Trains the Transformer: `python train.py --config=configs/NAME.py --workdir=DIR`.
 
 Override any config field with `--config.GROUP.KEY=VALUE`. Rerunning the same command continues
-from the latest checkpoint in DIR. Multi-host GPU: add `--coordinator_address=HOST:PORT
---num_processes=N --process_id=I` on every host (omit them on TPU pods and under SLURM, where
-jax.distributed.initialize finds them). Exit status: 0 when training finished; 128 + signal
-(143 SIGTERM, 130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors.
-This file is intentionally kept short: the job lives in flax_transformer.training.trainer.
+from the latest checkpoint in DIR. Multi-process: under srun (SLURM), mpirun (Open MPI) or on
+TPU pods the launcher's environment says how many processes there are; elsewhere add
+`--coordinator_address=HOST:PORT --num_processes=N --process_id=I` on every host
+(flax_transformer/distributed.py). Exit status: 0 when training finished; 128 + signal (143
+SIGTERM, 130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors, each
+reported as one line. This file is intentionally kept short: the job lives in
+flax_transformer.training.trainer.
 """
 
 import logging as std_logging
@@ -15,24 +17,57 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from flax_transformer import distributed
 from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
-from flax_transformer.config import ConfigError
+from flax_transformer.config import ConfigError, override_problem
+from flax_transformer.data.builders import DataError
 from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
-from flax_transformer.training.loop import NonFiniteLossError
+from flax_transformer.training.loop import NonFiniteStepError
 from flax_transformer.training.preemption import Preempted
+from flax_transformer.workdir import UnreadableCheckpointError, WorkdirInUseError
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+# New keys are accepted here so that an override of any field the config file does not set
+# reaches flax_transformer.config.load, which checks every key and names an unknown one with
+# its group's keys and the closest match.
+config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=False,
+                                accept_new_attributes=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the vocabulary.")
-flags.DEFINE_string("coordinator_address", None, "Multi-host: HOST:PORT of process 0.")
-flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
-flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+distributed.define_flags()
 flags.DEFINE_string(
     "compilation_cache_dir", None,
     "Persistent XLA compilation cache, so a resumed or repeated run skips compiling (default: "
     "$FLAX_TRANSFORMER_COMPILATION_CACHE, else ~/.cache/flax_transformer/xla; '' turns it off).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+# Faults of the job or its inputs that the user can fix: one line each, no traceback.
+EXPECTED_ERRORS = (ConfigError, DataError, distributed.DistributedError, WorkdirInUseError,
+                   UnreadableCheckpointError, CheckpointMismatchError, NonFiniteStepError,
+                   CompilationCacheError)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (it reports its own flag errors, exit 1), plus one line, exit 1, for a
+  config file that cannot be loaded or a --config.* override that names no config field."""
+  try:
+    args = app.parse_flags_with_usage(argv)
+    FLAGS.config.keys()  # The file is loaded lazily: a missing one fails here.
+  except (OSError, KeyError, AttributeError) as error:
+    sys.exit(f"error: {_config_flag_problem(argv, error)}")
+  return args
+
+
+def _config_flag_problem(argv: list[str], error: BaseException) -> str:
+  """The first --config.PATH override that names no config field, else the config file's
+  loading error (its last line: ml_collections lists every path it tried)."""
+  for arg in argv:
+    if arg.startswith("--config."):
+      path = arg.split("=", 1)[0].removeprefix("--config.")
+      if problem := override_problem(path):
+        return f"--config.{path}: {problem}"
+  cause = str(error.__cause__ or error).strip().splitlines()
+  return f"--config: the config file cannot be loaded: {cause[-1].strip() if cause else error}"
 
 
 def _quiet_libraries(record) -> bool:
@@ -47,18 +82,16 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   std_logging.getLogger("absl").addFilter(_quiet_libraries)
-  if FLAGS.coordinator_address or FLAGS.num_processes or FLAGS.process_id is not None:
-    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
-               jax.devices())
   try:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
+                 jax.devices())
     enable_compilation_cache(FLAGS.compilation_cache_dir)
     results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
-  except (ConfigError, CheckpointMismatchError, NonFiniteLossError,
-          CompilationCacheError) as error:
+  except EXPECTED_ERRORS as error:
     sys.exit(f"error: {error}")
   if jax.process_index() == 0:
     for split, result in results.items():
@@ -68,4 +101,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -69,10 +69,11 @@ def _translate_file(translator, path: str) -> list[str]:
 
 
 def run_translate(args: argparse.Namespace) -> int:
-  from flax_transformer.textfiles import read_lines, write_lines_atomically
+  from flax_transformer.textfiles import check_writable, read_lines, write_lines_atomically
 
   if args.input != "-":
     read_lines(args.input)  # Fail on a missing file or bad UTF-8 before restoring anything.
+  check_writable(args.output)  # And on an output that cannot be written.
   translator = _translator(args)
   write_lines_atomically(args.output, _translate_file(translator, args.input))
   return 0
@@ -80,12 +81,14 @@ def run_translate(args: argparse.Namespace) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
   from flax_transformer.scoring import score_translations
-  from flax_transformer.textfiles import read_lines, write_lines_atomically
+  from flax_transformer.textfiles import check_writable, read_lines, write_lines_atomically
 
   sources, references = read_lines(args.src), read_lines(args.ref)
   if len(sources) != len(references):
     raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has "
                      f"{len(references)}; they must be line-aligned.")
+  if args.output:
+    check_writable(args.output)
   translator = _translator(args)
   hypotheses = _translate_file(translator, args.src)
   if args.output:
@@ -172,13 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
   curves.add_argument("--workdir", required=True)
   curves.add_argument("--output", required=True, help="PNG file to write.")
   curves.set_defaults(run=run_curves)
+  for command in commands.choices.values():
+    command.add_argument("--verbose", action="store_true",
+                         help="Also log INFO lines (JAX, orbax, ...) on stderr.")
   return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+  """stderr holds the progress line, the results' summary, warnings and errors; libraries'
+  INFO lines (orbax's "CheckpointManager created", ...) only with --verbose."""
+  logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                      format="%(levelname)s %(name)s: %(message)s", force=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `flax-transformer` command."""
-  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
   args = build_parser().parse_args(argv)
+  _configure_logging(args.verbose)
   try:
     if hasattr(args, "compilation_cache_dir"):
       from flax_transformer.compilation_cache import enable_compilation_cache

@@ -99,6 +99,32 @@ def unknown_key_message(key: str, allowed: list[str], where: str) -> str:
   return f"Unknown config key {key}.{hint} Allowed in {where}: {', '.join(allowed)}."
 
 
+def override_problem(path: str) -> str | None:
+  """What is wrong with the config path of an override `--config.PATH=VALUE` ('train.lr'),
+  or None when it names a field of a group: e.g. 'Unknown config key config.trian. Did you
+  mean train? Allowed in config: model, data, ...'."""
+  group, _, rest = path.partition(".")
+  if group not in GROUPS:
+    return unknown_key_message(f"config.{group}", list(GROUPS), "config")
+  key, _, deeper = rest.partition(".")
+  allowed = group_keys(group)
+  if key not in allowed:
+    return unknown_key_message(f"config.{group}.{key}", allowed, f"config.{group}")
+  if deeper:
+    return (f"config.{group}.{key} is a value, not a group; set it with "
+            f"--config.{group}.{key}=VALUE.")
+  return None
+
+
+def group_keys(group: str) -> list[str]:
+  """The keys a config group may hold ('model' adds 'preset' to ModelConfig's fields)."""
+  if group == "model":
+    return ["preset", *(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")]
+  cls = {"data": DataConfig, "train": TrainConfig, "checkpoint": CheckpointConfig,
+         "eval": EvalConfig, "search": SearchConfig}[group]
+  return [f.name for f in dataclasses.fields(cls)]
+
+
 def parse_group(cls: type, group: Mapping[str, Any], **extra: Any) -> Any:
   """Builds the group dataclass `cls` from a ConfigDict group (or mapping), checking its keys;
   `extra` fields are set by the caller, not the config."""

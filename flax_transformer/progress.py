@@ -32,15 +32,17 @@ class ProgressBar:
     unit: what is counted ("sentences", "steps").
     start: work already done before this run (a resumed job); rates count only this run's.
     enabled: False draws nothing and prints no summary (e.g. on processes other than 0).
-    stream: where to draw (stderr).
+    stream: where to draw (default: sys.stderr when the bar is made, not when this module was
+      imported: a test's or a notebook cell's replaced stderr may be closed by then).
   """
 
   def __init__(self, total: int | None, *, unit: str, start: int = 0, enabled: bool = True,
-               stream: TextIO = sys.stderr):
-    self.total, self.unit, self.stream, self.enabled = total, unit, stream, enabled
+               stream: TextIO | None = None):
+    self.total, self.unit, self.enabled = total, unit, enabled
+    self.stream = stream or sys.stderr
     self.start, self.done = start, start
     self.counters: dict[str, int] = {}
-    self.interactive = enabled and stream.isatty()
+    self.interactive = enabled and self.stream.isatty()
     self._began = time.perf_counter()
     self._drawn = 0.0
 

@@ -4,6 +4,7 @@ when the name ends in .gz. Errors name the file and line; outputs appear atomica
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,26 @@ def read_lines(path: str) -> list[str]:
       raise ValueError(f"{name}:{number}: invalid UTF-8 ({error.reason} at byte "
                        f"{error.start}); translate needs UTF-8 text.") from None
   return text
+
+
+def check_writable(path: str) -> None:
+  """Raises, naming `path`, when an output file cannot be written there ('-' is stdout): its
+  folder is missing or not writable, or it is a folder. Called before the work, so that a bad
+  --output fails at once, not after translating everything.
+
+  Raises:
+    FileNotFoundError for a missing folder; ValueError otherwise.
+  """
+  if path == "-":
+    return
+  target = Path(path)
+  folder = target.parent
+  if not folder.is_dir():
+    raise FileNotFoundError(f"Cannot write {path}: the folder {folder} does not exist.")
+  if target.is_dir():
+    raise ValueError(f"Cannot write {path}: it is a folder.")
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise ValueError(f"Cannot write {path}: the folder {folder} is not writable.")
 
 
 def write_lines_atomically(path: str, lines: Sequence[str]) -> None:

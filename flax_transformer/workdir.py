@@ -18,20 +18,30 @@ alone, so nothing here imports the training code (or grain).
     averaged/          step_<S>_last_<K>/: the mean params of the K checkpoints up to step S.
     metrics.jsonl      {"step", "split", "name", "value"} per line (process 0).
     tensorboard/       TensorBoard event files (process 0).
+    .lock              "HOST PID" of the trainer that holds the workdir (`lock`); serving never
+                       takes it.
 
 `restore_params` restores the params item alone onto one device, whatever the number of devices
-or processes the checkpoint was written from.
+or processes the checkpoint was written from. `read_checkpoint` turns any failure to read a
+checkpoint into one `UnreadableCheckpointError` naming it, for serving and training alike.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import io
 import json
 import logging
 import os
 import re
+import socket
+import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -47,11 +57,70 @@ AVERAGED_DIR = "averaged"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 PARAMS_ITEM = "params"  # The checkpoint item serving reads; training adds its own items.
+LOCK_FILE = ".lock"
 _AVERAGED_NAME = re.compile(r"step_(\d+)_last_(\d+)$")
+T = TypeVar("T")
 
 
 class UnreadableCheckpointError(ValueError):
   """A checkpoint that exists but cannot be read (a damaged or truncated file)."""
+
+
+class WorkdirInUseError(RuntimeError):
+  """Another trainer holds the workdir's lock."""
+
+
+# ------------------------------------------------------------------------------ one trainer only
+class WorkdirLock:
+  """The trainer's exclusive hold on a workdir, until `release` (or `with` ends) or the process
+  ends. It is `fcntl.flock` on WORKDIR/.lock: the kernel drops it with the process, so a
+  `kill -9` never leaves a stale lock behind."""
+
+  def __init__(self, path: Path, fd: int | None):
+    self.path, self._fd = path, fd
+
+  def release(self) -> None:
+    if self._fd is not None:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self) -> WorkdirLock:
+    return self
+
+  def __exit__(self, *exc_info: Any) -> None:
+    self.release()
+
+
+def lock(workdir: str | os.PathLike) -> WorkdirLock:
+  """Takes WORKDIR's trainer lock (creating the folder) and writes "HOST PID" into WORKDIR/.lock.
+
+  Raises:
+    WorkdirInUseError: another process holds it, naming its host and pid. Nothing in the
+      workdir is changed.
+  """
+  path = Path(workdir) / LOCK_FILE
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # Not O_TRUNC: the holder's name is in it.
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.pread(fd, 256, 0).decode("utf-8", "replace").split()
+    os.close(fd)
+    who = (f"host {holder[0]} pid {holder[1]}" if len(holder) == 2
+           else "a process that has not written its host and pid yet")
+    raise WorkdirInUseError(
+        f"{workdir} is in use by {who} (it holds {path}): another trainer is running in it, "
+        "and two would interleave their checkpoints and metrics. Wait for it to end, stop it, "
+        "or use another --workdir.") from None
+  except OSError as error:  # A file system without flock (some NFS or Lustre mounts).
+    os.close(fd)
+    logging.warning("Cannot lock %s (%s): nothing stops a second trainer from using this "
+                    "workdir at the same time.", path, error)
+    return WorkdirLock(path, None)
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
+  return WorkdirLock(path, fd)
 
 
 # ----------------------------------------------------------------------------- files, atomically
@@ -118,15 +187,38 @@ def _params_manager(workdir: str | os.PathLike) -> ocp.CheckpointManager:
                             async_save=False, read_only=True)
 
 
+class _ServingNoise(logging.Filter):
+  """Drops what orbax warns on every read-only restore of params alone: the folder is read-only
+  and the training items are not restored, both on purpose."""
+
+  NOISE = ("Given directory is read only", "was found in the checkpoint, but could not be "
+           "restored")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not any(text in str(record.msg) for text in self.NOISE)
+
+
+@contextlib.contextmanager
+def _serving_read() -> Iterator[None]:
+  noise = _ServingNoise()
+  logger = logging.getLogger("absl")  # Orbax logs through absl.
+  logger.addFilter(noise)
+  try:
+    yield
+  finally:
+    logger.removeFilter(noise)
+
+
 def saved_steps(workdir: str | os.PathLike) -> list[int]:
   """The steps of WORKDIR's finished checkpoints, ascending (empty when none)."""
   if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
     return []
-  manager = _params_manager(workdir)
-  try:
-    return sorted(manager.all_steps())
-  finally:
-    manager.close()
+  with _serving_read():
+    manager = _params_manager(workdir)
+    try:
+      return sorted(manager.all_steps())
+    finally:
+      manager.close()
 
 
 def restore_params(
@@ -153,18 +245,19 @@ def restore_params(
   step = max(steps) if step is None else step
   if step not in steps:
     raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
-  manager = _params_manager(workdir)
-  try:
+  def read() -> Any:
     metadata = manager.item_metadata(step)[PARAMS_ITEM]
     target = _on(sharding, getattr(metadata, "tree", metadata))
-    restored = manager.restore(
+    return manager.restore(
         step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(target)}))
-  except Exception as error:  # Orbax and tensorstore raise many types for a damaged file.
-    raise UnreadableCheckpointError(
-        f"The checkpoint {directory / str(step)} is unreadable: {_first_line(error)}. Saved "
-        f"steps: {steps}; pass --step with an earlier one to use it instead.") from error
-  finally:
-    manager.close()
+
+  with _serving_read():
+    manager = _params_manager(workdir)
+    try:
+      restored = read_checkpoint(read, directory / str(step), steps,
+                                 "Pass --step with an earlier one to use it instead")
+    finally:
+      manager.close()
   return restored[PARAMS_ITEM], step
 
 
@@ -175,13 +268,14 @@ def _restore_averaged(path: Path, sharding: jax.sharding.Sharding) -> tuple[Any,
         f"{path} is not an averaged checkpoint (expected WORKDIR/{AVERAGED_DIR}/step_S_last_K, "
         "written by `flax-transformer average`).")
   checkpointer = ocp.StandardCheckpointer()
-  try:
+
+  def read() -> Any:
     metadata = checkpointer.metadata(path)
     tree = getattr(metadata, "item_metadata", metadata)
-    params = checkpointer.restore(path, _on(sharding, getattr(tree, "tree", tree)))
-  except Exception as error:
-    raise UnreadableCheckpointError(
-        f"The averaged checkpoint {path} is unreadable: {_first_line(error)}.") from error
+    return checkpointer.restore(path, _on(sharding, getattr(tree, "tree", tree)))
+
+  try:
+    params = read_checkpoint(read, path, (), "Average the checkpoints again")
   finally:
     checkpointer.close()
   return params, int(match.group(1))
@@ -193,7 +287,71 @@ def _on(sharding: jax.sharding.Sharding, metadata: Any) -> Any:
                       metadata)
 
 
+# --------------------------------------------------------------------- unreadable checkpoints
+def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], advice: str) -> T:
+  """Returns `read()`, an orbax read of the checkpoint at `path`.
+
+  Raises:
+    UnreadableCheckpointError: the read failed (a truncated or damaged file: orbax and
+      tensorstore raise many types), naming `path`, the first line of the innermost error, the
+      `saved` steps (when given) and `advice` (a sentence), e.g. "The checkpoint
+      W/checkpoints/16 is unreadable: ValueError: OUT_OF_RANGE: Error reading ... Saved steps:
+      [8, 16]. Pass --step ...".
+  """
+  with _tracebacks_of_stray_reads_dropped():
+    try:
+      return read()
+    except Exception as error:
+      steps = f" Saved steps: {list(saved)}." if saved else ""
+      raise UnreadableCheckpointError(
+          f"The checkpoint {path} is unreadable: {_first_line(error)}.{steps} {advice}."
+      ) from error
+
+
+@contextlib.contextmanager
+def _tracebacks_of_stray_reads_dropped(settle_seconds: float = 0.2,
+                                       most_seconds: float = 2.0) -> Iterator[None]:
+  """Orbax reads a checkpoint's arrays concurrently and raises at the first failure while the
+  other reads are still running; when they end, tensorstore's threads print a traceback each
+  ("Event loop is closed"), dozens for one damaged file. What is written to sys.stderr during
+  a read is held back: passed on when the read succeeds, dropped when it fails, once nothing
+  more has been written for `settle_seconds` (at most `most_seconds`)."""
+  held, real = io.StringIO(), sys.stderr
+  sys.stderr = held
+  try:
+    yield
+  except BaseException:
+    _drop_unraisable_orbax_reads()
+    deadline, size = time.monotonic() + most_seconds, -1
+    while size != held.tell() and time.monotonic() < deadline:
+      size = held.tell()
+      time.sleep(settle_seconds)
+    raise
+  else:
+    real.write(held.getvalue())
+  finally:
+    sys.stderr = real
+
+
+def _drop_unraisable_orbax_reads() -> None:
+  """The unfinished reads of a failed restore are garbage collected later (often at exit), each
+  printing 'Exception ignored in: <coroutine _read_array_index_and_device_put>'; drop those."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_orbax_reads", False):
+    return
+
+  def hook(unraisable: Any) -> None:
+    if getattr(unraisable.object, "__qualname__", "") != "_read_array_index_and_device_put":
+      previous(unraisable)
+
+  hook.drops_orbax_reads = True
+  sys.unraisablehook = hook
+
+
 def _first_line(error: BaseException) -> str:
+  """'Type: first line' of the innermost cause, which says what is wrong with which file."""
+  while error.__cause__ is not None:
+    error = error.__cause__
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 

@@ -1,5 +1,6 @@
 """The serving commands end to end on a real (briefly trained) workdir: translate, evaluate,
-average, attention and curves, plus `Translator.from_workdir` with real beam search.
+average, attention and curves, plus `Translator.from_workdir` with real beam search; what they
+print (nothing but the summary, one line for an error), and that training's BLEU is theirs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from flax_transformer.compilation_cache import CompilationCacheError, enable_com
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
 from flax_transformer.textfiles import read_lines
-from flax_transformer.workdir import average_checkpoints, restore_params
+from flax_transformer.workdir import average_checkpoints, lock, restore_params
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
@@ -40,17 +41,29 @@ SHRUNK = {
 }
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-  root = tmp_path_factory.mktemp("cli")
-  workdir = root / "workdir"
-  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(root / "tfds")})
+def _train(workdir: Path, **changes) -> Path:
+  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(workdir.parent / "tfds")}, **changes)
   command = [sys.executable, str(REPO / "train.py"),
              f"--config={REPO / 'configs' / 'default.py'}", f"--workdir={workdir}",
              *(f"--config.{k}={v}" for k, v in overrides.items())]
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+  return _train(tmp_path_factory.mktemp("cli") / "workdir")
+
+
+@pytest.fixture(scope="module")
+def translating_workdir(tmp_path_factory) -> Path:
+  """Trained long enough (600 steps, about 15 s) to translate 64 eval sentences into more than
+  empty strings; training evaluates, and translates, its eval split at the end."""
+  return _train(tmp_path_factory.mktemp("bleu") / "workdir", **{
+      "train.num_train_steps": 600, "train.warmup_steps": 50, "data.batch_tokens": 768,
+      "data.synthetic_num_eval": 64, "train.log_every_steps": 100,
+      "checkpoint.save_every_steps": 600})
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +176,87 @@ def test_evaluate_command_scores_with_sacrebleu(workdir, test_pairs, tmp_path, c
   ref2.write_text("a\n")
   assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref",
                str(ref2)]) == 2
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+  """`flax-transformer ARGS` as a user runs it, in a fresh process."""
+  return subprocess.run([sys.executable, "-m", "flax_transformer.cli", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_serving_commands_print_only_the_summary_unless_verbose(workdir, test_pairs, tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(s + "\n" for s, _ in test_pairs[:3]))
+  command = ("translate", "--workdir", str(workdir), "--input", str(source), "--output")
+  quiet = _cli(*command, str(tmp_path / "quiet.txt"))
+  assert quiet.returncode == 0, quiet.stderr[-3000:]
+  lines = quiet.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("Translated 3 sentences in "), quiet.stderr
+  verbose = _cli(*command, str(tmp_path / "verbose.txt"), "--verbose")
+  assert verbose.returncode == 0 and "INFO absl: " in verbose.stderr  # orbax's INFO lines
+  assert "Given directory is read only" not in verbose.stderr  # Noise even then.
+  assert read_lines(str(tmp_path / "verbose.txt")) == read_lines(str(tmp_path / "quiet.txt"))
+
+
+def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, test_pairs, tmp_path, capsys):
+  damaged = tmp_path / "workdir"
+  shutil.copytree(workdir, damaged)
+  # A truncated data file of the latest checkpoint's params (orbax's OCDBT store).
+  for chunk in (damaged / "checkpoints" / str(STEPS) / "params").glob("ocdbt.process_0/d/*"):
+    os.truncate(chunk, 100)
+  source = tmp_path / "in.txt"
+  source.write_text(test_pairs[0][0] + "\n")
+  result = _cli("translate", "--workdir", str(damaged), "--input", str(source), "--output",
+                str(tmp_path / "out.txt"))
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1, result.stderr[-3000:]  # One line, no traceback.
+  assert (f"error: The checkpoint {damaged / 'checkpoints' / str(STEPS)} is unreadable: "
+          "ValueError: OUT_OF_RANGE: Error reading ") in result.stderr
+  assert "Saved steps: [10, 20, 30]. Pass --step with an earlier one" in result.stderr
+  # As the message says: an earlier step still translates.
+  assert main(["translate", "--workdir", str(damaged), "--step", "20", "--input", str(source),
+               "--output", str(tmp_path / "out.txt")]) == 0
+  assert len(read_lines(str(tmp_path / "out.txt"))) == 1
+
+
+def test_an_output_in_a_missing_folder_fails_before_restoring(tmp_path, capsys):
+  source = tmp_path / "in.txt"
+  source.write_text("a b c\n")
+  missing = tmp_path / "no_such_folder" / "out.txt"
+  # No workdir at all: the output is checked first.
+  for command in (["translate", "--input", str(source), "--output", str(missing)],
+                  ["evaluate", "--src", str(source), "--ref", str(source), "--output",
+                   str(missing)]):
+    assert main([*command, "--workdir", str(tmp_path / "no_workdir")]) == 2
+    error = capsys.readouterr().err
+    assert f"error: Cannot write {missing}: the folder {missing.parent} does not exist" in error
+
+
+def test_serving_reads_a_workdir_a_trainer_holds(workdir, test_pairs, tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_text(test_pairs[0][0] + "\n")
+  with lock(workdir):
+    assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+                 str(tmp_path / "out.txt")]) == 0
+
+
+def test_training_bleu_is_the_bleu_of_evaluate(translating_workdir, tmp_path, capsys):
+  """Training's BLEU of its eval split (config.search, the training mesh of 8 devices) is what
+  `evaluate` reports for the same checkpoint and split (one device), to the last digit."""
+  workdir = translating_workdir
+  logged = {m["name"]: m["value"] for m in map(json.loads, (workdir / "metrics.jsonl").open())
+            if m["split"] == "eval" and m["step"] == 600}
+  config = json.loads((workdir / "config.json").read_text())
+  pairs = split_texts(parse_group(DataConfig, config["data"]), config["data"]["eval_split"])
+  src, ref = tmp_path / "eval.src", tmp_path / "eval.ref"
+  src.write_text("".join(s + "\n" for s, _ in pairs))
+  ref.write_text("".join(t + "\n" for _, t in pairs))
+  assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref", str(ref),
+               "--json"]) == 0
+  scores = json.loads(capsys.readouterr().out)
+  assert scores["step"] == 600
+  assert logged["chrf"] > 10.0 and logged["bleu"] > 0.5  # Translations, not empty strings.
+  assert (scores["bleu"], scores["chrf"]) == (logged["bleu"], logged["chrf"])
 
 
 def test_average_command_averages_parameters(workdir, capsys):

@@ -3,7 +3,11 @@ sharding, exact resume), eval batches. The data is a small synthetic split prepa
 
 import json
 import logging
+import multiprocessing
+import os
+import signal
 import sys
+import time
 
 import grain
 import numpy as np
@@ -182,6 +186,31 @@ def test_worker_processes_give_the_same_batches(setup):
     expected = next(ref)
     for key in pipeline.TRAIN_KEYS:
       np.testing.assert_array_equal(batch[key], expected[key])
+
+
+def test_worker_processes_outlive_stop_signals_sent_to_the_process_group(setup):
+  """`scancel`, Kubernetes and Ctrl-C signal every process of the group. The workers must
+  keep serving batches, in order, until the trainer has saved and closes the iterator."""
+  data, tokenizer = setup
+  workers = parse_group(DataConfig, {**vars(data), "num_workers": 2})
+  reference = pipeline.train_iterator(workers, tokenizer)
+  expected = [next(reference) for _ in range(8)]
+  reference.close()
+  it = pipeline.train_iterator(workers, tokenizer)
+  got = [next(it) for _ in range(2)]
+  children = [p for p in multiprocessing.active_children() if p.name.startswith("grain")]
+  assert len(children) == 2
+  for child in children:
+    os.kill(child.pid, signal.SIGTERM)
+    os.kill(child.pid, signal.SIGINT)
+  time.sleep(1.0)
+  assert [child.exitcode for child in children] == [None, None]  # Alive.
+  got += [next(it) for _ in range(6)]
+  for batch, want in zip(got, expected, strict=True):
+    for key in pipeline.TRAIN_KEYS:
+      np.testing.assert_array_equal(batch[key], want[key])
+  it.close()  # The iterator still stops its workers.
+  assert all(not child.is_alive() for child in children)
 
 
 def test_no_tensorflow_imported(setup):

@@ -1,5 +1,6 @@
 """Checkpoints: params restore on one device from an 8-device FSDP run; a mismatched model fails
-clearly; a non-finite loss stops the loop naming the step and keeps the last good checkpoint."""
+clearly; a non-finite loss or gradient norm stops the loop naming the step and keeps the last
+good checkpoint."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
-from flax_transformer.training import checkpoints, loop, optim
+from flax_transformer.training import checkpoints, loop, optim, steps
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
@@ -65,27 +66,80 @@ def test_checkpoint_of_another_model_shape_fails_clearly(fsdp_checkpoint):
   assert "['encoder']['layers_0']['feed_forward']['wi']['kernel']: (32, 64) vs (32, 128)" in message
 
 
-def test_non_finite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
+def _fake_run(tmp_path, bad_step: int, **bad_metrics):
+  """The loop over a fake step whose metrics at `bad_step` are `bad_metrics`; saves every 2."""
   state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.ones((2,))},
                      opt_state={"m": jnp.zeros((2,))}, rng=jax.random.PRNGKey(0))
 
   def fake_step(state, batch):
     del batch
     step = state.step + 1
-    loss = jnp.where(step == 5, jnp.nan, 1.0)
-    metrics = dict(loss=loss, nll=loss, correct=jnp.float32(1), num_tokens=jnp.float32(4),
-                   grad_norm=jnp.float32(1), learning_rate=jnp.float32(1e-3))
-    return state.replace(step=step, params={"w": state.params["w"] * loss}), metrics
+    metrics = dict(loss=jnp.float32(1), nll=jnp.float32(1), correct=jnp.float32(1),
+                   num_tokens=jnp.float32(4), grad_norm=jnp.float32(1),
+                   learning_rate=jnp.float32(1e-3))
+    metrics.update({k: jnp.where(step == bad_step, v, metrics[k])
+                    for k, v in bad_metrics.items()})
+    params = {"w": state.params["w"] * metrics["loss"] * metrics["grad_norm"]}
+    return state.replace(step=step, params=params), metrics
 
   manager = checkpoints.make_manager(tmp_path, max_to_keep=3)
   settings = loop.LoopSettings(num_train_steps=10, log_every_steps=100, save_every_steps=2,
                                eval_every_steps=0)
-  with pytest.raises(loop.NonFiniteLossError, match=r"\(nan\) at step 5; .* step 4") as error:
+  try:
     loop.run(state, train_step=fake_step, batches=iter(lambda: {}, None), data_iter=None,
              manager=manager, settings=settings,
              writer=metrics_lib.MetricWriter(tmp_path, enabled=False))
+  finally:
+    steps = manager.all_steps()
+    manager.close()
+  return steps
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path):
+  with pytest.raises(loop.NonFiniteStepError,
+                     match=r"loss \(nan\) at step 5; .* step 4") as error:
+    _fake_run(tmp_path, 5, loss=jnp.nan)
   assert error.value.step == 5
-  assert manager.all_steps() == [2, 4]
+  assert checkpoints.make_manager(tmp_path, read_only=True).all_steps() == [2, 4]
   params, _ = restore_params(tmp_path)
   np.testing.assert_array_equal(np.asarray(params["w"]), [1.0, 1.0])
+
+
+def test_infinite_gradient_norm_with_a_finite_loss_stops_before_saving(tmp_path):
+  with pytest.raises(loop.NonFiniteStepError,
+                     match=r"gradient norm \(inf; the loss, 1, was finite\) at step 6; "
+                     r"stopped, the last good checkpoint is step 4\.") as error:
+    _fake_run(tmp_path, 6, grad_norm=jnp.inf)
+  assert error.value.step == 6
+  assert checkpoints.make_manager(tmp_path, read_only=True).all_steps() == [2, 4]
+
+
+def test_gradients_that_overflow_float32_stop_the_real_step(tmp_path):
+  """Embeddings scaled by 3e18: the forward pass (and so the loss) stays finite, the backward
+  pass overflows float32, and the update would make every parameter NaN."""
+  from test_training_steps import _model, _packed_batch, _train_config
+
+  model = _model(dropout=0.0)
+  optimizer, schedule = optim.make_optimizer(_train_config(), model.config.emb_dim)
+  mesh = sharding_lib.make_mesh(jax.devices()[:1])
+  _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=False)
+  state = state_lib.create_train_state(model, optimizer, shardings, seed=0)
+  params = dict(state.params, embedder={"embedding": state.params["embedder"]["embedding"] * 3e18})
+  state = state.replace(params=jax.device_put(params, shardings.params))
+  train_step = steps.jit_train_step(mesh, shardings, model=model, optimizer=optimizer,
+                                    schedule=schedule, label_smoothing=0.1)
+  batch = sharding_lib.global_batch(_packed_batch(8), sharding_lib.batch_sharding(mesh))
+  _, metrics = train_step(jax.tree.map(jnp.copy, state), batch)  # The premise, checked.
+  assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
+
+  manager = checkpoints.make_manager(tmp_path, max_to_keep=3, async_save=False)
+  checkpoints.save(manager, state, None)  # Step 0, the last good one.
+  settings = loop.LoopSettings(num_train_steps=3, log_every_steps=100, save_every_steps=1,
+                               eval_every_steps=0)
+  with pytest.raises(loop.NonFiniteStepError, match=r"gradient norm \(nan; the loss, .*, was "
+                     r"finite\) at step 1; stopped, the last good checkpoint is step 0\."):
+    loop.run(state, train_step=train_step, batches=iter(lambda: batch, None), data_iter=None,
+             manager=manager, settings=settings,
+             writer=metrics_lib.MetricWriter(tmp_path, enabled=False))
+  assert manager.all_steps() == [0]
   manager.close()

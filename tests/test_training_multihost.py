@@ -1,9 +1,12 @@
 """Multi-host: two processes on 127.0.0.1 (2 CPU devices each, gloo collectives) train FSDP
-steps on per-process halves of a batch and match one process with 4 devices.
+steps on per-process halves of a batch and match one process with 4 devices; started from
+SLURM's variables alone, as srun starts them, they give exactly what the flags give.
 
-Run as a script, this file is the worker: `python test_training_multihost.py PID PORT OUT`.
+Run as a script, this file is the worker: `python test_training_multihost.py MODE PID PORT OUT`,
+MODE 'flags' (coordinator, count and index given) or 'srun' (nothing given: the environment).
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -11,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 NUM_STEPS = 3
 ROWS = 16
@@ -44,12 +48,19 @@ def _train(mesh_devices=None):
   return np.array(losses), [np.asarray(p) for p in jax.tree.leaves(params)]
 
 
-def _worker(process_id: int, port: int, out: str) -> None:
+def _worker(mode: str, process_id: int, port: int, out: str) -> None:
   import jax
 
+  from flax_transformer import distributed
+
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
-  assert jax.device_count() == 4 and jax.local_device_count() == 2
+  if mode == "flags":
+    distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+  else:
+    distributed.initialize()
+  Path(f"{out}.{process_id}.json").write_text(json.dumps(
+      {"process_index": jax.process_index(), "process_count": jax.process_count(),
+       "devices": jax.device_count(), "local_devices": jax.local_device_count()}))
   losses, params = _train()
   if process_id == 0:
     np.savez(out, losses, *params)
@@ -62,13 +73,24 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process_with_four_devices(tmp_path):
-  import jax
-
-  port, out = _free_port(), tmp_path / "multihost.npz"
+def _two_processes(mode: str, out: Path, cache: Path) -> list[dict]:
+  """Runs the two workers; returns what each saw. `cache`: a compilation cache they share, so
+  the second pair of processes loads the programs the first compiled."""
+  port = _free_port()
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  workers = [subprocess.Popen([sys.executable, __file__, str(i), str(port), str(out)], env=env,
+             JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  envs = [dict(env) for _ in range(2)]
+  if mode == "srun":  # What srun sets for task i of 2 on one node; JAX picks the port.
+    for i, task_env in enumerate(envs):
+      task_env.update(SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID=str(i),
+                      SLURM_LOCALID=str(i), SLURM_NODEID="0", SLURM_STEP_ID="0",
+                      SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NUM_NODES="1",
+                      SLURM_NODELIST="localhost", SLURM_JOB_NODELIST="localhost",
+                      SLURM_STEP_NODELIST="localhost", JAX_COORDINATOR_PORT=str(port))
+  arguments = ("0" if mode == "srun" else str(port), str(out))
+  workers = [subprocess.Popen([sys.executable, __file__, mode, str(i), *arguments], env=envs[i],
                               cwd=Path(__file__).parent, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
   try:
@@ -77,14 +99,43 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
     for w in workers:
       w.kill()
   assert [w.returncode for w in workers] == [0, 0], "\n".join(e[-2000:] for e in errors)
+  return [json.loads(Path(f"{out}.{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def explicit_run(tmp_path_factory):
+  """Two processes started with --coordinator_address, --num_processes, --process_id."""
+  root = tmp_path_factory.mktemp("multihost")
+  seen = _two_processes("flags", root / "flags.npz", root / "xla_cache")
+  return root, seen, np.load(root / "flags.npz")
+
+
+def test_two_processes_match_one_process_with_four_devices(explicit_run):
+  import jax
+
+  _, seen, saved = explicit_run
+  assert [(s["process_index"], s["process_count"], s["devices"], s["local_devices"])
+          for s in seen] == [(0, 2, 4, 2), (1, 2, 4, 2)]
   losses, params = _train(jax.devices()[:4])
-  saved = np.load(out)
   np.testing.assert_allclose(saved["arr_0"], losses, rtol=1e-5)
   assert len(saved.files) == 1 + len(params)
   for i, want in enumerate(params, start=1):
     np.testing.assert_allclose(saved[f"arr_{i}"], want, rtol=1e-5, atol=1e-6)
 
 
+def test_tasks_started_by_srun_need_no_flags(explicit_run):
+  """SLURM's variables alone (as srun sets them, on 127.0.0.1): both tasks see 2 processes and
+  end with exactly the parameters of the run started with flags."""
+  root, _, by_flags = explicit_run
+  seen = _two_processes("srun", root / "srun.npz", root / "xla_cache")
+  assert [(s["process_index"], s["process_count"], s["local_devices"]) for s in seen] == [
+      (0, 2, 2), (1, 2, 2)]
+  by_srun = np.load(root / "srun.npz")
+  assert by_srun.files == by_flags.files
+  for name in by_flags.files:
+    np.testing.assert_array_equal(by_srun[name], by_flags[name])
+
+
 if __name__ == "__main__":
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-  _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+  _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

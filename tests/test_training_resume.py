@@ -1,6 +1,7 @@
 """End to end through `train.py` (real subprocesses): the shrunk default config trains, writes
-and restores checkpoints, and resumes exactly: 2N straight == N + restart + N == SIGTERM mid-run
-+ restart, bitwise on CPU.
+and restores checkpoints, and resumes exactly: 2N straight == N + restart + N == a stop signal to
+the process group mid-run (grain workers included) + restart == a damaged latest checkpoint
+moved aside + restart from the one before, bitwise on CPU.
 
 The runs share a persistent compilation cache, so only the first one pays for compiling.
 """
@@ -108,24 +109,105 @@ def test_n_steps_restart_n_steps_equals_2n_steps(straight_run, shared):
   _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
 
 
-def test_sigterm_mid_run_saves_and_resumes_exactly(straight_run, shared):
+# With 2 grain workers, rows of 8 tokens: the length filter drops 96% of the pairs, so the
+# trainer waits for its workers most of the time, as a data-bound job on an accelerator does, and
+# a stop signal finds it waiting for the next batch.
+WORKERS = {"data__num_workers": 2, "data__max_length": 8}
+
+
+@pytest.fixture(scope="module")
+def straight_run_with_workers(shared):
+  """The reference for 2 grain workers (the batch order depends on the number of workers)."""
+  workdir = shared[0] / "straight_workers"
+  _train(workdir, shared, **WORKERS)
+  return workdir
+
+
+@pytest.mark.parametrize("num_workers, signum", [
+    (0, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)])
+def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
+    num_workers, signum, request, shared):
+  """As `scancel`, Kubernetes and Ctrl-C do: the signal reaches every process of the group,
+  grain's worker processes included; the run still finishes its step, saves and resumes."""
   root, env = shared
-  workdir = root / "preempted"
-  command = _command(workdir, root)
+  reference = request.getfixturevalue(
+      "straight_run_with_workers" if num_workers else "straight_run")
+  reference = reference[0] if isinstance(reference, tuple) else reference
+  workdir = root / f"stopped_{num_workers}_{signal.Signals(signum).name}"
+  overrides = WORKERS if num_workers else {}
+  command = _command(workdir, root, **overrides)
   process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
   try:
     _wait_for_step(workdir, 2, process)
-    process.send_signal(signal.SIGTERM)
+    os.killpg(process.pid, signum)  # The session's process group: the trainer and its workers.
     _, stderr = process.communicate(timeout=120)
   finally:
     process.kill()
-  assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+  assert process.returncode == 128 + signum, stderr[-3000:]
+  assert "Traceback" not in stderr, stderr[-3000:]
   stopped_at = _params(workdir)[1]
   assert 2 <= stopped_at < TOTAL_STEPS
-  resumed = _train(workdir, shared)
+  resumed = _train(workdir, shared, **overrides)
   assert f"Restored step {stopped_at}" in resumed.stderr
+  _assert_identical(_params(workdir)[0], _params(reference)[0])
+
+
+def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(straight_run,
+                                                                            shared):
+  """Orbax writes a step into '<step>.orbax-checkpoint-tmp...' and renames it when complete, so a
+  save cut short by SIGKILL is never listed; the rerun restores the one before."""
+  root, env = shared
+  workdir = root / "killed"
+  checkpoints = workdir / "checkpoints"
+  process = subprocess.Popen(_command(workdir, root), env=env, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    while process.poll() is None:  # Until step 16's save has begun, and not finished.
+      if checkpoints.is_dir() and any(p.name.startswith("16.") for p in checkpoints.iterdir()):
+        process.send_signal(signal.SIGKILL)
+        break
+      time.sleep(0.002)
+    process.wait(timeout=60)
+  finally:
+    process.kill()
+  assert process.returncode == -signal.SIGKILL, process.stderr.read()[-3000:]
+  assert not (checkpoints / "16").exists()  # Killed mid-save.
+  assert _params(workdir)[1] == 8
+  resumed = _train(workdir, shared)
+  assert "Restored step 8" in resumed.stderr
   _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
+def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run, shared):
+  root, env = shared
+  workdir = root / "damaged"
+  _train(workdir, shared, train__num_train_steps=16)  # Saves steps 8 and 16.
+  for chunk in (workdir / "checkpoints" / "16" / "params").glob("ocdbt.process_0/d/*"):
+    os.truncate(chunk, 100)  # A truncated params file, as a full disk or a lost node leaves.
+  before = _files(workdir)
+  result = subprocess.run(_command(workdir, root), env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 1
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  error = result.stderr.strip().splitlines()[-1]
+  damaged, aside = workdir / "checkpoints" / "16", workdir / "unreadable_checkpoint_16"
+  assert error.startswith(f"error: The checkpoint {damaged} is unreadable: ValueError: "
+                          "OUT_OF_RANGE: Error reading "), error
+  assert error.endswith(f"Saved steps: [8, 16]. To continue, move it aside and rerun the same "
+                        f"command, which then continues from step 8: mv {damaged} {aside}."), error
+  # Neither started from scratch nor fell back to step 8 on its own: nothing was written.
+  assert _files(workdir) == before
+  os.rename(damaged, aside)  # What the message says to do.
+  resumed = _train(workdir, shared)
+  assert "Restored step 8" in resumed.stderr
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
+def _files(workdir: Path) -> list[tuple[Path, int, int]]:
+  """(path, size, mtime) of every file and folder, but the trainer's own lock record."""
+  return sorted((p.relative_to(workdir), p.stat().st_size, p.stat().st_mtime_ns)
+                for p in workdir.rglob("*") if p.name != ".lock")
 
 
 def _wait_for_step(workdir: Path, step: int, process: subprocess.Popen) -> None:

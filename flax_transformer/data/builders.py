@@ -39,6 +39,15 @@ from flax_transformer.data import synthetic
 ARRAY_RECORD = "array_record"
 
 
+class DataError(ValueError):
+  """A corpus that cannot be read as configured: files whose line counts differ, invalid UTF-8,
+  an unknown TFDS name or split. `train.py` reports it as one line."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+  """A configured folder, file or split that does not exist."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Local parallel text.
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +126,7 @@ def find_local_splits(
     directory: Path, languages: Sequence[str], pattern: str) -> dict[str, dict[str, Path]]:
   """{split: {lang: path}} for every split that has a file in each language."""
   if not directory.is_dir():
-    raise FileNotFoundError(
+    raise MissingDataError(
         f"config.data.local_dir: folder {directory} does not exist; expected files named "
         f"{pattern!r} (+ optional .gz) for languages {tuple(languages)}.")
   names = [p.name for p in directory.iterdir() if p.is_file()]
@@ -131,12 +140,12 @@ def find_local_splits(
 
 
 def check_local_split(directory: Path, languages: Sequence[str], pattern: str, split: str):
-  """Raises a clear FileNotFoundError when `split` lacks a file in one of the languages."""
+  """Raises a clear MissingDataError when `split` lacks a file in one of the languages."""
   found = sorted(find_local_splits(directory, languages, pattern))  # Raises if no folder.
   for lang in languages:
     if local_file(directory, pattern, split, lang) is None:
       expected = directory / pattern.format(split=split, lang=lang)
-      raise FileNotFoundError(
+      raise MissingDataError(
           f"Split {split!r}: no file {expected} or {expected}.gz (pattern "
           f"{str(directory / pattern)!r}, config.data.local_dir/local_pattern). Splits found "
           f"with both languages {tuple(languages)}: {found or 'none'}.")
@@ -150,7 +159,7 @@ def _read_lines(path: Path) -> Iterator[str]:
       try:
         yield raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError as e:
-        raise ValueError(f"{path}, line {number}: invalid UTF-8 ({e.reason} at byte "
+        raise DataError(f"{path}, line {number}: invalid UTF-8 ({e.reason} at byte "
                          f"{e.start}).") from e
 
 
@@ -162,7 +171,7 @@ def _aligned_lines(path_a: Path, path_b: Path) -> Iterator[tuple[str, str]]:
     if line_a is sentinel or line_b is sentinel:
       rest = sum(1 for _ in pairs) + 1
       count_a, count_b = (count, count + rest) if line_a is sentinel else (count + rest, count)
-      raise ValueError(f"Line counts differ: {path_a} has {count_a} lines, {path_b} has "
+      raise DataError(f"Line counts differ: {path_a} has {count_a} lines, {path_b} has "
                        f"{count_b} lines; parallel files must be line-aligned.")
     yield line_a, line_b
 
@@ -270,7 +279,7 @@ def tfds_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
   try:
     return tfds.builder(name, data_dir=data_dir, file_format=ARRAY_RECORD)
   except tfds.core.registered.DatasetNotFoundError as e:
-    raise ValueError(
+    raise DataError(
         f"config.data.tfds_name={name!r} is not a TFDS dataset this install can build. TFDS "
         f"says: {e}\nNote: TFDS's WMT builders (wmt14_translate, wmt17_translate, ...) import "
         "TensorFlow to prepare the data; install it with `pip install flax-transformer[wmt]`, "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -71,7 +72,7 @@ def _prepared(cls, config, data_dir):
 def _check_tfds_builder(data: DataConfig, builder, split: str) -> None:
   languages = getattr(builder.info.features, "languages", None)
   if languages is None:
-    raise ValueError(f"config.data.tfds_name={data.tfds_name!r} has features "
+    raise builders.DataError(f"config.data.tfds_name={data.tfds_name!r} has features "
                      f"{builder.info.features}; expected a tfds.features.Translation.")
   for name in ("source_lang", "target_lang"):
     if getattr(data, name) not in languages:
@@ -80,7 +81,8 @@ def _check_tfds_builder(data: DataConfig, builder, split: str) -> None:
   known = list(builder.info.splits)  # Empty when TFDS does not know them (e.g. when mocked).
   base = split.split("[")[0]
   if known and base not in known:
-    raise ValueError(f"Split {split!r} not in {data.tfds_name}; its splits are {known}.")
+    raise builders.DataError(
+        f"Split {split!r} not in {data.tfds_name}; its splits are {known}.")
 
 
 def open_split(data: DataConfig, split: str) -> Sequence[dict[str, Any]]:
@@ -148,7 +150,7 @@ def train_or_load_tokenizer(data: DataConfig, workdir: str) -> Tokenizer:
   """
   if data.vocab_path:
     if not Path(data.vocab_path).is_file():
-      raise FileNotFoundError(f"config.data.vocab_path: no SentencePiece model at "
+      raise builders.MissingDataError(f"config.data.vocab_path: no SentencePiece model at "
                               f"{data.vocab_path}; set it to '' to train one into the workdir.")
     return Tokenizer.load(data.vocab_path)
   path = Path(workdir) / workdir_lib.VOCAB_FILE
@@ -251,7 +253,7 @@ def train_dataset(data: DataConfig, tokenizer: Tokenizer, *, process_index: int 
   rows = data.rows_per_process(process_count)
   shard = grain.MapDataset.source(open_split(data, data.train_split))[process_index::process_count]
   if len(shard) == 0:
-    raise ValueError(f"Train split {data.train_split!r} has no examples for process "
+    raise builders.DataError(f"Train split {data.train_split!r} has no examples for process "
                      f"{process_index} of {process_count}.")
   ds = shard.shuffle(seed=data.seed).repeat()  # A new permutation each epoch.
   ds = ds.batch(_READ_CHUNK, batch_fn=list)  # Chunks may straddle epochs, as the stream does.
@@ -265,8 +267,23 @@ def train_dataset(data: DataConfig, tokenizer: Tokenizer, *, process_index: int 
   if data.num_workers:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app (tests,
       flags.FLAGS.mark_as_parsed()  # notebooks) nothing parses them, so use their defaults.
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data.num_workers))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=data.num_workers),
+                        worker_init_fn=_ignore_stop_signals)
   return ds
+
+
+def _ignore_stop_signals(worker_index: int, worker_count: int) -> None:
+  """Runs in every grain worker process before it reads: SIGINT and SIGTERM are ignored there.
+
+  `scancel`, Kubernetes and Ctrl-C send them to the whole process group, the workers included.
+  A worker that died of one takes its prefetched batches and shared memory with it, and the
+  trainer's next batch fails with "Worker process was terminated unexpectedly". The trainer
+  alone answers them: it finishes the step, saves (the iterator's position included) and
+  closes the iterator, which stops the workers itself (grain's stop event, then SIGKILL).
+  """
+  del worker_index, worker_count
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
 
 
 def train_iterator(data: DataConfig, tokenizer: Tokenizer, *, process_index: int = 0,
@@ -294,7 +311,7 @@ def eval_batches(data: DataConfig, tokenizer: Tokenizer, split: str, *, process_
   """
   pairs = split_texts(data, split)
   if not pairs:
-    raise ValueError(f"Split {split!r} is empty.")
+    raise builders.DataError(f"Split {split!r} is empty.")
   per_process = math.ceil(len(pairs) / process_count)
   mine = pairs[process_index * per_process:(process_index + 1) * per_process]
   rows = data.eval_batch_size * math.ceil(per_process / data.eval_batch_size)

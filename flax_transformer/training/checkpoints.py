@@ -8,6 +8,7 @@ this module adds what only training reads and writes: the optimizer state, step 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import grain
@@ -64,8 +65,14 @@ def restore(
 
   Raises:
     CheckpointMismatchError: naming the parameters whose shapes differ from the model's.
+    workdir.UnreadableCheckpointError: a file of the checkpoint cannot be read; the message
+      names the checkpoint, why, the saved steps and how to continue from the previous one.
   """
-  check_params_match(manager, step, abstract.params)
+  path, saved = manager.directory / str(step), sorted(manager.all_steps())
+  advice = continue_advice(path, saved)
+  metadata = workdir_lib.read_checkpoint(lambda: manager.item_metadata(step)[PARAMS_ITEM],
+                                         path, saved, advice)
+  check_params_match(path, metadata, abstract.params)
   target = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
   items = {
@@ -75,20 +82,36 @@ def restore(
   }
   if data_iter is not None:
     items[DATA_ITER_ITEM] = grain.checkpoint.CheckpointRestore(data_iter)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  restored = workdir_lib.read_checkpoint(
+      lambda: manager.restore(step, args=ocp.args.Composite(**items)), path, saved, advice)
   rest = restored[TRAIN_STATE_ITEM]
   return TrainState(
       step=rest["step"], params=restored[PARAMS_ITEM], opt_state=rest["opt_state"],
       rng=rest["rng"])
 
 
-def check_params_match(manager: ocp.CheckpointManager, step: int, abstract_params: Any) -> None:
-  """Raises CheckpointMismatchError listing params whose shapes differ from the model's."""
-  saved = manager.item_metadata(step)[PARAMS_ITEM]
+def continue_advice(path: os.PathLike, saved: list[int]) -> str:
+  """How to continue past the unreadable checkpoint `path`: move it out of checkpoints/ (orbax
+  then no longer lists it) and rerun the same command, which restores the newest step left.
+
+  Moving it aside, not a flag, so the rerun is the job's usual command: nothing to remember to
+  remove, and the damaged step can never be restored, kept over good ones or overwritten."""
+  path = Path(path)
+  aside = path.parent.parent / f"unreadable_checkpoint_{path.name}"
+  earlier = [s for s in saved if s < int(path.name)]
+  then = (f"continues from step {earlier[-1]}" if earlier else
+          "starts from scratch (no earlier checkpoint)")
+  return (f"To continue, move it aside and rerun the same command, which then {then}: "
+          f"mv {path} {aside}")
+
+
+def check_params_match(path: os.PathLike, saved: Any, abstract_params: Any) -> None:
+  """Raises CheckpointMismatchError listing params whose shapes in the checkpoint at `path`
+  (its params metadata `saved`) differ from the model's."""
   problems = workdir_lib.shape_differences(getattr(saved, "tree", saved), abstract_params)
   if problems:
     raise CheckpointMismatchError(
-        f"The checkpoint {manager.directory / str(step)} does not match the configured model "
+        f"The checkpoint {path} does not match the configured model "
         f"(config.model); use another --workdir or the saved config. Differences (checkpoint "
         "vs model):\n  " + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else ""))
 

@@ -2,8 +2,9 @@
 
 Steps are dispatched asynchronously; their metrics stay on the devices until a log, save, eval
 or stop point fetches them all at once, so the host never waits for a step it does not need.
-Every fetched step is checked for a non-finite loss before anything is saved, so a checkpoint
-never holds a state produced by a non-finite step.
+Every fetched step is checked before anything is saved: its loss and its gradient norm must be
+finite. The loss is computed before the update, so it alone would let a step whose gradients
+overflowed (and whose update made the parameters or Adam's moments NaN) be saved and called good.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from flax_transformer.training.preemption import Preempted, PreemptionWatcher
 from flax_transformer.training.state import TrainState
 
 
-class NonFiniteLossError(RuntimeError):
-  """The loss of `step` was NaN or infinite; the run stopped without saving that state."""
+class NonFiniteStepError(RuntimeError):
+  """Step `step` had a NaN or infinite loss or gradient norm; the run stopped without saving
+  the state it produced."""
 
-  def __init__(self, step: int, value: float, last_checkpoint: int | None):
+  def __init__(self, step: int, what: str, last_checkpoint: int | None):
     kept = (f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None
             else "no checkpoint was saved before it")
     super().__init__(
-        f"Non-finite training loss ({value}) at step {step}; stopped, {kept}. Lower "
+        f"Non-finite {what} at step {step}; stopped, {kept}. Lower "
         "config.train.learning_rate, raise warmup_steps or set grad_clip_norm.")
     self.step = step
 
@@ -68,7 +70,7 @@ def run(
 
   Raises:
     Preempted: after saving, when SIGTERM/SIGINT arrived.
-    NonFiniteLossError: naming the first step with a non-finite loss.
+    NonFiniteStepError: naming the first step with a non-finite loss or gradient norm.
   """
   total = settings.num_train_steps
   pending: list[tuple[int, dict]] = []
@@ -106,11 +108,16 @@ def run(
 
 
 def _check_finite(pending: list[tuple[int, dict]], manager) -> list[dict]:
+  """Fetches the pending steps' metrics; raises NonFiniteStepError at the first step whose
+  loss or gradient norm (the global norm before clipping) is not finite."""
   fetched = jax.device_get([m for _, m in pending])
   for (step, _), values in zip(pending, fetched, strict=True):
-    if not np.isfinite(values["loss"]):
+    loss, grad_norm = float(values["loss"]), float(values["grad_norm"])
+    if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+      what = (f"training loss ({loss})" if not np.isfinite(loss) else
+              f"gradient norm ({grad_norm}; the loss, {loss:.4g}, was finite)")
       manager.wait_until_finished()
-      raise NonFiniteLossError(step, float(values["loss"]), manager.latest_step())
+      raise NonFiniteStepError(step, what, manager.latest_step())
   return fetched
 
 

@@ -2,11 +2,14 @@
 
 `train_and_evaluate(config, workdir)` is what `train.py` runs. Restarting it with the same
 workdir continues from the latest checkpoint (params, optimizer state, step, RNG and data
-position), logging the step and every config value that changed since `config.json`.
+position), logging the step and every config value that changed since `config.json`. Process 0
+holds the workdir's lock (`workdir.lock`) from before it writes anything until it returns, so a
+second trainer on the same workdir stops at once instead of interleaving checkpoints with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -53,12 +56,27 @@ def train_and_evaluate(
 
   Raises:
     config.ConfigError: before anything is compiled, for a bad config.
+    workdir.WorkdirInUseError: another trainer holds the workdir; nothing was written.
+    workdir.UnreadableCheckpointError: the latest checkpoint cannot be read (never skipped).
     training.checkpoints.CheckpointMismatchError: the workdir holds another model's checkpoint.
     training.preemption.Preempted: after saving, when SIGTERM/SIGINT arrived.
-    training.loop.NonFiniteLossError: when a step's loss is NaN or infinite.
+    training.loop.NonFiniteStepError: when a step's loss or gradient norm is NaN or infinite.
   """
-  job = _setup(config, Path(workdir))
-  exp, writer = job.exp, job.writer
+  exp = config_lib.load(config)
+  with _trainer_lock(Path(workdir)):
+    return _train(config, exp, Path(workdir))
+
+
+def _trainer_lock(workdir: Path) -> contextlib.AbstractContextManager:
+  """Process 0's lock on the workdir (the others write nothing there but checkpoint shards)."""
+  return workdir_lib.lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+
+
+def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment,
+           workdir: Path) -> dict[str, evaluation.SplitResult]:
+  """The job itself, once the config is valid and the workdir is ours."""
+  job = _setup(config, exp, workdir)
+  writer = job.writer
   train_step = steps.jit_train_step(
       job.mesh, job.shardings, model=job.model, optimizer=job.optimizer, schedule=job.schedule,
       label_smoothing=exp.train.label_smoothing, accum_steps=exp.train.grad_accum_steps)
@@ -81,14 +99,12 @@ def train_and_evaluate(
   finally:
     job.manager.close()
     writer.close()
+    job.train_iter.close()  # Stops grain's worker processes now, not at interpreter exit.
 
 
-def _setup(config: ml_collections.ConfigDict, workdir: Path) -> _Job:
-  """Validates, builds everything, and restores the latest checkpoint or initialises."""
-  exp = config_lib.load(config)
+def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path) -> _Job:
+  """Builds everything, and restores the latest checkpoint or initialises."""
   is_chief = jax.process_index() == 0
-  if is_chief:
-    workdir.mkdir(parents=True, exist_ok=True)
   tokenizer = pipeline.train_or_load_tokenizer(exp.data, str(workdir))
   _keep_vocabulary(exp, workdir, is_chief)
   model = Transformer(exp.model_config(tokenizer.vocab_size))
