@@ -32,11 +32,12 @@ class ProgressBar:
     unit: what is counted ("sentences", "steps").
     start: work already done before this run (a resumed job); rates count only this run's.
     enabled: False draws nothing and prints no summary (e.g. on processes other than 0).
-    stream: where to draw (stderr).
+    stream: where to draw (default: sys.stderr as it is when the bar is made).
   """
 
   def __init__(self, total: int | None, *, unit: str, start: int = 0, enabled: bool = True,
-               stream: TextIO = sys.stderr):
+               stream: TextIO | None = None):
+    stream = sys.stderr if stream is None else stream
     self.total, self.unit, self.stream, self.enabled = total, unit, stream, enabled
     self.start, self.done = start, start
     self.counters: dict[str, int] = {}
