@@ -26,8 +26,8 @@ from flax_transformer.translate import Translator
 __all__ = [
     "ModelConfig",
     "SearchConfig",
-    "TranslateConfig",
     "Transformer",
+    "TranslateConfig",
     "Translator",
     "beam_search",
     "greedy_search",
