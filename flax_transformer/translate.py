@@ -86,9 +86,27 @@ def _row_keys(key: Array, line_numbers: Array) -> Array:
   return jax.vmap(lambda number: jax.random.fold_in(key, number))(line_numbers)
 
 
+@functools.cache
+def _jitted(model_config: ModelConfig, mesh: Mesh | None) -> tuple[Callable, Callable]:
+  """The jitted search and scoring of a model config on a mesh, shared by every Translator of
+  them, so that a new Translator (each CLI call in one process, a notebook's second one)
+  reuses what an earlier one compiled."""
+  model = Transformer(model_config)
+  replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+  search_fn = jax.jit(functools.partial(search_batch, model),
+                      static_argnames=("settings", "max_decode_len"), out_shardings=replicated)
+  return search_fn, jax.jit(functools.partial(score_batch, model), out_shardings=replicated)
+
+
 def local_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A 1-D mesh over this process's devices (default: all of them), for `Translator(mesh=)`."""
-  return Mesh(np.asarray(jax.local_devices() if devices is None else devices), (MESH_AXIS,))
+  """A 1-D mesh over this process's devices (default: all of them), for `Translator(mesh=)`;
+  the same object for the same devices (so Translators on it share compiled programs)."""
+  return _mesh(tuple(jax.local_devices() if devices is None else devices))
+
+
+@functools.cache
+def _mesh(devices: tuple[jax.Device, ...]) -> Mesh:
+  return Mesh(np.asarray(devices), (MESH_AXIS,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +153,7 @@ class Translator:
     self.settings = settings or TranslateConfig()
     self.step = step
     self.mesh = mesh
-    replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-    self._search = jax.jit(functools.partial(search_batch, self.model),
-                           static_argnames=("settings", "max_decode_len"),
-                           out_shardings=replicated)
-    self._score = jax.jit(functools.partial(score_batch, self.model), out_shardings=replicated)
+    self._search, self._score = _jitted(model_config, mesh)
     self._row_keys = jax.jit(_row_keys)
     self.truncated = 0  # Sentences cut to the model's max_len in the last call.
 
