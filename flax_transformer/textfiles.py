@@ -177,6 +177,12 @@ def as_line(text: str) -> str:
   return text.replace("\r", " ").replace("\n", " ") + "\n"
 
 
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
 class AtomicWriter:
   """Streams text into `path` through a temporary file in its folder, renamed onto `path` by
   `commit` (gzip-compressed when it ends in .gz); '-' writes to stdout, flushed by `flush`.
@@ -212,6 +218,7 @@ class AtomicWriter:
     self._raw.flush()
     os.fsync(self._raw.fileno())
     self._raw.close()
+    os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it a new file's mode.
     os.replace(self._tmp, self.path)
     self._tmp = None
 
