@@ -13,7 +13,9 @@ they want directly:
   sequences, scores = search.greedy_search(**prepared.arguments)
   sequences, scores = search.sample(**prepared.arguments, rng=key, temperature=0.8)
 
-Everything here is a pure function of (variables, inputs): call it inside `jax.jit`.
+`sequence_log_probs(model, variables, inputs, targets)` scores given translations by one
+teacher-forced pass (the `score` command). Everything here is a pure function of (variables,
+inputs): call it inside `jax.jit`.
 """
 
 from __future__ import annotations
