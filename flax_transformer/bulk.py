@@ -317,6 +317,9 @@ def merge_chunks(job: FileJob, task: ChunkTask) -> bool:
       say(f"{job.num_chunks - len(missing)} of {job.num_chunks} chunks are done; the process "
           f"that finishes the last one writes {job.output} (or rerun the command).")
       return False
+    output_path = Path(job.output)
+    for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
+      stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
     with textfiles.AtomicWriter(job.output) as output:
       for chunk in range(job.num_chunks):
         output.write(_checked_chunk(job, chunk, task.line_per_record))
