@@ -1,4 +1,4 @@
-"""`flax-transformer {translate,evaluate,average,attention,curves}`: the serving-side commands.
+"""`flax-transformer {translate,score,evaluate,average,attention,curves}`: the serving commands.
 
 Training has its own launcher, `python train.py --config=... --workdir=...`.
 """
@@ -11,27 +11,68 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from flax_transformer.distributed import DistributedError
 
 # Quiet TensorFlow-style C++ logs from dependencies; must precede their import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def _add_restore_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--workdir", required=True, help="The training workdir.")
   parser.add_argument("--step", type=int, default=None,
-                      help="Checkpoint step to restore (default: the latest).")
+                      help="Checkpoint step to restore (default: the latest; a resumed bulk job "
+                      "keeps the step it started with).")
   parser.add_argument("--checkpoint", default=None,
                       help="An averaged checkpoint (from `average`) instead of a step.")
+  parser.add_argument("--batch_tokens", type=int, default=None,
+                      help="Padded source tokens per batch and device (default 4096).")
+  _add_cache_argument(parser)
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--method", choices=("beam", "greedy", "sample"), default=None,
+                      help="Beam search, greedy decoding or sampling (default: config).")
   parser.add_argument("--beam_size", type=int, default=None, help="Beams (default: config).")
   parser.add_argument("--length_penalty", type=float, default=None,
                       help="alpha of ((5 + n) / 6) ** alpha (default: config).")
-  parser.add_argument("--batch_tokens", type=int, default=None,
-                      help="Padded source tokens per decoding batch (default 4096).")
+  parser.add_argument("--temperature", type=float, default=None,
+                      help="Sampling: divide the logits by this (default 1).")
+  parser.add_argument("--top_k", type=int, default=None,
+                      help="Sampling: keep the k most probable tokens (default 0: all).")
+  parser.add_argument("--top_p", type=float, default=None,
+                      help="Sampling: keep the smallest set with this probability (default 1).")
+  parser.add_argument("--seed", type=int, default=None,
+                      help="Sampling: line i draws from fold_in(key(seed), i) (default 0).")
+  parser.add_argument("--max_len_a", type=float, default=None,
+                      help="At most max_len_a * source tokens + max_len_b output tokens "
+                      "(default: config; 1.0 and 50).")
+  parser.add_argument("--max_len_b", type=int, default=None, help="See --max_len_a.")
+  parser.add_argument("--min_length", type=int, default=None,
+                      help="Fewest output tokens before EOS (default: config; 0).")
   parser.add_argument(
       "--grow_cache", choices=("auto", "yes", "no"), default=None,
       help="Grow the self-attention cache with the output: faster search, longer compiles "
       "(default: the workdir's config.search.grow_cache; auto = yes for beam search on CPU).")
-  _add_cache_argument(parser)
+
+
+def _add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
+  from flax_transformer.bulk import DEFAULT_CHUNK_LINES
+
+  parser.add_argument(
+      "--chunk_lines", type=int, default=DEFAULT_CHUNK_LINES,
+      help="Input lines per chunk: the unit of sorting, of writing OUT.partial/ and of redoing "
+      f"after a kill (default {DEFAULT_CHUNK_LINES}).")
+  parser.add_argument("--coordinator_address", default=None,
+                      help="Several processes with jax.distributed: HOST:PORT of process 0 (omit "
+                      "under SLURM, Open MPI and on TPU pods: the launcher's environment gives "
+                      "it).")
+  parser.add_argument("--num_processes", type=int, default=None,
+                      help="Several processes: how many share the input's chunks.")
+  parser.add_argument("--process_id", type=int, default=None,
+                      help="Several processes: this one's index (it does chunks i with "
+                      "i %% num_processes == process_id).")
 
 
 def _add_cache_argument(parser: argparse.ArgumentParser) -> None:
@@ -42,15 +83,152 @@ def _add_cache_argument(parser: argparse.ArgumentParser) -> None:
       "~/.cache/flax_transformer/xla; '' turns it off).")
 
 
-_SETTING_FLAGS = ("beam_size", "length_penalty", "batch_tokens", "grow_cache")
+_SETTING_FLAGS = ("method", "beam_size", "length_penalty", "temperature", "top_k", "top_p",
+                  "seed", "max_len_a", "max_len_b", "min_length", "batch_tokens", "grow_cache")
 
 
-def _translator(args: argparse.Namespace):
-  from flax_transformer.translate import Translator
+def _flag_settings(args: argparse.Namespace) -> dict:
+  """The TranslateConfig fields the command line sets."""
+  return {name: getattr(args, name) for name in _SETTING_FLAGS
+          if getattr(args, name, None) is not None}
 
-  settings = {name: getattr(args, name) for name in _SETTING_FLAGS
-              if getattr(args, name) is not None}
-  return Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint, **settings)
+
+def _settings(args: argparse.Namespace):
+  """The resolved TranslateConfig (the workdir's config.search + flags), before restoring."""
+  from flax_transformer.translate import translate_config_from
+  from flax_transformer.workdir import read_config
+
+  return translate_config_from(read_config(args.workdir), args.workdir, **_flag_settings(args))
+
+
+def _translator(args: argparse.Namespace, step: int | None = None):
+  from flax_transformer.translate import Translator, local_mesh
+
+  step = args.step if step is None else step
+  return Translator.from_workdir(args.workdir, step, checkpoint=args.checkpoint,
+                                 mesh=local_mesh(), **_flag_settings(args))
+
+
+def _check_nbest(args: argparse.Namespace, settings) -> None:
+  if args.nbest is None:
+    return
+  if args.nbest < 1:
+    raise ValueError(f"--nbest must be >= 1, got {args.nbest}.")
+  if args.nbest > 1 and settings.search.method != "beam":
+    raise ValueError(f"--nbest {args.nbest} needs --method beam (got "
+                     f"{settings.search.method}, which gives one hypothesis per line).")
+  if settings.search.method == "beam" and args.nbest > settings.search.beam_size:
+    raise ValueError(f"--nbest {args.nbest} needs --beam_size >= {args.nbest} (it is "
+                     f"{settings.search.beam_size}).")
+
+
+def _check_process_flags(args: argparse.Namespace, streamed: bool) -> None:
+  """Checks the multi-process flags before anything is restored."""
+  count, index = args.num_processes, args.process_id
+  if (count is None) != (index is None) and not args.coordinator_address:
+    raise ValueError("--num_processes and --process_id go together.")
+  if count is not None and index is not None and not 0 <= index < count:
+    raise ValueError(f"--process_id must be in [0, {count}), got {index}.")
+  if streamed and (count or args.coordinator_address):
+    raise ValueError("Several processes need files: --input and --output cannot be '-'.")
+
+
+def _initialize_processes(args: argparse.Namespace):
+  """This process's share of a bulk job. With jax.distributed (--coordinator_address, or a
+  launcher's environment: SLURM, Open MPI, TPU pods; see flax_transformer.distributed), the
+  processes are JAX's, with a barrier before the output is assembled; with --num_processes and
+  --process_id alone, just the chunk selection (processes started by hand, no JAX runtime);
+  else one process."""
+  from flax_transformer import distributed
+  from flax_transformer.bulk import Processes
+
+  many = (found := distributed.launcher()) is not None and found.num_tasks > 1
+  if args.coordinator_address or (args.num_processes is None and (
+      many or os.environ.get("JAX_COORDINATOR_ADDRESS"))):
+    import jax
+    from jax.experimental import multihost_utils
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU backends only.
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    return Processes(jax.process_index(), jax.process_count(),
+                     barrier=multihost_utils.sync_global_devices)
+  if args.num_processes is None:
+    return Processes()
+  return Processes(args.process_id, args.num_processes)
+
+
+def _checkpoint_identity(args: argparse.Namespace, output: str) -> tuple[dict, int | None]:
+  """The checkpoint part of a bulk job's manifest, and the step to restore: --step, else the
+  step a partial run used (if it is still saved), else the latest."""
+  import dataclasses
+  import hashlib
+
+  from flax_transformer import bulk
+  from flax_transformer import workdir as workdir_lib
+
+  step = args.step
+  if step is None and args.checkpoint is None:
+    saved = workdir_lib.saved_steps(args.workdir)
+    previous = ((bulk.read_manifest(bulk.partial_dir(output)) or {}).get("checkpoint") or {})
+    step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
+  tokenizer = workdir_lib.load_tokenizer(args.workdir)
+  model = workdir_lib.model_config(workdir_lib.read_config(args.workdir), tokenizer)
+  vocab = Path(args.workdir) / workdir_lib.VOCAB_FILE
+  identity = {
+      "workdir": str(Path(args.workdir).resolve()), "step": step,
+      "averaged": str(Path(args.checkpoint).resolve()) if args.checkpoint else None,
+      "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
+      "model": dataclasses.asdict(model)}
+  return identity, None if args.checkpoint else step
+
+
+def _run_bulk(args: argparse.Namespace, inputs: list[str], make_task, settings: dict) -> int:
+  """A resumable file job, or a stream when --input or --output is '-'."""
+  from flax_transformer import bulk, textfiles
+
+  streamed = "-" in (*inputs, args.output)
+  _check_process_flags(args, streamed)
+  textfiles.check_writable(args.output)  # Before restoring anything.
+  if streamed:
+    chunks = (textfiles.prompt_chunks("-", args.chunk_lines) if inputs == ["-"]
+              else bulk.record_chunks(inputs, args.chunk_lines))
+    if inputs == ["-"]:
+      chunks = ([(line,) for line in lines] for lines in chunks)
+    task = make_task(_translator(args))
+    bulk.run_stream_job(chunks, task, args.output)
+  else:
+    processes = _initialize_processes(args)  # Before JAX starts (orbax asks for processes).
+    checkpoint, step = _checkpoint_identity(args, args.output)
+    job = bulk.plan_file_job(inputs, args.output, chunk_lines=args.chunk_lines, job={
+        "command": args.command, "checkpoint": checkpoint, "settings": settings})
+    task = make_task(translator := _translator(args, step))
+    bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(translator.params),
+                      processes=processes)
+  if task.truncated:
+    print(f"Warning: {task.truncated} line(s) of {', '.join(inputs)} exceeded the model's "
+          "max_len and were truncated.", file=sys.stderr)
+  return 0
+
+
+def run_translate(args: argparse.Namespace) -> int:
+  import dataclasses
+
+  from flax_transformer.chunk_tasks import TranslationTask
+
+  settings = _settings(args)  # Bad flags fail here, before anything is restored.
+  _check_nbest(args, settings)
+  make_task = lambda translator: TranslationTask(translator, args.nbest)
+  return _run_bulk(args, [args.input], make_task,
+                   {**dataclasses.asdict(settings), "nbest": args.nbest})
+
+
+def run_score(args: argparse.Namespace) -> int:
+  from flax_transformer.chunk_tasks import ScoringTask
+
+  settings = _settings(args)
+  make_task = lambda translator: ScoringTask(translator, args.normalize)
+  return _run_bulk(args, [args.src, args.tgt], make_task,
+                   {"batch_tokens": settings.batch_tokens, "normalize": args.normalize})
 
 
 def _translate_file(translator, path: str) -> list[str]:
@@ -68,17 +246,6 @@ def _translate_file(translator, path: str) -> list[str]:
   return outputs
 
 
-def run_translate(args: argparse.Namespace) -> int:
-  from flax_transformer.textfiles import check_writable, read_lines, write_lines_atomically
-
-  if args.input != "-":
-    read_lines(args.input)  # Fail on a missing file or bad UTF-8 before restoring anything.
-  check_writable(args.output)  # And on an output that cannot be written.
-  translator = _translator(args)
-  write_lines_atomically(args.output, _translate_file(translator, args.input))
-  return 0
-
-
 def run_evaluate(args: argparse.Namespace) -> int:
   from flax_transformer.scoring import score_translations
   from flax_transformer.textfiles import check_writable, read_lines, write_lines_atomically
@@ -87,6 +254,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
   if len(sources) != len(references):
     raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has "
                      f"{len(references)}; they must be line-aligned.")
+  _settings(args)  # Bad flags fail here, before anything is restored.
   if args.output:
     check_writable(args.output)
   translator = _translator(args)
@@ -136,15 +304,32 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="flax-transformer", description=__doc__)
   commands = parser.add_subparsers(dest="command", required=True)
 
-  translate = commands.add_parser("translate", help="Translate a file (or stdin) line by line.")
-  _add_restore_arguments(translate)
+  translate = commands.add_parser(
+      "translate", help="Translate a file (or stdin) line by line; a file job resumes.")
+  _add_checkpoint_arguments(translate)
+  _add_search_arguments(translate)
   translate.add_argument("--input", required=True, help="UTF-8 text, one sentence a line; '-'.")
   translate.add_argument("--output", required=True,
                          help="Output file ('-' for stdout; gzip when it ends in .gz).")
+  translate.add_argument("--nbest", type=int, default=None,
+                         help="Write K hypotheses per line as 'i ||| hypothesis ||| score'.")
+  _add_bulk_arguments(translate)
   translate.set_defaults(run=run_translate)
 
+  score = commands.add_parser(
+      "score", help="Write log p(target | source) of each line pair (natural log, with EOS).")
+  _add_checkpoint_arguments(score)
+  score.add_argument("--src", required=True, help="Source sentences, one a line.")
+  score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
+  score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
+  score.add_argument("--normalize", action="store_true",
+                     help="Divide each score by its target tokens (EOS included).")
+  _add_bulk_arguments(score)
+  score.set_defaults(run=run_score)
+
   evaluate = commands.add_parser("evaluate", help="Translate --src and score against --ref.")
-  _add_restore_arguments(evaluate)
+  _add_checkpoint_arguments(evaluate)
+  _add_search_arguments(evaluate)
   evaluate.add_argument("--src", required=True, help="Source sentences, one a line.")
   evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")
   evaluate.add_argument("--output", default=None, help="Also write the translations here.")
@@ -198,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
       enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)
-  except (FileNotFoundError, ValueError) as error:
+  except (FileNotFoundError, ValueError, DistributedError) as error:
     print(f"flax-transformer {args.command}: error: {error}", file=sys.stderr)
     return 2
 

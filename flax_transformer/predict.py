@@ -13,7 +13,9 @@ they want directly:
   sequences, scores = search.greedy_search(**prepared.arguments)
   sequences, scores = search.sample(**prepared.arguments, rng=key, temperature=0.8)
 
-Everything here is a pure function of (variables, inputs): call it inside `jax.jit`.
+`sequence_log_probs(model, variables, inputs, targets)` scores given translations by one
+teacher-forced pass (the `score` command). Everything here is a pure function of (variables,
+inputs): call it inside `jax.jit`.
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def output_length_caps(inputs: Array, max_len_a: float, max_len_b: int | None) -
   """int32 [B]: floor(max_len_a * source length + max_len_b) tokens before EOS, or None.
 
   The source length counts the non-padding tokens of each row of `inputs` [B, S] (its EOS
-  included). None (no per-sentence cap) when max_len_a is 0 and max_len_b is None.
+  included). Rows without any source token (batch padding) get 0: they end with EOS at the
+  first step, so they never keep the search loop running. None (no per-sentence cap) when
+  max_len_a is 0 and max_len_b is None.
   """
   if max_len_a == 0 and max_len_b is None:
     return None
   source_lengths = jnp.sum(inputs != PAD_ID, axis=1).astype(jnp.float32)  # [B]
   caps = jnp.floor(max_len_a * source_lengths + (max_len_b or 0))
-  return jnp.maximum(caps, 0).astype(jnp.int32)
+  return jnp.where(source_lengths > 0, jnp.maximum(caps, 0), 0).astype(jnp.int32)
 
 
 def grows_cache(setting: str, method: str) -> bool:
@@ -128,3 +132,21 @@ def prepare_search(
       shared_state=cross, batch_size=batch_size, max_decode_len=max_decode_len,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
       resize_state=resize_cache if grow_cache else None)
+
+
+def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, targets: Array
+                       ) -> Array:
+  """float32 [B]: log p(targets | inputs) under the model, natural log, summed over the target
+  tokens (EOS included), by one teacher-forced forward pass.
+
+  Args:
+    model: the Transformer. variables: its variables ({"params": ...}).
+    inputs: int32 [B, S] source ids ending with EOS, padded with 0.
+    targets: int32 [B, T] target ids ending with EOS, padded with 0 (padding scores nothing;
+      an all-padding row scores 0).
+  """
+  logits = model.apply(variables, inputs, targets).astype(jnp.float32)  # [B, T, V]
+  # log_softmax at the target only: no [B, T, V] log-probabilities are kept.
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  token_log_probs = target_logits - jax.nn.logsumexp(logits, axis=-1)  # [B, T]
+  return jnp.sum(jnp.where(targets != PAD_ID, token_log_probs, 0.0), axis=1)

@@ -38,8 +38,8 @@ class ProgressBar:
 
   def __init__(self, total: int | None, *, unit: str, start: int = 0, enabled: bool = True,
                stream: TextIO | None = None):
-    self.total, self.unit, self.enabled = total, unit, enabled
-    self.stream = stream or sys.stderr
+    stream = sys.stderr if stream is None else stream
+    self.total, self.unit, self.stream, self.enabled = total, unit, stream, enabled
     self.start, self.done = start, start
     self.counters: dict[str, int] = {}
     self.interactive = enabled and self.stream.isatty()

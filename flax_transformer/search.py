@@ -534,6 +534,11 @@ def sample(
   Same state protocol, length options, growing state and `steps_per_iteration` as
   `beam_search` with K = 1.
 
+  `rng` is one key for the batch, or one key per row ([B] keys, e.g. `jax.random.fold_in(key,
+  line_index)` for each row): then every row draws its noise from its own key folded with the
+  step, so a row's sample depends on its key and logits alone, not on the other rows, the batch
+  size or the row's position. Typed keys (`jax.random.key`) and raw uint32 keys both work.
+
   Returns:
     (sequences int32 [B, L], scores float32 [B]): sampled tokens up to and including EOS, zeros
     after; the model's summed log-probability of them (log-softmax of the unfiltered logits).
@@ -544,6 +549,11 @@ def sample(
     raise ValueError(f"sample: top_k must be an int >= 0 (0 = no limit), got {top_k!r}.")
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"sample: top_p must lie in (0, 1], got {top_p!r}.")
+  if not jax.dtypes.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
+    rng = jax.random.wrap_key_data(rng)  # Raw uint32 key data: [2] or [B, 2] (threefry).
+  if rng.shape not in ((), (batch_size,)):
+    raise ValueError(f"sample: rng must be one key or one key per row ({batch_size},), got "
+                     f"keys of shape {rng.shape}.")
 
   def draw(logits: Array, eos_allowed: Array, step: Array) -> Array:
     logits = logits.at[:, OUTPUT_PADDING_ID].set(_NEG_INF)
@@ -554,7 +564,12 @@ def sample(
     if top_p < 1.0:
       logits = _top_p_filter(logits, top_p)
     # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits).
-    noise = jax.random.gumbel(jax.random.fold_in(rng, step), logits.shape, jnp.float32)
+    if rng.ndim:  # One key per row: [B] keys -> noise [B, V], row by row.
+      row_noise = lambda key: jax.random.gumbel(jax.random.fold_in(key, step),
+                                                logits.shape[1:], jnp.float32)
+      noise = jax.vmap(row_noise)(rng)
+    else:
+      noise = jax.random.gumbel(jax.random.fold_in(rng, step), logits.shape, jnp.float32)
     return _top_k(logits + noise, 1)[1][:, 0]
 
   return _sequential_search(

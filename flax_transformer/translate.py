@@ -2,12 +2,16 @@
 
     tr = Translator.from_workdir("workdirs/multi30k")          # latest checkpoint
     tr.translate(["A man is riding a bike."], beam_size=4)    # -> ["Ein Mann fährt Fahrrad."]
+    tr.score(["A man is riding a bike."], ["Ein Mann fährt Fahrrad."])  # -> [log p], nats
 
 Sentences are tokenized once, sorted by length, grouped into a few padded bucket shapes (so the
-search compiles a handful of times, not once per batch), encoded once per batch, searched with
-the cached beam search (or greedy decoding, or sampling: `config.search.method`), and returned
-in the input order. With a `mesh`, every batch is split over its first axis (training's BLEU
-runs this way on the training mesh, so it is the number `flax-transformer evaluate` gives).
+search compiles a handful of times, not once per batch; `flax_transformer.batching`), encoded
+once per batch, searched with the cached beam search (or greedy decoding, or sampling:
+`config.search.method`), and returned in the input order. With a `mesh`, every step searches
+one device batch per device of the mesh's first axis; a device batch's shape never depends on
+the number of devices, so the output does not either. Sampling draws each sentence's noise from
+`fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
+(files of any size, several processes, resuming) are `flax_transformer.bulk`.
 """
 
 from __future__ import annotations
@@ -28,12 +32,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flax_transformer import predict, search
 from flax_transformer import workdir as workdir_lib
+from flax_transformer.batching import (  # noqa: F401  (re-exported: the planner's old home)
+    MIN_BUCKET,
+    Batch,
+    Step,
+    bucket_length,
+    fill_rows,
+    group_steps,
+    plan_batches,
+)
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig, search_config_from
 from flax_transformer.data.tokenizer import EOS_ID, Tokenizer
 from flax_transformer.model.transformer import Transformer
 
 Array = jax.Array
-MIN_BUCKET = 8  # Shortest padded source length; buckets double from here up to max_len.
+MESH_AXIS = "data"  # The axis of `local_mesh`, as training's mesh names it.
 
 
 def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
@@ -62,61 +75,68 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
   return sequences[:, None], scores[:, None]
 
 
+
+def score_batch(model: Transformer, params: Any, inputs: Array, targets: Array) -> Array:
+  """float32 [B]: log p(targets [B, T] | inputs [B, S]), summed over target tokens with EOS."""
+  return predict.sequence_log_probs(model, {"params": params}, inputs, targets)
+
+
+def _row_keys(key: Array, line_numbers: Array) -> Array:
+  """[B] keys: `key` folded with each row's line number (uint32 [B])."""
+  return jax.vmap(lambda number: jax.random.fold_in(key, number))(line_numbers)
+
+
+@functools.cache
+def _jitted(model_config: ModelConfig, mesh: Mesh | None) -> tuple[Callable, Callable]:
+  """The jitted search and scoring of a model config on a mesh, shared by every Translator of
+  them, so that a new Translator (each CLI call in one process, a notebook's second one)
+  reuses what an earlier one compiled."""
+  model = Transformer(model_config)
+  replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+  search_fn = jax.jit(functools.partial(search_batch, model),
+                      static_argnames=("settings", "max_decode_len"), out_shardings=replicated)
+  return search_fn, jax.jit(functools.partial(score_batch, model), out_shardings=replicated)
+
+
+def local_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A 1-D mesh over this process's devices (default: all of them), for `Translator(mesh=)`;
+  the same object for the same devices (so Translators on it share compiled programs)."""
+  return _mesh(tuple(jax.local_devices() if devices is None else devices))
+
+
+@functools.cache
+def _mesh(devices: tuple[jax.Device, ...]) -> Mesh:
+  return Mesh(np.asarray(devices), (MESH_AXIS,))
+
+
 @dataclasses.dataclass(frozen=True)
-class Batch:
-  """One search batch: which sentences, padded to which shape."""
+class Translated:
+  """One step's translations: the n best (text, score) of each sentence searched."""
 
-  indices: np.ndarray  # int [rows used], positions in the input list
-  rows: int  # padded row count (a power of two)
-  length: int  # padded source length (a bucket)
-
-
-def bucket_length(length: int, max_len: int) -> int:
-  """The padded length for a source of `length` tokens: a power of two >= 8, at most max_len."""
-  bucket = MIN_BUCKET
-  while bucket < length:
-    bucket *= 2
-  return min(bucket, max_len)
+  indices: np.ndarray  # int [n]: positions in the input list
+  hypotheses: list[list[tuple[str, float]]]  # [n][n-best], best first
+  target_tokens: int  # tokens of the best hypotheses, EOS included
 
 
-def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int) -> list[Batch]:
-  """Groups sentences of similar length into batches of at most `batch_tokens` padded tokens.
+@dataclasses.dataclass(frozen=True)
+class Scored:
+  """One step's scores: log p(target | source) of each pair."""
 
-  Example: lengths [3, 30, 5] with batch_tokens 64 give Batch([0, 2], rows=2, length=8) and
-  Batch([1], rows=1, length=32). Row counts are powers of two, so with B buckets there are at
-  most B * log2(rows) shapes to compile.
-  """
-  order = np.argsort(np.asarray(lengths), kind="stable")
-  batches: list[Batch] = []
-  by_bucket: dict[int, list[int]] = {}
-  for index in order:
-    by_bucket.setdefault(bucket_length(int(lengths[index]), max_len), []).append(int(index))
-  for length, indices in sorted(by_bucket.items()):
-    capacity = _floor_power_of_two(max(1, batch_tokens // length))
-    for start in range(0, len(indices), capacity):
-      chunk = np.asarray(indices[start:start + capacity])
-      batches.append(Batch(chunk, rows=min(capacity, _ceil_power_of_two(len(chunk))),
-                           length=length))
-  return batches
-
-
-def _floor_power_of_two(n: int) -> int:
-  return 1 << (n.bit_length() - 1)
-
-
-def _ceil_power_of_two(n: int) -> int:
-  return 1 << (n - 1).bit_length()
+  indices: np.ndarray  # int [n]: positions in the input lists
+  log_probs: np.ndarray  # float32 [n]: summed over target tokens, EOS included
+  target_tokens: np.ndarray  # int [n]: target tokens scored per pair, EOS included
 
 
 class Translator:
-  """Parameters + vocabulary + model config, ready to translate lists of sentences.
+  """Parameters + vocabulary + model config, ready to translate (or score) lists of sentences.
 
   Args:
     model_config: the architecture. params: its parameters (variables['params']).
     tokenizer: the shared vocabulary. settings: how to search and batch (default: defaults).
     step: the checkpoint step the parameters come from (for reports).
-    mesh: split every batch over this mesh's first axis (rows padded to a multiple of its
-      size); parameters stay where they are. None: one device.
+    mesh: search one device batch per device of this mesh's first axis at every step;
+      parameters stay where they are (`from_workdir(mesh=...)` replicates them on it). With
+      several processes, every process passes the same sentences. None: one device.
   """
 
   def __init__(self, model_config: ModelConfig, params: Any, tokenizer: Tokenizer,
@@ -133,35 +153,37 @@ class Translator:
     self.settings = settings or TranslateConfig()
     self.step = step
     self.mesh = mesh
-    replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-    self._search = jax.jit(functools.partial(search_batch, self.model),
-                           static_argnames=("settings", "max_decode_len"),
-                           out_shardings=replicated)
+    self._search, self._score = _jitted(model_config, mesh)
+    self._row_keys = jax.jit(_row_keys)
     self.truncated = 0  # Sentences cut to the model's max_len in the last call.
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, step: int | None = None, *,
-                   checkpoint: str | os.PathLike | None = None, **settings: Any) -> Translator:
+                   checkpoint: str | os.PathLike | None = None, mesh: Mesh | None = None,
+                   **settings: Any) -> Translator:
     """Restores a training workdir: its config.json, vocab.model and a checkpoint's params.
 
     Args:
       workdir: the training workdir.
       step: the checkpoint step (default: the latest).
       checkpoint: instead of a step, an averaged checkpoint written by `average_checkpoints`.
+      mesh: search over this mesh (e.g. `local_mesh()`); the params are replicated on it.
       **settings: `TranslateConfig` fields, its search group's included (beam_size,
         length_penalty, batch_tokens, ...); the defaults come from the workdir's config.search.
     """
     config = workdir_lib.read_config(workdir)
     tokenizer = workdir_lib.load_tokenizer(workdir)
     model_config = workdir_lib.model_config(config, tokenizer)
-    try:
-      search_config = search_config_from(config)
-    except ValueError as error:
-      raise ValueError(f"{Path(workdir) / workdir_lib.CONFIG_FILE}: {error}") from None
-    # Checked before the checkpoint is read.
-    translate_config = TranslateConfig(search=search_config).replace(**settings)
+    translate_config = translate_config_from(config, workdir, **settings)  # Before the params.
     params, step = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
-    return cls(model_config, params, tokenizer, translate_config, step=step)
+    if mesh is not None:
+      params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+    return cls(model_config, params, tokenizer, translate_config, step=step, mesh=mesh)
+
+  @property
+  def num_devices(self) -> int:
+    """Device batches per step: the size of the mesh's first axis, or 1."""
+    return 1 if self.mesh is None else self.mesh.shape[self.mesh.axis_names[0]]
 
   def translate(self, sentences: Sequence[str], **settings: Any) -> list[str]:
     """One translation per sentence, in input order; empty sentences give empty strings."""
@@ -171,27 +193,76 @@ class Translator:
                       **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
-    Beam scores are length-normalised log-probabilities: sum of log p / ((5 + m) / 6) ** alpha.
+    Beam scores are length-normalised log-probabilities: sum of log p / ((5 + m) / 6) ** alpha;
+    greedy decoding and sampling give one hypothesis with its summed log-probability.
     """
-    results: list[list[tuple[str, float]]] = [[] for _ in sentences]
-    for indices, sequences, scores in self._translate_ids(sentences, **settings):
-      take = min(n or sequences.shape[1], sequences.shape[1])
-      for row, index in enumerate(indices):
-        results[index] = [(self.tokenizer.detokenize(sequences[row, k]), float(scores[row, k]))
-                          for k in range(take)]
-    for index, sentence in enumerate(sentences):
-      if not sentence.strip():
-        results[index] = [("", 0.0)]
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+    for batch in self.iter_nbest(sentences, n, **settings):
+      for index, hypotheses in zip(batch.indices, batch.hypotheses, strict=True):
+        results[index] = hypotheses
     return results
 
   def iter_translate(self, sentences: Sequence[str],
                      **settings: Any) -> Iterator[tuple[np.ndarray, list[str]]]:
     """Yields (input indices, best translations) batch by batch, for progress reporting."""
-    for indices, sequences, _ in self._translate_ids(sentences, **settings):
-      yield indices, [self.tokenizer.detokenize(seq[0]) for seq in sequences[: len(indices)]]
+    for batch in self.iter_nbest(sentences, 1, **settings):
+      yield batch.indices, [hypotheses[0][0] for hypotheses in batch.hypotheses]
 
-  def _tokenize(self, sentences: Sequence[str]) -> list[list[int]]:
-    """Source ids + EOS per sentence ([] for blank ones), cut to the model's max_len."""
+  def iter_nbest(self, sentences: Sequence[str], n: int | None = None, *, first_index: int = 0,
+                 **settings: Any) -> Iterator[Translated]:
+    """Yields the n best translations step by step, in plan order; blank sentences are not
+    searched (and not yielded). `first_index` is the line number of sentences[0], from which
+    sampling derives each sentence's key."""
+    options = self.settings.replace(**settings)
+    token_ids = self._tokenize(sentences)
+    real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
+    batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
+                           self.model_config.max_len)
+    batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
+    steps = group_steps(batches, self.num_devices)
+    call = lambda step: self._search_step(step, token_ids, first_index, options)
+    for step, (sequences, scores) in self._pipelined(steps, call):
+      rows = step.row_positions()
+      sequences, scores = sequences[rows], scores[rows]  # [n, K, L], [n, K]
+      take = min(n or sequences.shape[1], sequences.shape[1])
+      hypotheses = [[(self.tokenizer.detokenize(row[k]), float(row_scores[k]))
+                     for k in range(take)]
+                    for row, row_scores in zip(sequences, scores, strict=True)]
+      yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != 0)))
+
+  def score(self, sources: Sequence[str], targets: Sequence[str], *,
+            normalize: bool = False) -> list[float]:
+    """log p(target | source) per pair, natural log, summed over the target's tokens with EOS
+    (`normalize`: divided by that number of tokens). Empty lines score as EOS alone."""
+    results = [0.0] * len(sources)
+    for batch in self.iter_score(sources, targets):
+      values = batch.log_probs / (batch.target_tokens if normalize else 1)
+      for index, value in zip(batch.indices, values, strict=True):
+        results[index] = float(value)
+    return results
+
+  def iter_score(self, sources: Sequence[str], targets: Sequence[str]) -> Iterator[Scored]:
+    """Yields the scores of `score` step by step, in plan order."""
+    if len(sources) != len(targets):
+      raise ValueError(f"{len(sources)} sources but {len(targets)} targets; they must be "
+                       "line-aligned.")
+    source_ids = self._tokenize(sources, keep_empty=True)
+    truncated = self.truncated
+    target_ids = self._tokenize(targets, keep_empty=True)
+    self.truncated += truncated
+    batches = plan_batches([len(ids) for ids in source_ids], self.settings.batch_tokens,
+                           self.model_config.max_len, [len(ids) for ids in target_ids])
+    steps = group_steps(batches, self.num_devices)
+    call = lambda step: self._score(
+        self.params, self._place(fill_rows(step, source_ids, step.length)),
+        self._place(fill_rows(step, target_ids, step.target_length)))
+    for step, log_probs in self._pipelined(steps, call):
+      lengths = np.asarray([len(target_ids[i]) for i in step.indices], np.int64)
+      yield Scored(step.indices, log_probs[step.row_positions()], lengths)
+
+  def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False) -> list[list[int]]:
+    """Ids + EOS per sentence, cut to the model's max_len; blank sentences give [] (or [EOS]
+    with `keep_empty`)."""
     limit = self.model_config.max_len - 1  # Room for EOS.
     token_ids = []
     self.truncated = 0
@@ -200,44 +271,57 @@ class Translator:
       if len(ids) > limit:
         self.truncated += 1
         ids = ids[:limit]
-      token_ids.append(ids + [EOS_ID] if ids else [])
+      token_ids.append(ids + [EOS_ID] if ids or keep_empty else [])
     if self.truncated:
       logging.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
                       "and were truncated.", self.truncated, len(sentences), limit + 1)
     return token_ids
 
-  def _translate_ids(self, sentences: Sequence[str], **settings: Any):
-    options = self.settings.replace(**settings)
-    token_ids = self._tokenize(sentences)
-    real = [i for i, ids in enumerate(token_ids) if ids]
-    lengths = [len(token_ids[i]) for i in real]
+  def _search_step(self, step: Step, token_ids: Sequence[Sequence[int]], first_index: int,
+                   options: TranslateConfig) -> tuple[Array, Array]:
+    """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]."""
+    inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
     rng = jax.random.key(options.seed)
-    for batch in plan_batches(lengths, options.batch_tokens, self.model_config.max_len):
-      indices = np.asarray(real)[batch.indices]
-      inputs = np.zeros((self._rows(batch.rows), batch.length), np.int32)  # [B, S]
-      for row, index in enumerate(indices):
-        inputs[row, : len(token_ids[index])] = token_ids[index]
-      # Room for the longest cap in the bucket, plus EOS.
-      cap = math.floor(options.search.max_len_a * batch.length) + options.search.max_len_b + 1
-      sequences, scores = self._search(
-          self.params, self._place(inputs), rng, settings=options.search,
-          max_decode_len=int(min(cap, self.model_config.max_len)))
-      yield indices, np.asarray(sequences)[: len(indices)], np.asarray(scores)[: len(indices)]
+    if options.search.method == "sample":
+      line_numbers = np.zeros(len(inputs), np.uint32)
+      line_numbers[step.row_positions()] = first_index + step.indices
+      rng = self._row_keys(rng, self._place(line_numbers))
+    # Room for the longest cap in the bucket, plus EOS.
+    cap = math.floor(options.search.max_len_a * step.length) + options.search.max_len_b + 1
+    return self._search(self.params, self._place(inputs), rng, settings=options.search,
+                        max_decode_len=int(min(cap, self.model_config.max_len)))
 
-  def _rows(self, rows: int) -> int:
-    """Rows padded up to a multiple of the mesh's first axis, so they split evenly."""
-    if self.mesh is None:
-      return rows
-    size = self.mesh.shape[self.mesh.axis_names[0]]
-    return -(-rows // size) * size
+  def _pipelined(self, steps: Sequence[Step], call: Callable[[Step], Any]
+                 ) -> Iterator[tuple[Step, Any]]:
+    """(step, host results) per step: step i + 1 is dispatched before step i's results are
+    fetched, so the devices work while the host detokenizes and writes."""
+    pending = None
+    for step in steps:
+      outputs = call(step)
+      if pending is not None:
+        yield pending[0], jax.device_get(pending[1])
+      pending = (step, outputs)
+    if pending is not None:
+      yield pending[0], jax.device_get(pending[1])
 
-  def _place(self, inputs: np.ndarray) -> Array:
-    """The batch on the device, or split over the mesh's first axis (every process passes the
-    same whole batch and keeps its own rows)."""
+  def _place(self, array: np.ndarray) -> Array:
+    """The array on the device, or its rows split over the mesh's first axis (every process
+    passes the same whole array and keeps its own rows)."""
     if self.mesh is None:
-      return jnp.asarray(inputs)
+      return jnp.asarray(array)
     sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
-    return jax.make_array_from_callback(inputs.shape, sharding, lambda index: inputs[index])
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def translate_config_from(config: dict[str, Any], workdir: str | os.PathLike,
+                          **settings: Any) -> TranslateConfig:
+  """The serving settings of a workdir's config.json (its search group) with `settings` applied;
+  errors name the file."""
+  try:
+    search_config = search_config_from(config)
+  except ValueError as error:
+    raise ValueError(f"{Path(workdir) / workdir_lib.CONFIG_FILE}: {error}") from None
+  return TranslateConfig(search=search_config).replace(**settings)
 
 
 def translate_lines(translator: Translator, lines: Sequence[str], *,

@@ -126,12 +126,16 @@ def lock(workdir: str | os.PathLike) -> WorkdirLock:
 # ----------------------------------------------------------------------------- files, atomically
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
   """Writes `data` to `path` through a temporary file in the same folder and a rename, so a
-  crash never leaves a partial file under the real name. The folder must exist."""
+  crash never leaves a partial file under the real name. The data is fsync'd before the
+  rename, so a machine that goes down does not leave an empty file under the name either. The
+  folder must exist."""
   path = Path(path)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(data.encode("utf-8") if isinstance(data, str) else data)
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     Path(tmp).unlink(missing_ok=True)

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
-from flax_transformer.predict import grows_cache, make_tokens_to_logits, prepare_search
+from flax_transformer.predict import (
+    grows_cache,
+    make_tokens_to_logits,
+    output_length_caps,
+    prepare_search,
+    sequence_log_probs,
+)
 from flax_transformer.scoring import score_translations
 from flax_transformer.search import beam_search, greedy_search, sample
 
@@ -264,3 +270,47 @@ def test_score_translations_matches_a_hand_written_bleu():
 def test_score_translations_rejects_misaligned_lists():
   with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
     score_translations(["a b", "c d"], ["a b"])
+
+
+def _numpy_sequence_log_prob(model, variables, source, target):
+  """log p(target | source) of one pair (no padding): the plain forward pass's logits, a
+  float64 NumPy log-softmax, summed at the target ids."""
+  logits = np.asarray(model.apply(variables, jnp.asarray([source]), jnp.asarray([target]))[0],
+                      np.float64)  # [T, V]
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  return float(log_probs[np.arange(len(target)), target].sum())
+
+
+def test_sequence_log_probs_equal_a_numpy_log_softmax_per_pair(model_and_variables):
+  model, variables, inputs = model_and_variables
+  targets = [[4, 9, 1], [7, 1], [12, 3, 3, 5, 1]]  # Ending with EOS, three lengths.
+  padded = np.zeros((3, 7), np.int32)
+  for row, target in enumerate(targets):
+    padded[row, : len(target)] = target
+  got = np.asarray(jax.jit(lambda v, x, y: sequence_log_probs(model, v, x, y))(
+      variables, inputs, jnp.asarray(padded)))
+  sources = [np.asarray(row)[np.asarray(row) != 0] for row in np.asarray(inputs)]
+  expected = [_numpy_sequence_log_prob(model, variables, s, np.asarray(t))
+              for s, t in zip(sources, targets, strict=True)]
+  np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+  assert got.dtype == np.float32 and (got < 0).all()
+  # An all-padding row (batch padding) scores 0 and changes no other row.
+  with_empty = np.concatenate([padded, np.zeros((1, 7), np.int32)])
+  empty_inputs = jnp.concatenate([inputs, jnp.zeros((1, inputs.shape[1]), jnp.int32)])
+  got_more = np.asarray(sequence_log_probs(model, variables, empty_inputs, with_empty))
+  np.testing.assert_allclose(got_more, [*got, 0.0], atol=1e-6, rtol=0)
+
+
+def test_empty_rows_end_at_once_and_change_no_other_row(model_and_variables):
+  model, variables, inputs = model_and_variables
+  padded = jnp.concatenate([inputs, jnp.zeros((1, inputs.shape[1]), jnp.int32)])  # Row 3 empty.
+  caps = output_length_caps(padded, 1.0, 50)
+  np.testing.assert_array_equal(caps, [55, 53, 54, 0])
+  options = dict(beam_size=2, max_decode_len=MAX_LEN, eos_id=EOS, max_len_a=1.0, max_len_b=50,
+                 length_penalty=0.6, return_all=True)
+  alone = translate_ids(model, variables, inputs, **options)
+  more = translate_ids(model, variables, padded, **options)
+  np.testing.assert_array_equal(more[0][:3], alone[0])
+  np.testing.assert_allclose(more[1][:3], alone[1], atol=1e-6, rtol=0)
+  assert int(more[0][3, 0, 0]) == EOS  # The empty row's best hypothesis is EOS alone.

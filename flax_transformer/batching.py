@@ -1,0 +1,128 @@
+"""Planning search batches: length buckets, row counts, and steps over the devices (NumPy only).
+
+A *device batch* is what one device searches at a time: `rows` sentences (some rows may be
+padding) padded to one bucket length. `plan_batches` makes them from the sentences' lengths and
+the token budget alone. `group_steps` then deals device batches of one shape to the devices, D at
+a time, padding a step with empty device batches when fewer than D of that shape are left.
+
+So the shape a sentence is searched in never depends on the number of devices. This matters for
+byte-identical output: XLA's CPU matmuls may round differently for another number of rows, and a
+beam search turns a last-bit difference into another hypothesis at a near-tie. With this plan, one
+device, 8 devices and 2 processes x 2 devices search every sentence in the same [rows, length]
+batch and give the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+MIN_BUCKET = 8  # Shortest padded length; buckets double from here up to max_len.
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+  """One device batch: which sentences, padded to which shape."""
+
+  indices: np.ndarray  # int [rows used], positions in the input list
+  rows: int  # padded row count (a power of two)
+  length: int  # padded source length (a bucket)
+  target_length: int = 0  # padded target length when targets are given (scoring), else 0
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    return self.rows, self.length, self.target_length
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """Device batches of one shape searched together, one per device; None = an empty one."""
+
+  batches: tuple[Batch | None, ...]  # [D]
+  rows: int  # rows per device
+  length: int
+  target_length: int = 0
+
+  @property
+  def indices(self) -> np.ndarray:
+    """int [sentences]: the positions of the step's sentences, device by device."""
+    parts = [b.indices for b in self.batches if b is not None]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+  def row_positions(self) -> np.ndarray:
+    """int [sentences]: the row of the step's [D * rows, ...] arrays holding each sentence."""
+    return np.concatenate([d * self.rows + np.arange(len(b.indices))
+                           for d, b in enumerate(self.batches) if b is not None])
+
+
+def bucket_length(length: int, max_len: int) -> int:
+  """The padded length for `length` tokens: a power of two >= 8, at most max_len."""
+  bucket = MIN_BUCKET
+  while bucket < length:
+    bucket *= 2
+  return min(bucket, max_len)
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,
+                 target_lengths: Sequence[int] | None = None) -> list[Batch]:
+  """Groups sentences of similar length into device batches of at most `batch_tokens` padded
+  tokens (at least one row).
+
+  Example: lengths [3, 30, 5] with batch_tokens 64 give Batch([0, 2], rows=2, length=8) and
+  Batch([1], rows=1, length=32). Row counts are powers of two, so with B buckets there are at
+  most B * log2(rows) shapes to compile. With `target_lengths` (scoring), sentences are bucketed
+  by both lengths and the budget counts the longer of the two.
+  """
+  order = np.argsort(np.asarray(lengths), kind="stable")
+  by_bucket: dict[tuple[int, int], list[int]] = {}
+  for index in order:
+    target = 0 if target_lengths is None else bucket_length(int(target_lengths[index]), max_len)
+    key = (bucket_length(int(lengths[index]), max_len), target)
+    by_bucket.setdefault(key, []).append(int(index))
+  batches: list[Batch] = []
+  for (length, target), indices in sorted(by_bucket.items()):
+    capacity = _floor_power_of_two(max(1, batch_tokens // max(length, target)))
+    for start in range(0, len(indices), capacity):
+      chunk = np.asarray(indices[start:start + capacity])
+      batches.append(Batch(chunk, rows=min(capacity, _ceil_power_of_two(len(chunk))),
+                           length=length, target_length=target))
+  return batches
+
+
+def group_steps(batches: Sequence[Batch], num_devices: int) -> list[Step]:
+  """Deals device batches of one shape to `num_devices` devices per step, in plan order; the
+  last step of each shape is padded with empty device batches (None)."""
+  pending: dict[tuple[int, int, int], list[Batch]] = {}
+  steps: list[Step] = []
+
+  def emit(shape: tuple[int, int, int]) -> None:
+    group = pending.pop(shape)
+    steps.append(Step(tuple(group) + (None,) * (num_devices - len(group)), *shape))
+
+  for batch in batches:
+    pending.setdefault(batch.shape, []).append(batch)
+    if len(pending[batch.shape]) == num_devices:
+      emit(batch.shape)
+  for shape in list(pending):
+    emit(shape)
+  return steps
+
+
+def fill_rows(step: Step, token_ids: Sequence[Sequence[int]], length: int) -> np.ndarray:
+  """int32 [D * rows, length]: each sentence's ids at its row (`Step.row_positions`), zeros
+  elsewhere (padding, and the empty rows that end at once)."""
+  array = np.zeros((len(step.batches) * step.rows, length), np.int32)
+  for row, index in zip(step.row_positions(), step.indices, strict=True):
+    ids = token_ids[index]
+    array[row, : len(ids)] = ids
+  return array
+
+
+def _floor_power_of_two(n: int) -> int:
+  return 1 << (n.bit_length() - 1)
+
+
+def _ceil_power_of_two(n: int) -> int:
+  return 1 << (n - 1).bit_length()

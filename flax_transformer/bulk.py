@@ -1,0 +1,379 @@
+"""Bulk jobs: translating or scoring files of any size on every device and host, resumable.
+
+The input is cut into chunks of `chunk_lines` lines (chunk i holds lines i*C .. i*C + C - 1).
+Each chunk is translated by a `Translator` (sorted by length and bucketed within the chunk,
+searched over the local devices), and its output is written when it is done, beside the output:
+
+  OUT.partial/
+    manifest.json     what the job is: format version, the inputs' identity (path, size, mtime,
+                      SHA-256 of the first and last MiB), their line count, chunk_lines, the
+                      checkpoint's identity (workdir, step or averaged checkpoint, SHA-256 of the
+                      vocabulary and of the parameters, the model config) and every setting that
+                      changes the output. Written atomically before any chunk, and checked on
+                      every run: a difference is an error naming it.
+    chunk_000000 ...  chunk i's output lines, each written atomically (fsync'd, renamed) when done.
+    merge.lock        locked (flock) by the process that assembles OUT.
+
+Process p of P translates the chunks i with i % P == p that have no file yet; the processes need
+no collectives. When every chunk file exists, one process (process 0 after a barrier under
+jax.distributed; else the last to finish, under the lock) concatenates them in order into a
+temporary file, renames it onto OUT, and removes OUT.partial. A kill at any moment (kill -9
+included) loses at most the chunks in flight: rerunning the same command redoes only the missing
+chunks, and the output is byte-identical to an uninterrupted run (the search plan never depends
+on the device count; `flax_transformer.batching`).
+
+Standard input cannot be resumed: `run_stream_job` translates it chunk by chunk (a chunk ends
+when it is full or input stalls briefly) and writes each chunk's lines as soon as they are done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from flax_transformer import textfiles
+from flax_transformer.progress import ProgressBar
+from flax_transformer.workdir import atomic_write
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LOCK = "merge.lock"
+PARTIAL_SUFFIX = ".partial"
+DEFAULT_CHUNK_LINES = 50_000  # Why: BENCHMARKS.md, "Bulk translation".
+_IDENTITY_BYTES = 1 << 20  # Hashed at each end of an input file.
+
+# progress(lines done, target tokens) after every search step.
+Progress = Callable[[int, int], None]
+
+
+class ResumeError(ValueError):
+  """OUT.partial belongs to another job (other input, checkpoint or settings)."""
+
+
+class ChunkTask(Protocol):
+  """Turns one chunk's records (a tuple of line-aligned input lines each) into its output."""
+
+  verb: str  # "Translated", "Scored": the progress summary's first word.
+  line_per_record: bool  # Exactly one output line per record (checked when merging).
+
+  def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
+               progress: Progress) -> str:
+    """The chunk's output text, one '\\n'-terminated line per output line."""
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+  """Which share of the chunks this process does, and how it waits for the others."""
+
+  index: int = 0
+  count: int = 1
+  barrier: Callable[[str], None] | None = None  # jax.distributed: blocks until all arrive.
+
+
+# ------------------------------------------------------------------------------------ identity
+def partial_dir(output: str) -> Path:
+  """OUT.partial, beside the output."""
+  return Path(output + PARTIAL_SUFFIX)
+
+
+def input_identity(path: str) -> dict[str, Any]:
+  """What identifies an input file cheaply: absolute path, size, mtime and a SHA-256 of its
+  first and last MiB."""
+  resolved = Path(path).resolve()
+  stat = resolved.stat()
+  digest = hashlib.sha256()
+  with open(resolved, "rb") as f:
+    digest.update(f.read(_IDENTITY_BYTES))
+    f.seek(max(stat.st_size - _IDENTITY_BYTES, 0))
+    digest.update(f.read(_IDENTITY_BYTES))
+  return {"path": str(resolved), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+          "sha256_first_last_mib": digest.hexdigest()}
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+  """'key: A in OUT.partial, B now' for every leaf that differs between two JSON values."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    return [line for key in sorted(set(old) | set(new))
+            for line in differences(old.get(key), new.get(key), f"{prefix}{key}.")]
+  if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+    return [line for i, (a, b) in enumerate(zip(old, new, strict=True))
+            for line in differences(a, b, f"{prefix}{i}.")]
+  if old != new:
+    return [f"{prefix.rstrip('.')}: {json.dumps(old)} in the partial run, {json.dumps(new)} now"]
+  return []
+
+
+def read_manifest(partial: Path) -> dict[str, Any] | None:
+  """OUT.partial/manifest.json, or None when there is none."""
+  try:
+    return json.loads((partial / MANIFEST).read_text())
+  except FileNotFoundError:
+    return None
+  except ValueError as error:
+    raise ResumeError(f"{partial / MANIFEST} is unreadable ({error}); remove {partial} to "
+                      "start over.") from None
+
+
+def check_manifest(partial: Path, existing: dict[str, Any], wanted: dict[str, Any],
+                   ignore: Sequence[str] = ()) -> None:
+  """Raises ResumeError naming every difference (outside `ignore`d keys) between the manifest
+  of the partial run and this job's."""
+  found = [d for d in differences(existing, wanted) if d.split(":")[0] not in ignore]
+  if found:
+    raise ResumeError(
+        f"{partial} holds a partial run of another job: {'; '.join(found)}. Rerun with the "
+        f"same input, checkpoint and settings to continue it, or remove {partial} to start "
+        "over.")
+
+
+def publish_manifest(partial: Path, manifest: dict[str, Any]) -> None:
+  """Writes the manifest unless one exists (atomically: link of a complete file), then checks
+  that the one in place is this job's (two processes may race to write it)."""
+  partial.mkdir(exist_ok=True)
+  path = partial / MANIFEST
+  tmp = partial / f".{MANIFEST}.{os.getpid()}.tmp"
+  atomic_write(tmp, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+  try:
+    os.link(tmp, path)
+  except FileExistsError:
+    pass
+  except OSError:  # A file system without hard links.
+    if not path.exists():
+      os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
+  check_manifest(partial, read_manifest(partial) or {}, manifest)
+
+
+# ------------------------------------------------------------------------------------ the plan
+@dataclasses.dataclass(frozen=True)
+class FileJob:
+  """A bulk job over line-aligned input files, checked against any partial run of it."""
+
+  inputs: tuple[str, ...]
+  output: str
+  chunk_lines: int
+  num_lines: int
+  manifest: dict[str, Any]  # Without the parameters' fingerprint (see `run_file_job`).
+
+  @property
+  def partial(self) -> Path:
+    return partial_dir(self.output)
+
+  @property
+  def num_chunks(self) -> int:
+    return -(-self.num_lines // self.chunk_lines)
+
+  def chunk_lines_of(self, chunk: int) -> int:
+    return min(self.chunk_lines, self.num_lines - chunk * self.chunk_lines)
+
+  def chunk_path(self, chunk: int) -> Path:
+    return self.partial / f"chunk_{chunk:06d}"
+
+
+def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
+                  job: dict[str, Any]) -> FileJob:
+  """Checks the inputs (they exist, are UTF-8, have one line count) and any partial run's
+  manifest against this job (all but the parameters' fingerprint, known once restored).
+
+  Args:
+    inputs: line-aligned input files (one to translate; source and target to score).
+    output: the output file. chunk_lines: lines per chunk.
+    job: what else identifies the job: {"command", "checkpoint", "settings"}.
+  """
+  if chunk_lines < 1:
+    raise ValueError(f"--chunk_lines must be >= 1, got {chunk_lines}.")
+  for path in inputs:
+    if not Path(path).is_file():
+      raise FileNotFoundError(f"Input file not found: {path}")
+  partial = partial_dir(output)
+  _remove_leftovers(partial)
+  identities = [input_identity(path) for path in inputs]
+  existing = read_manifest(partial)
+  if existing is not None and existing.get("inputs") == identities:
+    num_lines = existing["lines"]  # The same files: no need to count (and check) again.
+  else:
+    counts = [textfiles.count_lines(path) for path in inputs]
+    if len(set(counts)) > 1:
+      raise ValueError(" but ".join(f"{p} has {n} lines" for p, n in zip(inputs, counts,
+                                                                          strict=True))
+                       + "; they must be line-aligned.")
+    num_lines = counts[0]
+  manifest = {"format": FORMAT_VERSION, "inputs": identities, "lines": num_lines,
+              "chunk_lines": chunk_lines, **job}
+  if existing is not None:
+    check_manifest(partial, existing, manifest, ignore=("checkpoint.params_sha256",))
+  return FileJob(tuple(inputs), output, chunk_lines, num_lines, manifest)
+
+
+def params_fingerprint(params: Any) -> str:
+  """SHA-256 of every parameter's path, dtype, shape and bytes."""
+  import jax
+  import numpy as np
+
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    array = np.asarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
+    digest.update(np.ascontiguousarray(array).tobytes())
+  return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------- the run
+def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
+                 processes: Processes = Processes()) -> bool:
+  """Does this process's missing chunks, then assembles the output if every chunk is done.
+
+  Returns whether the output is complete (False: other processes still have chunks to do).
+  """
+  manifest = {**job.manifest,
+              "checkpoint": {**job.manifest["checkpoint"], "params_sha256": params_sha256}}
+  publish_manifest(job.partial, manifest)
+  mine = range(processes.index, job.num_chunks, processes.count)
+  todo = [chunk for chunk in mine if not job.chunk_path(chunk).exists()]
+  _report_start(job, processes, len(mine), todo)
+  total = sum(job.chunk_lines_of(chunk) for chunk in mine)
+  bar = ProgressBar(total, unit="sentences",
+                    start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
+  advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
+  for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
+    atomic_write(job.chunk_path(chunk), task(chunk * job.chunk_lines, records, advance))
+  bar.close(task.verb)
+  if processes.barrier is None:
+    return merge_chunks(job, task)
+  processes.barrier("flax_transformer.bulk: chunks done")
+  complete = merge_chunks(job, task) if processes.index == 0 else False
+  processes.barrier("flax_transformer.bulk: merged")
+  return complete or not job.partial.exists()
+
+
+def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int]) -> None:
+  """One line on stderr: what this run does (not a log message: the CLI's log level may hide
+  those, and this line tells a resumed job's state)."""
+  share = "" if processes.count == 1 else f" (process {processes.index} of {processes.count})"
+  done = mine - len(todo)
+  if done:
+    say(f"Resuming {job.partial}{share}: {done} of {mine} chunks already done, {len(todo)} to "
+        "do.")
+  elif todo:
+    say(f"{job.num_lines} lines in {job.num_chunks} chunks of {job.chunk_lines}{share}; "
+        f"progress is kept in {job.partial} (rerun the same command to resume).")
+
+
+def say(message: str) -> None:
+  """A line for the person running the job, on stderr."""
+  print(message, file=sys.stderr, flush=True)
+
+
+def read_chunks(inputs: Sequence[str], chunk_lines: int, chunks: Sequence[int]
+                ) -> Iterator[tuple[int, list[tuple[str, ...]]]]:
+  """(chunk, records) for the given chunks in order, reading the line-aligned inputs once and
+  decoding only the lines of those chunks."""
+  wanted = sorted(chunks)
+  if not wanted:
+    return
+  streams = [textfiles.iter_raw_lines(path) for path in inputs]
+  position, records = 0, []
+  for number, raws in enumerate(zip(*streams, strict=True)):
+    chunk = number // chunk_lines
+    if chunk < wanted[position]:
+      continue
+    records.append(tuple(textfiles.decode_line(raw, path, number + 1)
+                         for raw, path in zip(raws, inputs, strict=True)))
+    if len(records) == chunk_lines:
+      yield chunk, records
+      position, records = position + 1, []
+      if position == len(wanted):
+        return
+  if records:
+    yield wanted[position], records
+
+
+def merge_chunks(job: FileJob, task: ChunkTask) -> bool:
+  """Assembles OUT from the chunk files in order (atomically) and removes OUT.partial, unless a
+  chunk is missing or another process is merging. Returns whether OUT is complete."""
+  try:
+    lock = open(job.partial / LOCK, "a")  # noqa: SIM115  (held until the end)
+  except FileNotFoundError:
+    return True  # Another process merged and removed OUT.partial.
+  with lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return False  # Another process is merging.
+    if not (job.partial / MANIFEST).exists():
+      return True
+    missing = [c for c in range(job.num_chunks) if not job.chunk_path(c).exists()]
+    if missing:
+      say(f"{job.num_chunks - len(missing)} of {job.num_chunks} chunks are done; the process "
+          f"that finishes the last one writes {job.output} (or rerun the command).")
+      return False
+    output_path = Path(job.output)
+    for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
+      stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
+    with textfiles.AtomicWriter(job.output) as output:
+      for chunk in range(job.num_chunks):
+        output.write(_checked_chunk(job, chunk, task.line_per_record))
+    _remove(job.partial)
+  say(f"Wrote {job.output} ({job.num_lines} input lines).")
+  return True
+
+
+def _checked_chunk(job: FileJob, chunk: int, line_per_record: bool) -> bytes:
+  data = job.chunk_path(chunk).read_bytes()
+  lines, expected = data.count(b"\n"), job.chunk_lines_of(chunk)
+  if lines < expected or (line_per_record and lines != expected):
+    raise ValueError(f"{job.chunk_path(chunk)} has {lines} lines for {expected} input lines; "
+                     "remove it and rerun to redo that chunk.")
+  return data
+
+
+def _remove(partial: Path) -> None:
+  """Removes OUT.partial: renamed first (atomic), so a kill never leaves half of one."""
+  trash = partial.with_name(f"{partial.name}.removed.{os.getpid()}")
+  os.replace(partial, trash)
+  shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_leftovers(partial: Path) -> None:
+  for leftover in partial.parent.glob(f"{partial.name}.removed.*"):
+    shutil.rmtree(leftover, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------- streams
+def record_chunks(inputs: Sequence[str], chunk_lines: int
+                  ) -> Iterator[list[tuple[str, ...]]]:
+  """The records (one line of each line-aligned input) in lists of `chunk_lines`."""
+  records: list[tuple[str, ...]] = []
+  for record in zip(*(textfiles.iter_lines(path) for path in inputs), strict=True):
+    records.append(record)
+    if len(records) == chunk_lines:
+      yield records
+      records = []
+  if records:
+    yield records
+
+
+def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
+                   output: str) -> None:
+  """Runs `task` over `chunks` of records in order, writing each chunk's output when it is
+  done: to stdout ('-', flushed per chunk) or to a temporary file renamed onto `output` at the
+  end. Nothing to resume: for standard input, or output to standard output."""
+  bar = ProgressBar(None, unit="sentences")
+  advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
+  first_line = 0
+  with textfiles.AtomicWriter(output) as writer:
+    for records in chunks:
+      writer.write(task(first_line, records, advance))
+      writer.flush()
+      first_line += len(records)
+  bar.close(task.verb)

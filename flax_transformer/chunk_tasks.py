@@ -1,0 +1,71 @@
+"""What a bulk job does with one chunk of input lines: translate it (best or n-best) or score
+it, with a `Translator`, and format its output lines. `flax_transformer.bulk` runs these over
+files and streams; they are plain callables, so a test can swap in its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flax_transformer.bulk import Progress
+from flax_transformer.textfiles import as_line
+from flax_transformer.translate import Translator
+
+
+def format_score(value: float) -> str:
+  """A score as written in output files: 6 decimals."""
+  return f"{value:.6f}"
+
+
+class TranslationTask:
+  """Translates a chunk: one line per input line, or with `nbest` K Moses n-best entries
+  `i ||| hypothesis ||| score` per input line (i: 0-based line index in the whole input; an
+  empty input line gets one entry, an empty hypothesis scored 0)."""
+
+  verb = "Translated"
+
+  def __init__(self, translator: Translator, nbest: int | None = None):
+    self.translator, self.nbest = translator, nbest
+    self.line_per_record = nbest is None
+    self.truncated = 0  # Input lines cut to the model's max_len, over all chunks.
+
+  def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
+               progress: Progress) -> str:
+    lines = [record[0] for record in records]
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+    for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line):
+      for index, hypotheses in zip(batch.indices, batch.hypotheses, strict=True):
+        results[index] = hypotheses
+      progress(len(batch.indices), batch.target_tokens)
+    self.truncated += self.translator.truncated
+    progress(sum(1 for line in lines if not line.strip()), 0)
+    if self.nbest is None:
+      return "".join(as_line(hypotheses[0][0]) for hypotheses in results)
+    return "".join(as_line(f"{first_line + i} ||| {text} ||| {format_score(score)}")
+                   for i, hypotheses in enumerate(results) for text, score in hypotheses)
+
+
+class ScoringTask:
+  """Scores a chunk of (source, target) pairs: log p(target | source) per line, natural log,
+  summed over the target tokens with EOS (`normalize`: per token)."""
+
+  verb = "Scored"
+  line_per_record = True
+
+  def __init__(self, translator: Translator, normalize: bool = False):
+    self.translator, self.normalize = translator, normalize
+    self.truncated = 0
+
+  def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
+               progress: Progress) -> str:
+    del first_line  # Scores need no key.
+    values = [0.0] * len(records)
+    sources = [record[0] for record in records]
+    targets = [record[1] for record in records]
+    for batch in self.translator.iter_score(sources, targets):
+      scores = batch.log_probs / (batch.target_tokens if self.normalize else 1)
+      for index, value in zip(batch.indices, scores, strict=True):
+        values[index] = float(value)
+      progress(len(batch.indices), int(batch.target_tokens.sum()))
+    self.truncated += self.translator.truncated
+    return "".join(format_score(value) + "\n" for value in values)

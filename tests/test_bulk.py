@@ -1,0 +1,435 @@
+"""Bulk jobs: chunks, resuming after a crash or kill -9, device and process counts, n-best,
+sampling keys, scoring and the progress display.
+
+References are independent of the code under test: a copy-search translator whose output of
+every line is known, one uninterrupted run's bytes, a one-device run, `Translator.translate_nbest`
+for the n-best file, and the model's forward pass run one pair at a time for scores.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import Mesh
+from test_translate import WORDS, copy_translator, sentences
+
+from flax_transformer import ModelConfig, Transformer, bulk, textfiles
+from flax_transformer import translate as translate_lib
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.batching import group_steps, plan_batches
+from flax_transformer.chunk_tasks import TranslationTask
+from flax_transformer.cli import main
+from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
+from flax_transformer.progress import ProgressBar
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tokenizer) -> Path:
+  """A serving workdir: the tiny model with random params at step 1, its vocabulary, and a
+  config.json whose search group sets beam 3 and short outputs."""
+  root = tmp_path_factory.mktemp("bulk") / "workdir"
+  root.mkdir()
+  config = {
+      "model": {"preset": "tiny", "max_len": 64, "dropout_rate": 0.0,
+                "attention_dropout_rate": 0.0},
+      "data": {}, "train": {}, "checkpoint": {}, "eval": {},
+      "search": {"beam_size": 3, "grow_cache": "no", "max_len_b": 10, "min_length": 2}}
+  (root / workdir_lib.CONFIG_FILE).write_text(json.dumps(config))
+  (root / workdir_lib.VOCAB_FILE).write_bytes(tokenizer.proto)
+  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=64))
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = nn.meta.unbox(model.init(jax.random.key(7), tokens, tokens)["params"])
+  # Scaled up, random weights give varied, input-dependent outputs (at scale 1, most lines of
+  # the tests' input come out as the same few words).
+  params = jax.tree.map(lambda x: 3.0 * x, params)
+  manager = workdir_lib.checkpoint_manager(
+      root, {workdir_lib.PARAMS_ITEM: ocp.StandardCheckpointHandler()}, async_save=False)
+  manager.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(params)))
+  manager.wait_until_finished()
+  manager.close()
+  return root
+
+
+def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11) -> list[str]:
+  lines = [("" if i % empty_every == 1 else line) for i, line in
+           enumerate(sentences(count, seed))]
+  path.write_text("".join(line + "\n" for line in lines))
+  return lines
+
+
+def translate_args(workdir: Path, source: Path, output: Path, *extra: str) -> list[str]:
+  return ["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+          str(output), *extra]
+
+
+# ------------------------------------------------------------------------- planning, reading
+def test_device_batches_do_not_depend_on_the_number_of_devices():
+  lengths = np.random.default_rng(0).integers(1, 60, 700)
+  batches = plan_batches(lengths, batch_tokens=256, max_len=64)
+  for devices in (1, 2, 8):
+    steps = group_steps(batches, devices)
+    dealt = [b for step in steps for b in step.batches if b is not None]
+    # The same device batches (same sentences, same shapes), each exactly once.
+    assert sorted((b.shape, tuple(b.indices)) for b in dealt) == sorted(
+        (b.shape, tuple(b.indices)) for b in batches)
+    for step in steps:
+      assert len(step.batches) == devices
+      assert {b.shape for b in step.batches if b is not None} == {
+          (step.rows, step.length, step.target_length)}
+      positions = step.row_positions()
+      assert len(set(positions)) == len(positions) == len(step.indices)
+      assert (positions < devices * step.rows).all()
+    assert sum(b is None for step in steps for b in step.batches) < devices * len(
+        {b.shape for b in batches})
+
+
+def test_streaming_readers_agree_with_read_lines(tmp_path):
+  raw = b"first\r\n\nsecond line\nno newline at the end"
+  (tmp_path / "a.txt").write_bytes(raw)
+  lines = textfiles.read_lines(str(tmp_path / "a.txt"))
+  assert lines == ["first", "", "second line", "no newline at the end"]
+  assert textfiles.count_lines(str(tmp_path / "a.txt")) == 4
+  assert list(bulk.record_chunks([str(tmp_path / "a.txt")], 3)) == [
+      [("first",), ("",), ("second line",)], [("no newline at the end",)]]
+  assert [c for _, c in bulk.read_chunks([str(tmp_path / "a.txt")], 2, [1])] == [
+      [("second line",), ("no newline at the end",)]]
+  (tmp_path / "bad.txt").write_bytes(b"ok\n" * 5000 + b"bad \xff\n")
+  with pytest.raises(ValueError, match=r"bad\.txt:5001: invalid UTF-8"):
+    textfiles.count_lines(str(tmp_path / "bad.txt"))
+
+
+def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only():
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  for stream in (Terminal(), io.StringIO()):
+    bar = ProgressBar(1000, unit="sentences", start=200, stream=stream)
+    bar._began -= 2.0  # As if 2 s had passed.
+    bar.advance(300, **{"target tokens": 6000})
+    bar.close("Translated")
+    text = stream.getvalue()
+    summary = "Translated 300 sentences in 2.0 s (150.0 sentences/s, 3,000 target tokens/s)."
+    assert text.rstrip().endswith(summary)
+    if isinstance(stream, Terminal):
+      assert "500/1000 sentences" in text and "ETA 0:03" in text
+    else:
+      assert text == summary + "\n"  # Quiet but for the summary when not a terminal.
+
+
+# --------------------------------------------------------------------------- the file job
+class CountingTask(TranslationTask):
+  """A TranslationTask that counts its chunks and can crash after a given number."""
+
+  def __init__(self, translator, crash_after=None):
+    super().__init__(translator)
+    self.chunks, self.crash_after = [], crash_after
+
+  def __call__(self, first_line, records, progress):
+    if self.crash_after is not None and len(self.chunks) == self.crash_after:
+      raise RuntimeError("simulated crash")
+    self.chunks.append(first_line)
+    return super().__call__(first_line, records, progress)
+
+
+def plan(source: Path, output: Path, chunk_lines: int = 50, **settings) -> bulk.FileJob:
+  return bulk.plan_file_job([str(source)], str(output), chunk_lines=chunk_lines, job={
+      "command": "translate", "checkpoint": {"step": 1}, "settings": settings})
+
+
+def test_a_crashed_job_resumes_with_only_the_missing_chunks(tokenizer, tmp_path, capfd):
+  translator = copy_translator(tokenizer, batch_tokens=128)
+  source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+  lines = write_input(source, 230)
+  expected = "".join(line + "\n" for line in translator.translate(lines))
+  crashing = CountingTask(translator, crash_after=2)
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    bulk.run_file_job(plan(source, output), crashing, params_sha256="p")
+  partial = bulk.partial_dir(str(output))
+  assert sorted(p.name for p in partial.iterdir()) == [
+      "chunk_000000", "chunk_000001", "manifest.json"]
+  assert not output.exists()
+  resumed = CountingTask(translator)
+  assert bulk.run_file_job(plan(source, output), resumed, params_sha256="p")
+  assert resumed.chunks == [100, 150, 200]  # Only chunks 2, 3 and 4 were translated.
+  assert output.read_text() == expected
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+  assert "Translated 130 sentences in" in capfd.readouterr().err
+
+
+def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkeypatch):
+  translator = copy_translator(tokenizer, batch_tokens=128)
+  source, output = tmp_path / "in.txt", tmp_path / "out.txt.gz"
+  lines = write_input(source, 120)
+  expected = "".join(line + "\n" for line in translator.translate(lines))
+  written = []
+  monkeypatch.setattr(textfiles.AtomicWriter, "write", lambda self, data: written.append(
+      data) if len(written) < 1 else (_ for _ in ()).throw(RuntimeError("killed mid-merge")))
+  with pytest.raises(RuntimeError, match="killed mid-merge"):
+    bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz.partial"]
+  (tmp_path / ".out.txt.gz.x1y2.tmp").write_text("what a kill -9 mid-merge leaves\n")
+  monkeypatch.undo()
+  monkeypatch.setattr(bulk.shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(
+      RuntimeError("killed while removing")))
+  rerun = CountingTask(translator)
+  with pytest.raises(RuntimeError, match="killed while removing"):
+    bulk.run_file_job(plan(source, output), rerun, params_sha256="p")
+  assert rerun.chunks == []  # Every chunk was done: nothing translated again.
+  assert textfiles.read_lines(str(output)) == expected.splitlines()
+  monkeypatch.undo()
+  assert bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz"]
+  assert textfiles.read_lines(str(output)) == expected.splitlines()
+
+
+def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, monkeypatch,
+                                                          capsys):
+  source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+  write_input(source, 40)
+  args = translate_args(workdir, source, output, "--chunk_lines", "10", "--method", "greedy")
+  real_read_chunks = bulk.read_chunks
+
+  def one_chunk_then_crash(*a, **k):
+    for number, item in enumerate(real_read_chunks(*a, **k)):
+      if number == 1:
+        raise RuntimeError("simulated kill")
+      yield item
+
+  monkeypatch.setattr(bulk, "read_chunks", one_chunk_then_crash)
+  with pytest.raises(RuntimeError, match="simulated kill"):
+    main(args)
+  monkeypatch.undo()
+  assert (bulk.partial_dir(str(output)) / "chunk_000000").exists()
+  capsys.readouterr()
+  assert main(args[:-2] + ["--method", "beam"]) == 2
+  error = capsys.readouterr().err
+  assert 'settings.search.method: "greedy" in the partial run, "beam" now' in error
+  assert f"remove {output}.partial to start over" in error and error.count("\n") == 1
+  with source.open("a") as f:
+    f.write("one more line\n")
+  assert main(args) == 2
+  error = capsys.readouterr().err
+  assert "inputs.0.size" in error and "lines: 40 in the partial run, 41 now" in error
+  source.write_text(source.read_text().rsplit("one more line\n", 1)[0])
+  os.utime(source, ns=(json.loads((bulk.partial_dir(str(output)) / "manifest.json").read_text())[
+      "inputs"][0]["mtime_ns"],) * 2)
+  assert main(args) == 0 and len(textfiles.read_lines(str(output))) == 40
+  assert "Translated 30 sentences in" in capsys.readouterr().err  # Chunk 0 was kept.
+
+
+# ------------------------------------------------------------- devices, processes, kill -9
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def cli(*args: str, devices: int = 8, cache: Path | None = None, environ: dict | None = None,
+        **popen) -> subprocess.Popen:
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",  # Cache the tiny model's too.
+             **(environ or {}))
+  extra = ["--compilation_cache_dir", str(cache)] if cache else []
+  return subprocess.Popen([sys.executable, "-m", "flax_transformer.cli", *args, *extra],
+                          cwd=REPO, env=env, text=True, **popen)
+
+
+def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir, tmp_path,
+                                                                          monkeypatch):
+  source = tmp_path / "in.txt"
+  write_input(source, 160, seed=4)
+  flags = ["--chunk_lines", "48", "--batch_tokens", "96"]  # Several steps of several shapes.
+  outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo", "files", "srun")}
+  port, cache = free_port(), tmp_path / "xla"
+  gloo = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
+              "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+              "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
+          for i in range(2)]
+  assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
+  monkeypatch.setattr(translate_lib, "local_mesh",
+                      lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
+  assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
+  errors = [run.communicate(timeout=300)[1] for run in gloo]
+  assert [run.returncode for run in gloo] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  # Without jax.distributed: each process does its chunks; the one that ends last merges.
+  files = [cli(*translate_args(workdir, source, outputs["files"], *flags), "--num_processes",
+               "2", "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
+           for i in range(2)]
+  errors = [run.communicate(timeout=300)[1] for run in files]
+  assert [run.returncode for run in files] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  # Started by srun, no flags: JAX's runtime starts from SLURM's variables (2 tasks on 1 node).
+  srun_port = str(free_port())
+  srun = [cli(*translate_args(workdir, source, outputs["srun"], *flags), devices=2, cache=cache,
+              stderr=subprocess.PIPE, environ=dict(
+                  SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID=str(i),
+                  SLURM_LOCALID=str(i), SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost",
+                  SLURM_NODELIST="localhost", JAX_COORDINATOR_PORT=srun_port))
+          for i in range(2)]
+  errors = [run.communicate(timeout=300)[1] for run in srun]
+  assert [run.returncode for run in srun] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  assert [f"(process {i} of 2)" in error for i, error in enumerate(errors)] == [True, True]
+  expected = outputs["one"].read_bytes()
+  assert len(expected.splitlines()) == 160 and len(set(expected.splitlines())) > 100
+  for name in ("eight", "gloo", "files", "srun"):
+    assert outputs[name].read_bytes() == expected, name
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+      ["in.txt", "xla", *(p.name for p in outputs.values())])
+
+
+def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(workdir, tmp_path):
+  source, output, reference = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "ref.txt"
+  write_input(source, 1500, seed=5)
+  flags = ["--chunk_lines", "60", "--method", "greedy", "--batch_tokens", "256"]
+  cache = tmp_path / "xla"
+  run = cli(*translate_args(workdir, source, reference, *flags), cache=cache,
+            stderr=subprocess.PIPE)
+  assert run.communicate(timeout=300)[1] is not None and run.returncode == 0
+  partial, rng = bulk.partial_dir(str(output)), random.Random(0)
+  before: dict[str, tuple[int, int]] = {}
+  for target in sorted(rng.sample(range(1, 24), 3)):
+    run = cli(*translate_args(workdir, source, output, *flags), cache=cache,
+              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while len(list(partial.glob("chunk_*"))) < target and run.poll() is None:
+      assert time.monotonic() < deadline, "no chunks written"
+      time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.3))
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    assert not output.exists()
+    chunks = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in partial.glob("chunk_*")}
+    # Chunks written before this run were not written again: same inode and mtime.
+    assert all(chunks[name] == stamp for name, stamp in before.items())
+    assert len(chunks) >= target
+    before = chunks
+  run = cli(*translate_args(workdir, source, output, *flags), cache=cache,
+            stderr=subprocess.PIPE)
+  log = run.communicate(timeout=300)[1]
+  assert run.returncode == 0, log[-3000:]
+  assert f"{len(before)} of 25 chunks already done, {25 - len(before)} to do" in log
+  assert f"Translated {1500 - 60 * len(before)} sentences in" in log
+  assert output.read_bytes() == reference.read_bytes()
+  assert not partial.exists()
+
+
+def test_stdin_lines_come_back_in_order_while_input_is_still_open(workdir, tmp_path):
+  from flax_transformer.translate import Translator, local_mesh
+
+  run = cli("translate", "--workdir", str(workdir), "--input", "-", "--output", "-",
+            "--method", "greedy", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
+  translator = Translator.from_workdir(workdir, mesh=local_mesh(), method="greedy")
+  lines = sentences(4, seed=8)
+  try:
+    for line in lines:
+      run.stdin.write(line + "\n")
+      run.stdin.flush()  # The output line must come back before any more input.
+      assert run.stdout.readline() == translator.translate([line])[0] + "\n"
+    run.stdin.close()
+    assert run.stdout.read() == ""
+    assert run.wait(timeout=60) == 0
+  finally:
+    run.kill()
+  assert "Translated 4 sentences in" in run.stderr.read()
+
+
+# ------------------------------------------------------------------ n-best, sampling, score
+def test_nbest_writes_moses_entries_equal_to_translate_nbest(workdir, tmp_path, capsys):
+  from flax_transformer.translate import Translator, local_mesh
+
+  source, output = tmp_path / "in.txt", tmp_path / "nbest.txt"
+  lines = write_input(source, 14, seed=6, empty_every=4)
+  assert main(translate_args(workdir, source, output, "--nbest", "3", "--chunk_lines", "5")) == 0
+  translator = Translator.from_workdir(workdir, mesh=local_mesh())
+  expected = []
+  for i in range(len(lines)):
+    chunk = lines[i - i % 5: i - i % 5 + 5]  # Translated with its chunk, as the job does.
+    for text, score in translator.translate_nbest(chunk, n=3)[i % 5]:
+      expected.append(f"{i} ||| {text} ||| {score:.6f}")
+  written = output.read_text().splitlines()
+  assert written == expected
+  assert len(written) == 3 * sum(1 for line in lines if line) + lines.count("")
+  assert "1 |||  ||| 0.000000" in written  # Line 1 is empty: one empty entry.
+  capsys.readouterr()
+  assert main(translate_args(workdir, source, output, "--nbest", "4")) == 2
+  assert "--nbest 4 needs --beam_size >= 4 (it is 3)" in capsys.readouterr().err
+  assert main(translate_args(workdir, source, output, "--nbest", "2", "--method", "sample")) == 2
+  assert "--nbest 2 needs --method beam" in capsys.readouterr().err
+
+
+def test_samples_depend_on_the_seed_and_line_not_on_batching(workdir, tmp_path):
+  from flax_transformer.translate import Translator, local_mesh
+
+  source = tmp_path / "in.txt"
+  lines = write_input(source, 60, seed=7)
+  runs = {"64": ("--batch_tokens", "64"), "512": ("--batch_tokens", "512", "--chunk_lines", "7"),
+          "seed": ("--seed", "6")}
+  texts = {}
+  for name, flags in runs.items():
+    output = tmp_path / f"{name}.txt"
+    assert main(translate_args(workdir, source, output, "--method", "sample", "--top_k", "20",
+                               *(flags if name == "seed" else ("--seed", "5", *flags)))) == 0
+    texts[name] = output.read_text()
+  assert texts["64"] == texts["512"]
+  assert texts["seed"] != texts["64"]
+  # Line 9 alone, keyed by its line number, samples what it sampled within the file.
+  translator = Translator.from_workdir(workdir, mesh=local_mesh(), method="sample", seed=5,
+                                       top_k=20)
+  alone = next(translator.iter_nbest([lines[9]], first_index=9)).hypotheses[0][0][0]
+  assert alone == texts["64"].splitlines()[9]
+
+
+def test_score_command_equals_the_forward_pass_one_pair_at_a_time(workdir, tmp_path, tokenizer):
+  src, tgt = tmp_path / "src.txt", tmp_path / "tgt.txt"
+  sources = write_input(src, 16, seed=9)
+  targets = write_input(tgt, 16, seed=10, empty_every=7)
+  outputs = {flag: tmp_path / f"scores{flag}.txt" for flag in ("", "--normalize")}
+  for flag, output in outputs.items():
+    args = ["score", "--workdir", str(workdir), "--src", str(src), "--tgt", str(tgt),
+            "--output", str(output), "--chunk_lines", "8", "--batch_tokens", "128"]
+    assert main(args + ([flag] if flag else [])) == 0
+  params, _ = workdir_lib.restore_params(workdir)
+  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=64))
+  forward = jax.jit(model.apply)  # One pair at a time: a batch of one, no padding.
+  expected, normalized = [], []
+  for source, target in zip(sources, targets, strict=True):
+    source_ids = np.asarray([*tokenizer.tokenize(source), EOS_ID])
+    target_ids = np.asarray([*tokenizer.tokenize(target), EOS_ID])
+    logits = np.asarray(forward({"params": params}, source_ids[None], target_ids[None])[0],
+                        np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    total = log_probs[np.arange(len(target_ids)), target_ids].sum()
+    expected.append(total)
+    normalized.append(total / len(target_ids))
+  # The weights are scaled up (the workdir fixture), so logits are large and sums reach -500:
+  # float32 rounding then moves them by up to about 5e-5 relative. A wrong or shifted token,
+  # a missing EOS or padding scored would move them by whole nats.
+  got = np.asarray(outputs[""].read_text().split(), np.float64)
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+  got = np.asarray(outputs["--normalize"].read_text().split(), np.float64)
+  np.testing.assert_allclose(got, normalized, rtol=1e-4, atol=1e-5)
