@@ -248,23 +248,25 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
     atomic_write(job.chunk_path(chunk), task(chunk * job.chunk_lines, records, advance))
   bar.close(task.verb)
+  report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
-    return merge_chunks(job, task)
+    return merge_chunks(job, task, report=report)
   processes.barrier("flax_transformer.bulk: chunks done")
-  complete = merge_chunks(job, task) if processes.index == 0 else False
+  complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
   processes.barrier("flax_transformer.bulk: merged")
   return complete or not job.partial.exists()
 
 
 def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int]) -> None:
-  """One line on stderr: what this run does (not a log message: the CLI's log level may hide
-  those, and this line tells a resumed job's state)."""
+  """One line on stderr when this run resumes or has several chunks to do: what it does (not a
+  log message: the CLI's log level may hide those, and this line tells a resumed job's state).
+  A one-chunk job prints only the summary."""
   share = "" if processes.count == 1 else f" (process {processes.index} of {processes.count})"
   done = mine - len(todo)
   if done:
     say(f"Resuming {job.partial}{share}: {done} of {mine} chunks already done, {len(todo)} to "
         "do.")
-  elif todo:
+  elif len(todo) > 1:
     say(f"{job.num_lines} lines in {job.num_chunks} chunks of {job.chunk_lines}{share}; "
         f"progress is kept in {job.partial} (rerun the same command to resume).")
 
@@ -298,9 +300,10 @@ def read_chunks(inputs: Sequence[str], chunk_lines: int, chunks: Sequence[int]
     yield wanted[position], records
 
 
-def merge_chunks(job: FileJob, task: ChunkTask) -> bool:
+def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
   """Assembles OUT from the chunk files in order (atomically) and removes OUT.partial, unless a
-  chunk is missing or another process is merging. Returns whether OUT is complete."""
+  chunk is missing or another process is merging; `report`: say so on stderr. Returns whether
+  OUT is complete."""
   try:
     lock = open(job.partial / LOCK, "a")  # noqa: SIM115  (held until the end)
   except FileNotFoundError:
@@ -324,7 +327,8 @@ def merge_chunks(job: FileJob, task: ChunkTask) -> bool:
       for chunk in range(job.num_chunks):
         output.write(_checked_chunk(job, chunk, task.line_per_record))
     _remove(job.partial)
-  say(f"Wrote {job.output} ({job.num_lines} input lines).")
+  if report:
+    say(f"Wrote {job.output} ({job.num_lines} input lines).")
   return True
 
 

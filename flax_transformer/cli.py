@@ -188,7 +188,6 @@ def _run_bulk(args: argparse.Namespace, inputs: list[str], make_task, settings: 
 
   streamed = "-" in (*inputs, args.output)
   _check_process_flags(args, streamed)
-  textfiles.check_writable(args.output)  # Before restoring anything.
   if streamed:
     chunks = (textfiles.prompt_chunks("-", args.chunk_lines) if inputs == ["-"]
               else bulk.record_chunks(inputs, args.chunk_lines))
@@ -214,8 +213,10 @@ def run_translate(args: argparse.Namespace) -> int:
   import dataclasses
 
   from flax_transformer.chunk_tasks import TranslationTask
+  from flax_transformer.textfiles import check_writable
 
-  settings = _settings(args)  # Bad flags fail here, before anything is restored.
+  check_writable(args.output)  # A bad output and bad flags fail before anything is restored.
+  settings = _settings(args)
   _check_nbest(args, settings)
   make_task = lambda translator: TranslationTask(translator, args.nbest)
   return _run_bulk(args, [args.input], make_task,
@@ -224,7 +225,9 @@ def run_translate(args: argparse.Namespace) -> int:
 
 def run_score(args: argparse.Namespace) -> int:
   from flax_transformer.chunk_tasks import ScoringTask
+  from flax_transformer.textfiles import check_writable
 
+  check_writable(args.output)
   settings = _settings(args)
   make_task = lambda translator: ScoringTask(translator, args.normalize)
   return _run_bulk(args, [args.src, args.tgt], make_task,
@@ -254,9 +257,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
   if len(sources) != len(references):
     raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has "
                      f"{len(references)}; they must be line-aligned.")
-  _settings(args)  # Bad flags fail here, before anything is restored.
   if args.output:
     check_writable(args.output)
+  _settings(args)  # Bad flags fail here, before anything is restored.
   translator = _translator(args)
   hypotheses = _translate_file(translator, args.src)
   if args.output:
