@@ -134,7 +134,15 @@ class ModelConfig:
   max_len: int = _field(256, POSITIVE)  # Longest source or target the positions cover.
   positional_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
   norm_placement: Literal["post", "pre"] = "post"  # "post": LayerNorm(x + f(x)) as in the paper.
-  layer_norm_epsilon: float = _field(1e-6, POSITIVE)
+  layer_norm_epsilon: float = _field(1e-6, POSITIVE)  # Marian (Hugging Face) uses 1e-5.
+  # Options that Marian (OPUS-MT) and fairseq checkpoints need; the defaults are the paper's.
+  attention_bias: bool = False  # Biases on the attention's Q, K, V and output projections.
+  activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN; gelu is exact (erf), swish = SiLU.
+  # Sinusoid features: "interleaved" sin/cos (the paper) or "halves" [sin..., cos...] (t2t,
+  # fairseq, Marian); the same values, permuted.
+  sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
+  scale_embeddings: bool = True  # Token embeddings times sqrt(D), as in the paper.
+  logits_bias: bool = False  # A learned bias [V] added to the logits (Marian's final_logits_bias).
   share_embeddings: bool = True  # One embedding table for source and target tokens.
   tie_output_projection: bool = True  # Logits = decoder output @ target embedding^T.
   share_layer_weights: bool = False  # One layer's weights reused at every depth (Universal T.).
