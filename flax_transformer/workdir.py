@@ -8,7 +8,10 @@ alone, so nothing here imports the training code (or grain).
                        model/data/train/checkpoint/eval/search (`flax_transformer.config`).
                        The model is `model_config_from(config['model'], vocab_size)` with
                        vocab_size = the SentencePiece model's piece count.
-    vocab.model        the SentencePiece model shared by source and target.
+    vocab.model        the SentencePiece model shared by source and target; or, in a workdir
+                       imported from Marian (or fine-tuned from one), source.spm, target.spm and
+                       vocab.json instead (`flax_transformer.data.marian_tokenizer`). The files
+                       present say which; `load_tokenizer` reads either.
     checkpoints/       an orbax `CheckpointManager` directory:
       <step>/          one finished checkpoint per saved step (integer name, no prefix);
                        unfinished saves live under temporary names and are never listed.
@@ -38,7 +41,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from flax_transformer.config import ModelConfig, model_config_from
-from flax_transformer.data.tokenizer import Tokenizer
+from flax_transformer.data import marian_tokenizer
+from flax_transformer.data.marian_tokenizer import MarianTokenizer
+from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.model"
@@ -87,12 +92,42 @@ def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
     raise ValueError(f"{path}: not valid JSON ({error}).") from None
 
 
-def load_tokenizer(workdir: str | os.PathLike) -> Tokenizer:
-  """The workdir's shared SentencePiece vocabulary."""
-  return Tokenizer.load(Path(workdir) / VOCAB_FILE)
+def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
+  """The workdir's vocabulary files: [vocab.model], or Marian's three; [] when it has none.
+
+  Raises:
+    ValueError: the workdir holds both kinds, or only some of Marian's files.
+  """
+  workdir = Path(workdir)
+  marian = [workdir / name for name in marian_tokenizer.FILES]
+  present = [path for path in marian if path.is_file()]
+  shared = workdir / VOCAB_FILE
+  if shared.is_file():
+    if present:
+      raise ValueError(f"{workdir} holds both {VOCAB_FILE} and Marian vocabulary files "
+                       f"({', '.join(p.name for p in present)}); keep one kind.")
+    return [shared]
+  if present and len(present) < len(marian):
+    missing = sorted({p.name for p in marian} - {p.name for p in present})
+    raise ValueError(f"{workdir} has an incomplete Marian vocabulary: {', '.join(missing)} "
+                     "missing.")
+  return present
 
 
-def model_config(config: dict[str, Any], tokenizer: Tokenizer) -> ModelConfig:
+def load_tokenizer(workdir: str | os.PathLike) -> TextTokenizer:
+  """The workdir's vocabulary: the shared SentencePiece `Tokenizer` (vocab.model) or, for a
+  workdir from Marian, a `MarianTokenizer` (source.spm, target.spm, vocab.json)."""
+  files = vocabulary_files(workdir)
+  if not files:
+    raise FileNotFoundError(
+        f"No vocabulary in {workdir}: expected {VOCAB_FILE}, or "
+        f"{', '.join(marian_tokenizer.FILES)} for a model imported from Marian.")
+  if files[0].name == VOCAB_FILE:
+    return Tokenizer.load(files[0])
+  return MarianTokenizer.load(workdir)
+
+
+def model_config(config: dict[str, Any], tokenizer: TextTokenizer) -> ModelConfig:
   """The architecture a workdir's config.json describes, for its vocabulary."""
   return model_config_from(config["model"], tokenizer.vocab_size)
 
