@@ -1,4 +1,5 @@
-"""`flax-transformer {translate,evaluate,average,attention,curves}`: the serving-side commands.
+"""`flax-transformer {translate,evaluate,average,attention,curves,import-marian,export}`: the
+serving-side commands.
 
 Training has its own launcher, `python train.py --config=... --workdir=...`.
 """
@@ -129,6 +130,51 @@ def run_curves(args: argparse.Namespace) -> int:
   return 0
 
 
+def run_import_marian(args: argparse.Namespace) -> int:
+  from flax_transformer.interop.marian import import_marian
+
+  print(import_marian(args.model_dir, args.workdir))
+  return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+  if args.format == "ctranslate2":
+    from flax_transformer.interop.ctranslate2 import export_ctranslate2
+
+    output = export_ctranslate2(args.workdir, args.output, quantization=args.quantization,
+                                step=args.step, checkpoint=args.checkpoint)
+  else:
+    if args.quantization != "none":
+      raise ValueError("--quantization applies to --format ctranslate2 only.")
+    from flax_transformer.interop.marian import export_marian
+
+    output = export_marian(args.workdir, args.output, step=args.step, checkpoint=args.checkpoint)
+  print(output)
+  return 0
+
+
+def _add_interop_commands(commands) -> None:
+  imported = commands.add_parser(
+      "import-marian", help="Import a Hugging Face Marian (OPUS-MT) model folder as a workdir.")
+  imported.add_argument("--model_dir", required=True,
+                        help="config.json, model.safetensors (or pytorch_model.bin), source.spm, "
+                        "target.spm and vocab.json, as the Hub's Helsinki-NLP/opus-mt-* hold.")
+  imported.add_argument("--workdir", required=True, help="The new workdir (must not exist).")
+  imported.set_defaults(run=run_import_marian)
+
+  export = commands.add_parser("export", help="Export a checkpoint to CTranslate2 or Marian.")
+  export.add_argument("--workdir", required=True)
+  export.add_argument("--step", type=int, default=None, help="Default: the latest checkpoint.")
+  export.add_argument("--checkpoint", default=None, help="An averaged checkpoint instead.")
+  export.add_argument("--format", required=True, choices=("ctranslate2", "marian"))
+  export.add_argument("--output", required=True, help="The new model folder (must not exist).")
+  export.add_argument(
+      "--quantization", default="none",
+      choices=("none", "int8", "int8_float32", "float16", "bfloat16"),
+      help="CTranslate2 only: the stored weights' type (default none: float32).")
+  export.set_defaults(run=run_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="flax-transformer", description=__doc__)
   commands = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
   curves.add_argument("--workdir", required=True)
   curves.add_argument("--output", required=True, help="PNG file to write.")
   curves.set_defaults(run=run_curves)
+  _add_interop_commands(commands)
   return parser
 
 
@@ -185,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
       enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)
-  except (FileNotFoundError, ValueError) as error:
+  except (FileNotFoundError, FileExistsError, ValueError) as error:
     print(f"flax-transformer {args.command}: error: {error}", file=sys.stderr)
     return 2
 

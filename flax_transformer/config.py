@@ -227,6 +227,15 @@ def model_config_from(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
   return ModelConfig(vocab_size=vocab_size, **fields)
 
 
+def model_group(config: ModelConfig) -> dict[str, Any]:
+  """The `config.model` group that `model_config_from` turns back into `config` (every field
+  but vocab_size, which the vocabulary gives, and no preset): what a workdir's config.json holds
+  for a model that no config file describes (an imported one, or a fine-tuned one)."""
+  fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.name != "vocab_size"}
+  return {"preset": "", **fields}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
   """`config.data`: the corpus, the shared vocabulary and the batches (configs/default.py)."""

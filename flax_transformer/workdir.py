@@ -153,6 +153,21 @@ def _params_manager(workdir: str | os.PathLike) -> ocp.CheckpointManager:
                             async_save=False, read_only=True)
 
 
+def save_params(workdir: str | os.PathLike, step: int, params: Any) -> Path:
+  """Writes `params` alone as WORKDIR's checkpoint `step` (what `restore_params` reads); no
+  training state, so `train.py` cannot resume from it (fine-tune with config.train.init_from).
+  Returns the checkpoint's folder."""
+  manager = checkpoint_manager(workdir, {PARAMS_ITEM: ocp.StandardCheckpointHandler()},
+                               async_save=False)
+  try:
+    manager.save(step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardSave(params)}),
+                 force=True)
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+  return Path(workdir).resolve() / CHECKPOINT_DIR / str(step)
+
+
 def saved_steps(workdir: str | os.PathLike) -> list[int]:
   """The steps of WORKDIR's finished checkpoints, ascending (empty when none)."""
   if not (Path(workdir) / CHECKPOINT_DIR).is_dir():

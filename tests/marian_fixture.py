@@ -84,7 +84,11 @@ def write_marian_model(directory: Path, *, seed: int = 0, d_model: int = 32, lay
                               source_lang="en", target_lang="de")
   if train_steps:
     _train(model, tokenizer, pairs, train_steps, seed)
-  model.eval().save_pretrained(directory, safe_serialization=safetensors)
+  model.eval().save_pretrained(directory)
+  if not safetensors:  # The older Hub layout: the whole state dict (position tables and tied
+    # copies included) pickled by torch; transformers 5 itself writes safetensors only.
+    (directory / "model.safetensors").unlink()
+    torch.save(model.state_dict(), directory / "pytorch_model.bin")
   tokenizer.save_pretrained(directory)
   return directory
 
@@ -116,6 +120,8 @@ def _randomize(model, generator) -> None:
 
   with torch.no_grad():
     for name, tensor in model.named_parameters():
+      if "embed_positions" in name:  # The fixed sinusoid tables stay.
+        continue
       noise = torch.randn(tensor.shape, generator=generator)
       if name.endswith("layer_norm.weight"):
         tensor.copy_(1.0 + 0.2 * noise)
