@@ -227,12 +227,17 @@ def model_config_from(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
   return ModelConfig(vocab_size=vocab_size, **fields)
 
 
+def group_dict(group: Any) -> dict[str, Any]:
+  """A parsed group (a dataclass above) as the mapping `parse_group` reads back."""
+  return {field.name: getattr(group, field.name) for field in dataclasses.fields(group)}
+
+
 def model_group(config: ModelConfig) -> dict[str, Any]:
   """The `config.model` group that `model_config_from` turns back into `config` (every field
   but vocab_size, which the vocabulary gives, and no preset): what a workdir's config.json holds
   for a model that no config file describes (an imported one, or a fine-tuned one)."""
-  fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-            if f.name != "vocab_size"}
+  fields = group_dict(config)
+  del fields["vocab_size"]
   return {"preset": "", **fields}
 
 

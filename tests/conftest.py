@@ -27,3 +27,13 @@ def marian_model_dir(tmp_path_factory):
   import marian_fixture
 
   return marian_fixture.write_marian_model(tmp_path_factory.mktemp("marian") / "model")
+
+
+@pytest.fixture(scope="session")
+def trained_workdir(tmp_path_factory):
+  """configs/default.py shrunk and trained 400 steps (tests/random_workdir.py), once per
+  session; tests copy it before writing into it."""
+  import random_workdir
+
+  root = tmp_path_factory.mktemp("trained")
+  return random_workdir.train_workdir(root / "workdir", root / "tfds")

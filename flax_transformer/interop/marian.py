@@ -29,7 +29,6 @@ has 1e-5 built in). config.json then records the original layout and epsilon und
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import ModelConfig, SearchConfig, model_group
+from flax_transformer.config import ModelConfig, SearchConfig, group_dict, model_group
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -233,7 +232,7 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
   _write_vocabulary(workdir, tokenizer)
   search = SearchConfig(beam_size=int(_generation(model_dir).get("num_beams") or 4))
   workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE, {
-      "model": model_group(model_config), "search": _as_dict(search),
+      "model": model_group(model_config), "search": group_dict(search),
       "origin": {"format": "marian", "path": str(model_dir.resolve())}})
   return workdir_lib.save_params(workdir, 0, params)
 
@@ -274,9 +273,6 @@ def _read_json(path: Path) -> Any:
   except ValueError as error:
     raise MarianFormatError(f"{path}: not valid JSON ({error}).") from None
 
-
-def _as_dict(search: SearchConfig) -> dict[str, Any]:
-  return {field.name: getattr(search, field.name) for field in dataclasses.fields(search)}
 
 
 # ----------------------------------------------------------------------------------- export
