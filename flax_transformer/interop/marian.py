@@ -228,6 +228,8 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
   if model_config.sinusoid_layout == "interleaved":  # An export of ours: undo its permutation.
     inverse = np.argsort(sinusoid_permutation(model_config.emb_dim))
     params = marian_params.permute_model_dim(params, inverse)
+  params, model_config = _drop_exported_zero_biases(params, model_config,
+                                                    config.get(OUR_KEY, {}))
   _make_empty_folder(workdir, "--workdir")
   _write_vocabulary(workdir, tokenizer)
   search = SearchConfig(beam_size=int(_generation(model_dir).get("num_beams") or 4))
@@ -235,6 +237,39 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
       "model": model_group(model_config), "search": group_dict(search),
       "origin": {"format": "marian", "path": str(model_dir.resolve())}})
   return workdir_lib.save_params(workdir, 0, params)
+
+
+def _drop_exported_zero_biases(params: dict[str, Any], config: ModelConfig,
+                               ours: dict[str, Any]) -> tuple[dict[str, Any], ModelConfig]:
+  """Biases that an export of ours wrote as zeros (config.json says which) are dropped again
+  while they are still all zero, so ours -> Marian -> ours gives the same parameter tree."""
+  if ours.get("attention_bias") is False:
+    without, removed = _without_attention_biases(params)
+    if not any(np.any(bias) for bias in removed):
+      params, config = without, config.replace(attention_bias=False)
+  if ours.get("logits_bias") is False and not np.any(params["decoder"]["logits_bias"]):
+    params = {**params, "decoder": {k: v for k, v in params["decoder"].items()
+                                    if k != "logits_bias"}}
+    config = config.replace(logits_bias=False)
+  return params, config
+
+
+def _without_attention_biases(params: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+  """`params` without the attention projections' biases, and those biases."""
+  removed = []
+
+  def walk(tree: Any, path: tuple[str, ...]) -> Any:
+    if not isinstance(tree, dict):
+      return tree
+    kept = {}
+    for key, value in tree.items():
+      if key == "bias" and len(path) >= 2 and path[-2] in ("self_attention", "cross_attention"):
+        removed.append(value)
+      else:
+        kept[key] = walk(value, (*path, key))
+    return kept
+
+  return walk(params, ()), removed
 
 
 def _write_vocabulary(workdir: Path, tokenizer: MarianTokenizer) -> None:
@@ -325,7 +360,10 @@ def marian_config(config: ModelConfig, vocabulary: MarianTokenizer) -> dict[str,
       "pad_token_id": pad, "decoder_start_token_id": pad, "eos_token_id": eos,
       "forced_eos_token_id": eos, "dtype": "float32",
   }
-  changed = {}
+  changed: dict[str, Any] = {}
+  for option in ("attention_bias", "logits_bias"):  # Exported as zeros.
+    if not getattr(config, option):
+      changed[option] = False
   if config.sinusoid_layout != "halves":
     changed["sinusoid_layout"] = config.sinusoid_layout
   if config.layer_norm_epsilon != MARIAN_EPSILON:
