@@ -346,6 +346,11 @@ class TrainConfig:
   seed: int = _field(0, NON_NEGATIVE)
   log_every_steps: int = _field(100, POSITIVE)
   peak_flops_per_device: float = _field(0.0, NON_NEGATIVE)
+  # Fine-tune from a checkpoint: a workdir (its latest), WORKDIR/checkpoints/<step> or an
+  # averaged WORKDIR/averaged/<name>. Its params, model config and vocabulary are used; the
+  # optimizer and step start fresh. '' = train from scratch. Ignored once the workdir has
+  # checkpoints of its own (a restart resumes them).
+  init_from: str = ""
 
   def __post_init__(self):
     _check_fields(self)

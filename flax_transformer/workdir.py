@@ -182,20 +182,29 @@ def saved_steps(workdir: str | os.PathLike) -> list[int]:
 def restore_params(
     workdir: str | os.PathLike, step: int | None = None, *,
     checkpoint: str | os.PathLike | None = None, device: jax.Device | None = None,
+    target: Any | None = None,
 ) -> tuple[Any, int]:
   """Restores the params of WORKDIR's checkpoint `step` (default: the latest), or of an
   averaged `checkpoint` (a folder written by `average_checkpoints`).
 
+  Args:
+    target: optional abstract params (`jax.ShapeDtypeStruct`s with shardings) to restore
+      into, e.g. a training mesh's; their shapes must be the checkpoint's.
+
   Returns:
-    (params as in variables['params'], on `device` (default: the first local device), step).
+    (params as in variables['params'], on `device` (default: the first local device) or as
+    `target` says, step).
 
   Raises:
     FileNotFoundError: no such checkpoint, naming the saved steps.
     UnreadableCheckpointError: the checkpoint exists but cannot be read, naming it and why.
+    ValueError: `target`'s shapes differ from the checkpoint's, naming the parameters.
   """
   sharding = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+  place = (lambda metadata: _on(sharding, metadata)) if target is None else (
+      lambda metadata: _matching(target, metadata))
   if checkpoint is not None:
-    return _restore_averaged(Path(checkpoint), sharding)
+    return _restore_averaged(Path(checkpoint), place)
   directory = Path(workdir) / CHECKPOINT_DIR
   steps = saved_steps(workdir)
   if step is None and not steps:
@@ -206,9 +215,11 @@ def restore_params(
   manager = _params_manager(workdir)
   try:
     metadata = manager.item_metadata(step)[PARAMS_ITEM]
-    target = _on(sharding, getattr(metadata, "tree", metadata))
+    abstract = place(getattr(metadata, "tree", metadata))
     restored = manager.restore(
-        step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(target)}))
+        step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(abstract)}))
+  except _ShapeMismatch:
+    raise
   except Exception as error:  # Orbax and tensorstore raise many types for a damaged file.
     raise UnreadableCheckpointError(
         f"The checkpoint {directory / str(step)} is unreadable: {_first_line(error)}. Saved "
@@ -218,7 +229,7 @@ def restore_params(
   return restored[PARAMS_ITEM], step
 
 
-def _restore_averaged(path: Path, sharding: jax.sharding.Sharding) -> tuple[Any, int]:
+def _restore_averaged(path: Path, place: Any) -> tuple[Any, int]:
   match = _AVERAGED_NAME.search(path.name)
   if not path.is_dir() or match is None:
     raise FileNotFoundError(
@@ -228,7 +239,9 @@ def _restore_averaged(path: Path, sharding: jax.sharding.Sharding) -> tuple[Any,
   try:
     metadata = checkpointer.metadata(path)
     tree = getattr(metadata, "item_metadata", metadata)
-    params = checkpointer.restore(path, _on(sharding, getattr(tree, "tree", tree)))
+    params = checkpointer.restore(path, place(getattr(tree, "tree", tree)))
+  except _ShapeMismatch:
+    raise
   except Exception as error:
     raise UnreadableCheckpointError(
         f"The averaged checkpoint {path} is unreadable: {_first_line(error)}.") from error
@@ -241,6 +254,19 @@ def _on(sharding: jax.sharding.Sharding, metadata: Any) -> Any:
   """Abstract arrays with the metadata's shapes and dtypes, placed by `sharding`."""
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
                       metadata)
+
+
+class _ShapeMismatch(ValueError):
+  """A restore target whose shapes are not the checkpoint's."""
+
+
+def _matching(target: Any, metadata: Any) -> Any:
+  """`target` once its shapes are known to be the checkpoint's (else _ShapeMismatch)."""
+  differing = shape_differences(metadata, target)
+  if differing:
+    raise _ShapeMismatch("The checkpoint's parameters differ from the model's (checkpoint vs "
+                         f"model): {'; '.join(differing[:10])}.")
+  return target
 
 
 def _first_line(error: BaseException) -> str:

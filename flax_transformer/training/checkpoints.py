@@ -63,8 +63,15 @@ def restore(
   """Restores step `step` into `shardings` (and `data_iter`'s position, in place).
 
   Raises:
-    CheckpointMismatchError: naming the parameters whose shapes differ from the model's.
+    CheckpointMismatchError: naming the parameters whose shapes differ from the model's, or
+      for a checkpoint of parameters alone (an imported model).
   """
+  if not (manager.directory / str(step) / TRAIN_STATE_ITEM).is_dir():
+    workdir = manager.directory.parent
+    raise CheckpointMismatchError(
+        f"The checkpoint {manager.directory / str(step)} holds parameters only (an imported "
+        f"model, say), nothing to resume; train from it into a new workdir with "
+        f"--config.train.init_from={workdir}.")
   check_params_match(manager, step, abstract.params)
   target = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
