@@ -87,7 +87,11 @@ def main(argv):
     logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                  jax.devices())
     enable_compilation_cache(FLAGS.compilation_cache_dir)
-    results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    overrides = config_flags.get_override_values(FLAGS["config"])  # --config.X=... only
+    model_overrides = {key.removeprefix("model."): value for key, value in overrides.items()
+                       if key.startswith("model.")}
+    results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                                         model_overrides=model_overrides)
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)

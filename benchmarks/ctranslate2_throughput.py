@@ -1,11 +1,12 @@
 """Beam search (K = 4) against CTranslate2's float32 beam search, same weights, one process.
 
 The design bar: our beam search no slower than CTranslate2's float32 beam search on the same
-workload. Each config's random parameters are converted to a CTranslate2 `TransformerSpec`
-(post-norm, ReLU, tied and shared embeddings scaled by sqrt(D), our sinusoidal table set
-explicitly, LayerNorm epsilon 1e-6, decoding started from id 0 and ended at id 1), and the
-conversion is checked before any timing: teacher-forced token log-probabilities must agree
-within --tolerance, and greedy decoding must give the same ids. Any failure raises.
+workload. Each config's random parameters are converted to a CTranslate2 `TransformerSpec` by
+the product's converter (`flax_transformer.interop.ctranslate2.build_spec`: our position table
+set explicitly, our LayerNorm epsilon, decoding started from id 0 and ended at id 1, EOS
+appended to sources by CTranslate2), and the conversion is checked before any timing:
+teacher-forced token log-probabilities must agree within --tolerance, and greedy decoding must
+give the same ids. Any failure raises.
 Workload (as benchmarks/decode_throughput.py): 32 sentences of 32 source tokens, beam 4, 64
 output tokens forced (EOS forbidden until then, so no early exit), all sentences in one batch.
 The two decoders alternate round by round after a warm-up call each; prints one JSON line per
@@ -34,11 +35,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ctranslate2.specs import common_spec, transformer_spec
+from ctranslate2.specs import transformer_spec
 from decode_throughput import jit_search  # benchmarks/decode_throughput.py, beside this file
 
 from flax_transformer import ModelConfig, Transformer
-from flax_transformer.model.layers import sinusoidal_positions
+from flax_transformer.interop import ctranslate2 as ctranslate2_export
 
 CONFIGS = {
     "small": lambda: ModelConfig.small(8000),
@@ -65,86 +66,12 @@ def vocabulary(vocab_size: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# Conversion
+# Conversion: the product's converter (flax_transformer.interop.ctranslate2)
 # --------------------------------------------------------------------------------------------
-def _linear(kernel: np.ndarray, in_axes: int) -> np.ndarray:
-  """A Flax kernel [in..., out...] as a CTranslate2 LinearSpec weight [out, in] (float32)."""
-  fan_in = int(np.prod(kernel.shape[:in_axes]))
-  return np.ascontiguousarray(kernel.reshape(fan_in, -1).T, dtype=np.float32)
-
-
-def _set_norm(spec: common_spec.LayerNormSpec, params: Params) -> None:
-  spec.gamma = np.asarray(params["scale"], np.float32)
-  spec.beta = np.asarray(params["bias"], np.float32)
-
-
-def _set_attention(spec: Any, params: Params, norm: Params, self_attention: bool) -> None:
-  """Q, K, V [D, N, H] and output [N, H, D] kernels (no biases) into a MultiHeadAttentionSpec.
-
-  Self-attention: linear[0] is Q, K, V fused along the output axis. Cross-attention: linear[0]
-  is Q and linear[1] K, V fused. The last linear is the output projection; the LayerNorm that
-  follows the residual (post-norm) lives in the attention spec.
-  """
-  query, key, value = (_linear(params[name]["kernel"], 1) for name in ("query", "key", "value"))
-  if self_attention:
-    spec.linear[0].weight = np.concatenate([query, key, value])
-  else:
-    spec.linear[0].weight = query
-    spec.linear[1].weight = np.concatenate([key, value])
-  spec.linear[-1].weight = _linear(params["output"]["kernel"], 2)
-  _set_norm(spec.layer_norm, norm)
-
-
-def _set_feed_forward(spec: transformer_spec.FeedForwardSpec, params: Params,
-                      norm: Params) -> None:
-  for linear, name in ((spec.linear_0, "wi"), (spec.linear_1, "wo")):
-    linear.weight = _linear(params[name]["kernel"], 1)
-    linear.bias = np.asarray(params[name]["bias"], np.float32)
-  _set_norm(spec.layer_norm, norm)
-
-
 def build_spec(config: ModelConfig, variables: Any) -> transformer_spec.TransformerSpec:
-  """Our parameters as a CTranslate2 TransformerSpec (weights are copied, not shared)."""
-  if (config.norm_placement != "post" or config.positional_encoding != "sinusoidal"
-      or not config.share_embeddings or not config.tie_output_projection
-      or config.share_layer_weights):
-    raise ValueError("build_spec: only post-norm, sinusoidal, shared and tied models convert.")
+  """Our parameters as a CTranslate2 TransformerSpec over the fake vocabulary."""
   params = jax.tree.map(np.asarray, nn.unbox(variables["params"]))
-  spec = transformer_spec.TransformerSpec.from_config(
-      (config.num_encoder_layers, config.num_decoder_layers), config.num_heads, pre_norm=False,
-      activation=common_spec.Activation.RELU)
-  embedding = np.asarray(params["embedder"]["embedding"], np.float32)  # [V, D]
-  # CTranslate2's own sinusoids start at position 1 and put all sines before all cosines, so
-  # our table (position 0 first, sin/cos interleaved) is set as a fixed position table.
-  positions = sinusoidal_positions(config.max_len, config.emb_dim)
-  for stack in (spec.encoder, spec.decoder):
-    stack.scale_embeddings = True  # x * sqrt(D), then + positions, as ours.
-    stack.position_encodings.encodings = positions
-  spec.encoder.embeddings[0].weight = embedding
-  spec.decoder.embeddings.weight = embedding
-  spec.decoder.projection.weight = embedding  # Tied logits, no bias (the bias is optional).
-  for i, layer in enumerate(spec.encoder.layer):
-    ours = params["encoder"][f"layers_{i}"]
-    _set_attention(layer.self_attention, ours["self_attention"], ours["self_attention_norm"],
-                   self_attention=True)
-    _set_feed_forward(layer.ffn, ours["feed_forward"], ours["feed_forward_norm"])
-  for i, layer in enumerate(spec.decoder.layer):
-    ours = params["decoder"][f"layers_{i}"]
-    _set_attention(layer.self_attention, ours["self_attention"], ours["self_attention_norm"],
-                   self_attention=True)
-    _set_attention(layer.attention, ours["cross_attention"], ours["cross_attention_norm"],
-                   self_attention=False)
-    _set_feed_forward(layer.ffn, ours["feed_forward"], ours["feed_forward_norm"])
-  # Without it CTranslate2 uses 1e-5 for LayerNorms with a bias (src/layers/common.cc).
-  spec.config.layer_norm_epsilon = config.layer_norm_epsilon
-  spec.config.unk_token, spec.config.eos_token = SPECIAL_TOKENS[UNK_ID], SPECIAL_TOKENS[EOS_ID]
-  # The decoder's first input is our id 0; no "<s>" exists. bos_token is only used to add a
-  # source BOS (off), but it is set to an existing token too.
-  spec.config.bos_token = spec.config.decoder_start_token = SPECIAL_TOKENS[PAD_ID]
-  tokens = vocabulary(config.vocab_size)
-  spec.register_source_vocabulary(tokens)
-  spec.register_target_vocabulary(tokens)  # Identical lists: saved once, as shared.
-  return spec
+  return ctranslate2_export.build_spec(config, params, vocabulary(config.vocab_size))
 
 
 def load_translator(spec: transformer_spec.TransformerSpec, directory: str, threads: int,
@@ -163,6 +90,13 @@ def load_translator(spec: transformer_spec.TransformerSpec, directory: str, thre
 # --------------------------------------------------------------------------------------------
 def _strings(ids: np.ndarray, tokens: list[str]) -> list[str]:
   return [tokens[i] for i in ids]
+
+
+def _source(ids: np.ndarray, tokens: list[str]) -> list[str]:
+  """A source row (ids, EOS, padding) as CTranslate2 takes it: the pieces before EOS, since
+  the exported model appends EOS itself (`add_source_eos`)."""
+  ids = [int(i) for i in ids if i != PAD_ID]
+  return _strings(ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids, tokens)
 
 
 def check_scores(model: Transformer, variables: Any, translator: ctranslate2.Translator,
@@ -189,7 +123,7 @@ def check_scores(model: Transformer, variables: Any, translator: ctranslate2.Tra
   ours = np.asarray(jnp.take_along_axis(
       jax.nn.log_softmax(logits, axis=-1), jnp.asarray(targets)[..., None], axis=-1)[..., 0])
   results = translator.score_batch(
-      [_strings(inputs[b, :s + 1], tokens) for b, s in enumerate(source_lengths)],
+      [_source(inputs[b], tokens) for b in range(batch)],
       [_strings(targets[b, :t], tokens) for b, t in enumerate(target_lengths)])  # EOS added.
   worst = 0.0
   for b, (t, result) in enumerate(zip(target_lengths, results, strict=True)):
@@ -220,7 +154,7 @@ def check_greedy(model: Transformer, variables: Any, translator: ctranslate2.Tra
   sequences, _ = jit_search(model, method="greedy", max_decode_len=max_len)(variables, inputs)
   sequences = sequences[:, 0]  # [B, L]
   results = translator.translate_batch(
-      [_strings(row, tokens) for row in np.asarray(inputs)], beam_size=1,
+      [_source(row, tokens) for row in np.asarray(inputs)], beam_size=1,
       max_decoding_length=max_len, min_decoding_length=0, return_end_token=True,
       suppress_sequences=[[SPECIAL_TOKENS[PAD_ID]]])
   mismatches = []
@@ -265,7 +199,7 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
       model, beam_size=args.beam_size, max_decode_len=args.steps, min_length=args.steps,
       length_penalty=LENGTH_PENALTY)
   compile_s, compiled = _timed(lambda: translate.lower(variables, inputs).compile())
-  source = [_strings(row, tokens) for row in np.asarray(inputs)]
+  source = [_source(row, tokens) for row in np.asarray(inputs)]
   ct2_options = dict(
       max_batch_size=args.sentences, beam_size=args.beam_size, length_penalty=LENGTH_PENALTY,
       min_decoding_length=args.steps, max_decoding_length=args.steps, return_scores=True,

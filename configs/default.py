@@ -70,6 +70,9 @@ def get_config() -> ml_collections.ConfigDict:
   train.seed = 0  # Parameter init and dropout.
   train.log_every_steps = 100  # Console/TensorBoard/metrics.jsonl line every N steps.
   train.peak_flops_per_device = 0.0  # Peak FLOP/s for MFU; 0 = known accelerators only.
+  # Fine-tune: a workdir, WORKDIR/checkpoints/<step> or WORKDIR/averaged/<name> whose params,
+  # model and vocabulary to start from (fresh optimizer, step 0); "" = from scratch.
+  train.init_from = ""
 
   # --- checkpoint: orbax CheckpointManager in WORKDIR/checkpoints.
   config.checkpoint = checkpoint = ml_collections.ConfigDict()

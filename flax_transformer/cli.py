@@ -1,4 +1,5 @@
-"""`flax-transformer {translate,score,evaluate,average,attention,curves}`: the serving commands.
+"""`flax-transformer {translate,score,evaluate,average,attention,curves,import-marian,export}`:
+the serving-side commands.
 
 Training has its own launcher, `python train.py --config=... --workdir=...`.
 """
@@ -173,11 +174,13 @@ def _checkpoint_identity(args: argparse.Namespace, output: str) -> tuple[dict, i
     step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
   tokenizer = workdir_lib.load_tokenizer(args.workdir)
   model = workdir_lib.model_config(workdir_lib.read_config(args.workdir), tokenizer)
-  vocab = Path(args.workdir) / workdir_lib.VOCAB_FILE
+  vocab = hashlib.sha256()
+  for path in workdir_lib.vocabulary_files(args.workdir):  # vocab.model, or Marian's three.
+    vocab.update(path.read_bytes())
   identity = {
       "workdir": str(Path(args.workdir).resolve()), "step": step,
       "averaged": str(Path(args.checkpoint).resolve()) if args.checkpoint else None,
-      "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
+      "vocab_sha256": vocab.hexdigest(),
       "model": dataclasses.asdict(model)}
   return identity, None if args.checkpoint else step
 
@@ -303,10 +306,66 @@ def run_curves(args: argparse.Namespace) -> int:
   return 0
 
 
+def run_import_marian(args: argparse.Namespace) -> int:
+  from flax_transformer.interop.marian import import_marian
+
+  print(import_marian(args.model_dir, args.workdir))
+  return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+  if args.format == "ctranslate2":
+    from flax_transformer.interop.ctranslate2 import export_ctranslate2
+
+    output = export_ctranslate2(args.workdir, args.output, quantization=args.quantization,
+                                step=args.step, checkpoint=args.checkpoint)
+  else:
+    if args.quantization != "none":
+      raise ValueError("--quantization applies to --format ctranslate2 only.")
+    from flax_transformer.interop.marian import export_marian
+
+    output = export_marian(args.workdir, args.output, step=args.step, checkpoint=args.checkpoint)
+  print(output)
+  return 0
+
+
+def _add_interop_commands(commands) -> None:
+  imported = commands.add_parser(
+      "import-marian", help="Import a Hugging Face Marian (OPUS-MT) model folder as a workdir.")
+  imported.add_argument("--model_dir", required=True,
+                        help="config.json, model.safetensors (or pytorch_model.bin), source.spm, "
+                        "target.spm and vocab.json, as the Hub's Helsinki-NLP/opus-mt-* hold.")
+  imported.add_argument("--workdir", required=True, help="The new workdir (must not exist).")
+  imported.set_defaults(run=run_import_marian)
+
+  export = commands.add_parser("export", help="Export a checkpoint to CTranslate2 or Marian.")
+  export.add_argument("--workdir", required=True)
+  export.add_argument("--step", type=int, default=None, help="Default: the latest checkpoint.")
+  export.add_argument("--checkpoint", default=None, help="An averaged checkpoint instead.")
+  export.add_argument("--format", required=True, choices=("ctranslate2", "marian"))
+  export.add_argument("--output", required=True, help="The new model folder (must not exist).")
+  export.add_argument(
+      "--quantization", default="none",
+      choices=("none", "int8", "int8_float32", "float16", "bfloat16"),
+      help="CTranslate2 only: the stored weights' type (default none: float32).")
+  export.set_defaults(run=run_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
+  """The `flax-transformer` parser: one subcommand per job, each with --verbose."""
   parser = argparse.ArgumentParser(prog="flax-transformer", description=__doc__)
   commands = parser.add_subparsers(dest="command", required=True)
+  _add_bulk_commands(commands)
+  _add_workdir_commands(commands)
+  _add_interop_commands(commands)
+  for command in commands.choices.values():
+    command.add_argument("--verbose", action="store_true",
+                         help="Also log INFO lines (JAX, orbax, ...) on stderr.")
+  return parser
 
+
+def _add_bulk_commands(commands) -> None:
+  """translate and score: resumable file jobs (or streams)."""
   translate = commands.add_parser(
       "translate", help="Translate a file (or stdin) line by line; a file job resumes.")
   _add_checkpoint_arguments(translate)
@@ -330,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
   _add_bulk_arguments(score)
   score.set_defaults(run=run_score)
 
+
+def _add_workdir_commands(commands) -> None:
+  """evaluate, average, attention, curves: jobs on one workdir's checkpoints or logs."""
   evaluate = commands.add_parser("evaluate", help="Translate --src and score against --ref.")
   _add_checkpoint_arguments(evaluate)
   _add_search_arguments(evaluate)
@@ -363,10 +425,6 @@ def build_parser() -> argparse.ArgumentParser:
   curves.add_argument("--workdir", required=True)
   curves.add_argument("--output", required=True, help="PNG file to write.")
   curves.set_defaults(run=run_curves)
-  for command in commands.choices.values():
-    command.add_argument("--verbose", action="store_true",
-                         help="Also log INFO lines (JAX, orbax, ...) on stderr.")
-  return parser
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -386,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
       enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)
-  except (FileNotFoundError, ValueError, DistributedError) as error:
+  except (FileNotFoundError, FileExistsError, ValueError, DistributedError) as error:
     print(f"flax-transformer {args.command}: error: {error}", file=sys.stderr)
     return 2
 

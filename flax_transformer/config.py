@@ -160,7 +160,15 @@ class ModelConfig:
   max_len: int = _field(256, POSITIVE)  # Longest source or target the positions cover.
   positional_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
   norm_placement: Literal["post", "pre"] = "post"  # "post": LayerNorm(x + f(x)) as in the paper.
-  layer_norm_epsilon: float = _field(1e-6, POSITIVE)
+  layer_norm_epsilon: float = _field(1e-6, POSITIVE)  # Marian (Hugging Face) uses 1e-5.
+  # Options that Marian (OPUS-MT) and fairseq checkpoints need; the defaults are the paper's.
+  attention_bias: bool = False  # Biases on the attention's Q, K, V and output projections.
+  activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN; gelu is exact (erf), swish = SiLU.
+  # Sinusoid features: "interleaved" sin/cos (the paper) or "halves" [sin..., cos...] (t2t,
+  # fairseq, Marian); the same values, permuted.
+  sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
+  scale_embeddings: bool = True  # Token embeddings times sqrt(D), as in the paper.
+  logits_bias: bool = False  # A learned bias [V] added to the logits (Marian's final_logits_bias).
   share_embeddings: bool = True  # One embedding table for source and target tokens.
   tie_output_projection: bool = True  # Logits = decoder output @ target embedding^T.
   share_layer_weights: bool = False  # One layer's weights reused at every depth (Universal T.).
@@ -243,6 +251,20 @@ def model_config_from(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
   if preset:
     return getattr(ModelConfig, preset)(vocab_size, **fields)
   return ModelConfig(vocab_size=vocab_size, **fields)
+
+
+def group_dict(group: Any) -> dict[str, Any]:
+  """A parsed group (a dataclass above) as the mapping `parse_group` reads back."""
+  return {field.name: getattr(group, field.name) for field in dataclasses.fields(group)}
+
+
+def model_group(config: ModelConfig) -> dict[str, Any]:
+  """The `config.model` group that `model_config_from` turns back into `config` (every field
+  but vocab_size, which the vocabulary gives, and no preset): what a workdir's config.json holds
+  for a model that no config file describes (an imported one, or a fine-tuned one)."""
+  fields = group_dict(config)
+  del fields["vocab_size"]
+  return {"preset": "", **fields}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -350,6 +372,11 @@ class TrainConfig:
   seed: int = _field(0, NON_NEGATIVE)
   log_every_steps: int = _field(100, POSITIVE)
   peak_flops_per_device: float = _field(0.0, NON_NEGATIVE)
+  # Fine-tune from a checkpoint: a workdir (its latest), WORKDIR/checkpoints/<step> or an
+  # averaged WORKDIR/averaged/<name>. Its params, model config and vocabulary are used; the
+  # optimizer and step start fresh. '' = train from scratch. Ignored once the workdir has
+  # checkpoints of its own (a restart resumes them).
+  init_from: str = ""
 
   def __post_init__(self):
     _check_fields(self)

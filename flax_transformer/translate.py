@@ -42,7 +42,7 @@ from flax_transformer.batching import (  # noqa: F401  (re-exported: the planner
     plan_batches,
 )
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig, search_config_from
-from flax_transformer.data.tokenizer import EOS_ID, Tokenizer
+from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.model.transformer import Transformer
 
 Array = jax.Array
@@ -139,7 +139,7 @@ class Translator:
       several processes, every process passes the same sentences. None: one device.
   """
 
-  def __init__(self, model_config: ModelConfig, params: Any, tokenizer: Tokenizer,
+  def __init__(self, model_config: ModelConfig, params: Any, tokenizer: TextTokenizer,
                settings: TranslateConfig | None = None, *, step: int | None = None,
                mesh: Mesh | None = None):
     if tokenizer.vocab_size != model_config.vocab_size:
@@ -248,7 +248,7 @@ class Translator:
                        "line-aligned.")
     source_ids = self._tokenize(sources, keep_empty=True)
     truncated = self.truncated
-    target_ids = self._tokenize(targets, keep_empty=True)
+    target_ids = self._tokenize(targets, keep_empty=True, side="target")
     self.truncated += truncated
     batches = plan_batches([len(ids) for ids in source_ids], self.settings.batch_tokens,
                            self.model_config.max_len, [len(ids) for ids in target_ids])
@@ -260,14 +260,17 @@ class Translator:
       lengths = np.asarray([len(target_ids[i]) for i in step.indices], np.int64)
       yield Scored(step.indices, log_probs[step.row_positions()], lengths)
 
-  def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False) -> list[list[int]]:
+  def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False,
+                side: str = "source") -> list[list[int]]:
     """Ids + EOS per sentence, cut to the model's max_len; blank sentences give [] (or [EOS]
-    with `keep_empty`)."""
+    with `keep_empty`). `side`: "source", or "target" (a Marian vocabulary has one of each)."""
+    tokenize = (self.tokenizer.tokenize if side == "source" else
+                self.tokenizer.tokenize_target)
     limit = self.model_config.max_len - 1  # Room for EOS.
     token_ids = []
     self.truncated = 0
     for sentence in sentences:
-      ids = self.tokenizer.tokenize(sentence) if sentence.strip() else []
+      ids = tokenize(sentence) if sentence.strip() else []
       if len(ids) > limit:
         self.truncated += 1
         ids = ids[:limit]

@@ -62,7 +62,7 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
   tokenizer = translator.tokenizer
   target = translator.translate([text])[0] if target is None else target
   source_ids = np.asarray(tokenizer.tokenize(text) + [EOS_ID], np.int32)
-  target_ids = np.asarray(tokenizer.tokenize(target) + [EOS_ID], np.int32)
+  target_ids = np.asarray(tokenizer.tokenize_target(target) + [EOS_ID], np.int32)
   maps = attention_maps(translator.model, translator.params, source_ids, target_ids)
   source_tokens = [tokenizer.id_to_piece(i) for i in source_ids]
   target_tokens = [tokenizer.id_to_piece(i) for i in target_ids]

@@ -8,7 +8,10 @@ alone, so nothing here imports the training code (or grain).
                        model/data/train/checkpoint/eval/search (`flax_transformer.config`).
                        The model is `model_config_from(config['model'], vocab_size)` with
                        vocab_size = the SentencePiece model's piece count.
-    vocab.model        the SentencePiece model shared by source and target.
+    vocab.model        the SentencePiece model shared by source and target; or, in a workdir
+                       imported from Marian (or fine-tuned from one), source.spm, target.spm and
+                       vocab.json instead (`flax_transformer.data.marian_tokenizer`). The files
+                       present say which; `load_tokenizer` reads either.
     checkpoints/       an orbax `CheckpointManager` directory:
       <step>/          one finished checkpoint per saved step (integer name, no prefix);
                        unfinished saves live under temporary names and are never listed.
@@ -48,7 +51,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from flax_transformer.config import ModelConfig, model_config_from
-from flax_transformer.data.tokenizer import Tokenizer
+from flax_transformer.data import marian_tokenizer
+from flax_transformer.data.marian_tokenizer import MarianTokenizer
+from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.model"
@@ -160,12 +165,42 @@ def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
     raise ValueError(f"{path}: not valid JSON ({error}).") from None
 
 
-def load_tokenizer(workdir: str | os.PathLike) -> Tokenizer:
-  """The workdir's shared SentencePiece vocabulary."""
-  return Tokenizer.load(Path(workdir) / VOCAB_FILE)
+def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
+  """The workdir's vocabulary files: [vocab.model], or Marian's three; [] when it has none.
+
+  Raises:
+    ValueError: the workdir holds both kinds, or only some of Marian's files.
+  """
+  workdir = Path(workdir)
+  marian = [workdir / name for name in marian_tokenizer.FILES]
+  present = [path for path in marian if path.is_file()]
+  shared = workdir / VOCAB_FILE
+  if shared.is_file():
+    if present:
+      raise ValueError(f"{workdir} holds both {VOCAB_FILE} and Marian vocabulary files "
+                       f"({', '.join(p.name for p in present)}); keep one kind.")
+    return [shared]
+  if present and len(present) < len(marian):
+    missing = sorted({p.name for p in marian} - {p.name for p in present})
+    raise ValueError(f"{workdir} has an incomplete Marian vocabulary: {', '.join(missing)} "
+                     "missing.")
+  return present
 
 
-def model_config(config: dict[str, Any], tokenizer: Tokenizer) -> ModelConfig:
+def load_tokenizer(workdir: str | os.PathLike) -> TextTokenizer:
+  """The workdir's vocabulary: the shared SentencePiece `Tokenizer` (vocab.model) or, for a
+  workdir from Marian, a `MarianTokenizer` (source.spm, target.spm, vocab.json)."""
+  files = vocabulary_files(workdir)
+  if not files:
+    raise FileNotFoundError(
+        f"No vocabulary in {workdir}: expected {VOCAB_FILE}, or "
+        f"{', '.join(marian_tokenizer.FILES)} for a model imported from Marian.")
+  if files[0].name == VOCAB_FILE:
+    return Tokenizer.load(files[0])
+  return MarianTokenizer.load(workdir)
+
+
+def model_config(config: dict[str, Any], tokenizer: TextTokenizer) -> ModelConfig:
   """The architecture a workdir's config.json describes, for its vocabulary."""
   return model_config_from(config["model"], tokenizer.vocab_size)
 
@@ -213,6 +248,21 @@ def _serving_read() -> Iterator[None]:
     logger.removeFilter(noise)
 
 
+def save_params(workdir: str | os.PathLike, step: int, params: Any) -> Path:
+  """Writes `params` alone as WORKDIR's checkpoint `step` (what `restore_params` reads); no
+  training state, so `train.py` cannot resume from it (fine-tune with config.train.init_from).
+  Returns the checkpoint's folder."""
+  manager = checkpoint_manager(workdir, {PARAMS_ITEM: ocp.StandardCheckpointHandler()},
+                               async_save=False)
+  try:
+    manager.save(step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardSave(params)}),
+                 force=True)
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+  return Path(workdir).resolve() / CHECKPOINT_DIR / str(step)
+
+
 def saved_steps(workdir: str | os.PathLike) -> list[int]:
   """The steps of WORKDIR's finished checkpoints, ascending (empty when none)."""
   if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
@@ -228,20 +278,29 @@ def saved_steps(workdir: str | os.PathLike) -> list[int]:
 def restore_params(
     workdir: str | os.PathLike, step: int | None = None, *,
     checkpoint: str | os.PathLike | None = None, device: jax.Device | None = None,
+    target: Any | None = None,
 ) -> tuple[Any, int]:
   """Restores the params of WORKDIR's checkpoint `step` (default: the latest), or of an
   averaged `checkpoint` (a folder written by `average_checkpoints`).
 
+  Args:
+    target: optional abstract params (`jax.ShapeDtypeStruct`s with shardings) to restore
+      into, e.g. a training mesh's; their shapes must be the checkpoint's.
+
   Returns:
-    (params as in variables['params'], on `device` (default: the first local device), step).
+    (params as in variables['params'], on `device` (default: the first local device) or as
+    `target` says, step).
 
   Raises:
     FileNotFoundError: no such checkpoint, naming the saved steps.
     UnreadableCheckpointError: the checkpoint exists but cannot be read, naming it and why.
+    ValueError: `target`'s shapes differ from the checkpoint's, naming the parameters.
   """
   sharding = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+  place = (lambda metadata: _on(sharding, metadata)) if target is None else (
+      lambda metadata: _matching(target, metadata))
   if checkpoint is not None:
-    return _restore_averaged(Path(checkpoint), sharding)
+    return _restore_averaged(Path(checkpoint), place)
   directory = Path(workdir) / CHECKPOINT_DIR
   steps = saved_steps(workdir)
   if step is None and not steps:
@@ -249,11 +308,11 @@ def restore_params(
   step = max(steps) if step is None else step
   if step not in steps:
     raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
+
   def read() -> Any:
     metadata = manager.item_metadata(step)[PARAMS_ITEM]
-    target = _on(sharding, getattr(metadata, "tree", metadata))
-    return manager.restore(
-        step, args=ocp.args.Composite(**{PARAMS_ITEM: ocp.args.StandardRestore(target)}))
+    return manager.restore(step, args=ocp.args.Composite(
+        **{PARAMS_ITEM: ocp.args.StandardRestore(place(getattr(metadata, "tree", metadata)))}))
 
   with _serving_read():
     manager = _params_manager(workdir)
@@ -265,7 +324,7 @@ def restore_params(
   return restored[PARAMS_ITEM], step
 
 
-def _restore_averaged(path: Path, sharding: jax.sharding.Sharding) -> tuple[Any, int]:
+def _restore_averaged(path: Path, place: Any) -> tuple[Any, int]:
   match = _AVERAGED_NAME.search(path.name)
   if not path.is_dir() or match is None:
     raise FileNotFoundError(
@@ -276,7 +335,7 @@ def _restore_averaged(path: Path, sharding: jax.sharding.Sharding) -> tuple[Any,
   def read() -> Any:
     metadata = checkpointer.metadata(path)
     tree = getattr(metadata, "item_metadata", metadata)
-    return checkpointer.restore(path, _on(sharding, getattr(tree, "tree", tree)))
+    return checkpointer.restore(path, place(getattr(tree, "tree", tree)))
 
   try:
     params = read_checkpoint(read, path, (), "Average the checkpoints again")
@@ -305,6 +364,8 @@ def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], adv
   with _tracebacks_of_stray_reads_dropped():
     try:
       return read()
+    except _ShapeMismatch:
+      raise  # A readable checkpoint of other shapes: the caller's error, not the file's.
     except Exception as error:
       steps = f" Saved steps: {list(saved)}." if saved else ""
       raise UnreadableCheckpointError(
@@ -350,6 +411,19 @@ def _drop_unraisable_orbax_reads() -> None:
 
   hook.drops_orbax_reads = True
   sys.unraisablehook = hook
+
+
+class _ShapeMismatch(ValueError):
+  """A restore target whose shapes are not the checkpoint's."""
+
+
+def _matching(target: Any, metadata: Any) -> Any:
+  """`target` once its shapes are known to be the checkpoint's (else _ShapeMismatch)."""
+  differing = shape_differences(metadata, target)
+  if differing:
+    raise _ShapeMismatch("The checkpoint's parameters differ from the model's (checkpoint vs "
+                         f"model): {'; '.join(differing[:10])}.")
+  return target
 
 
 def _first_line(error: BaseException) -> str:

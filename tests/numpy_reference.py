@@ -21,15 +21,36 @@ def f64(tree: Any) -> Any:
   return np.asarray(tree, dtype=np.float64)
 
 
-def sinusoids(max_len: int, dim: int) -> np.ndarray:
-  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+def sinusoids(max_len: int, dim: int, layout: str = "interleaved") -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+  "halves": Marian's layout as Hugging Face's MarianSinusoidalPositionalEmbedding writes it:
+  angle(pos, j) = pos / 10000^(2 (j // 2) / d) for j < d; the sines of the even j fill the first
+  ceil(d/2) features, the cosines of the odd j the rest.
+  """
   table = np.zeros((max_len, dim))
   for pos in range(max_len):
+    if layout == "halves":
+      angles = [pos / 10000 ** (2 * (j // 2) / dim) for j in range(dim)]
+      table[pos] = [math.sin(a) for a in angles[0::2]] + [math.cos(a) for a in angles[1::2]]
+      continue
     for feature in range(dim):
       i2 = feature - feature % 2
       angle = pos / 10000 ** (i2 / dim)
       table[pos, feature] = math.sin(angle) if feature % 2 == 0 else math.cos(angle)
   return table
+
+
+def activation(name: str, x: np.ndarray) -> np.ndarray:
+  """relu max(0, x); gelu x * Phi(x) with the exact normal CDF; swish x * sigmoid(x)."""
+  if name == "relu":
+    return np.maximum(0.0, x)
+  if name == "gelu":
+    erf = np.vectorize(math.erf)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+  if name == "swish":
+    return x / (1.0 + np.exp(-x))
+  raise ValueError(name)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -52,14 +73,20 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
 
 def multi_head(p: dict, x_query: np.ndarray, x_key: np.ndarray,
                mask: np.ndarray | None) -> np.ndarray:
-  """Concat(head_1..head_n) W_O with head_i = attention(x W_Q^i, x W_K^i, x W_V^i)."""
-  q = np.einsum("btd,dnh->btnh", x_query, p["query"]["kernel"])
-  k = np.einsum("bsd,dnh->bsnh", x_key, p["key"]["kernel"])
-  v = np.einsum("bsd,dnh->bsnh", x_key, p["value"]["kernel"])
+  """Concat(head_1..head_n) W_O (+ b_O) with head_i = attention(x W_Q^i (+ b_Q^i), ...).
+
+  The biases are used where the parameters hold them (config.model.attention_bias).
+  """
+  def bias(name: str) -> np.ndarray | float:
+    return p[name].get("bias", 0.0)
+
+  q = np.einsum("btd,dnh->btnh", x_query, p["query"]["kernel"]) + bias("query")
+  k = np.einsum("bsd,dnh->bsnh", x_key, p["key"]["kernel"]) + bias("key")
+  v = np.einsum("bsd,dnh->bsnh", x_key, p["value"]["kernel"]) + bias("value")
   heads = attention(q, k, v, mask)
   b, t, n, h = heads.shape
   w_o = p["output"]["kernel"].reshape(n * h, -1)
-  return heads.reshape(b, t, n * h) @ w_o
+  return heads.reshape(b, t, n * h) @ w_o + bias("output")
 
 
 def layer_norm(p: dict, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -68,67 +95,74 @@ def layer_norm(p: dict, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
   return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
-def feed_forward(p: dict, x: np.ndarray) -> np.ndarray:
-  hidden = np.maximum(0.0, x @ p["wi"]["kernel"] + p["wi"]["bias"])
+def feed_forward(p: dict, x: np.ndarray, act: str = "relu") -> np.ndarray:
+  hidden = activation(act, x @ p["wi"]["kernel"] + p["wi"]["bias"])
   return hidden @ p["wo"]["kernel"] + p["wo"]["bias"]
 
 
-def sublayer(x: np.ndarray, norm: dict, fn, pre_norm: bool) -> np.ndarray:
+def sublayer(x: np.ndarray, norm: dict, fn, pre_norm: bool, eps: float = 1e-6) -> np.ndarray:
   if pre_norm:
-    return x + fn(layer_norm(norm, x))
-  return layer_norm(norm, x + fn(x))
+    return x + fn(layer_norm(norm, x, eps))
+  return layer_norm(norm, x + fn(x), eps)
 
 
-def encoder_layer(p: dict, x: np.ndarray, mask: np.ndarray, pre_norm: bool) -> np.ndarray:
+def encoder_layer(p: dict, x: np.ndarray, mask: np.ndarray, pre_norm: bool,
+                  act: str = "relu", eps: float = 1e-6) -> np.ndarray:
   x = sublayer(x, p["self_attention_norm"],
-               lambda h: multi_head(p["self_attention"], h, h, mask), pre_norm)
-  return sublayer(x, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h),
-                  pre_norm)
+               lambda h: multi_head(p["self_attention"], h, h, mask), pre_norm, eps)
+  return sublayer(x, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h, act),
+                  pre_norm, eps)
 
 
 def decoder_layer(p: dict, y: np.ndarray, memory: np.ndarray, self_mask: np.ndarray,
-                  cross_mask: np.ndarray, pre_norm: bool) -> np.ndarray:
+                  cross_mask: np.ndarray, pre_norm: bool, act: str = "relu",
+                  eps: float = 1e-6) -> np.ndarray:
   y = sublayer(y, p["self_attention_norm"],
-               lambda h: multi_head(p["self_attention"], h, h, self_mask), pre_norm)
+               lambda h: multi_head(p["self_attention"], h, h, self_mask), pre_norm, eps)
   y = sublayer(y, p["cross_attention_norm"],
-               lambda h: multi_head(p["cross_attention"], h, memory, cross_mask), pre_norm)
-  return sublayer(y, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h),
-                  pre_norm)
+               lambda h: multi_head(p["cross_attention"], h, memory, cross_mask), pre_norm, eps)
+  return sublayer(y, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h, act),
+                  pre_norm, eps)
 
 
 def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
   """Logits [b, t, v] of the whole model for unpacked, 0-padded inputs [b, s] and targets [b, t]."""
   p = f64(params)
   pre_norm = cfg.norm_placement == "pre"
+  act, eps = cfg.activation, cfg.layer_norm_epsilon
   d = cfg.emb_dim
+  scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
   source_table = p["embedder"]["embedding"]
   target_table = source_table if cfg.share_embeddings else p["target_embedder"]["embedding"]
 
   def positions(module: dict, length: int) -> np.ndarray:
     if cfg.positional_encoding == "learned":
       return module["positional_encoding"]["position_embedding"][:length]
-    return sinusoids(length, d)
+    return sinusoids(length, d, cfg.sinusoid_layout)
 
   def stack(module: dict, count: int, fn, x):
     for depth in range(count):
       name = "layers_0" if cfg.share_layer_weights else f"layers_{depth}"
       x = fn(module[name], x)
-    return layer_norm(module["final_norm"], x) if pre_norm else x
+    return layer_norm(module["final_norm"], x, eps) if pre_norm else x
 
   src_valid, tgt_valid = inputs > 0, targets > 0
   enc_mask = (src_valid[:, None, :, None] & src_valid[:, None, None, :])
-  x = source_table[inputs] * math.sqrt(d) + positions(p["encoder"], inputs.shape[1])
+  x = source_table[inputs] * scale + positions(p["encoder"], inputs.shape[1])
   memory = stack(p["encoder"], cfg.num_encoder_layers,
-                 lambda lp, h: encoder_layer(lp, h, enc_mask, pre_norm), x)
+                 lambda lp, h: encoder_layer(lp, h, enc_mask, pre_norm, act, eps), x)
 
   t = targets.shape[1]
   decoder_in = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
   causal = np.tril(np.ones((t, t), bool))[None, None]
   self_mask = tgt_valid[:, None, :, None] & tgt_valid[:, None, None, :] & causal
   cross_mask = tgt_valid[:, None, :, None] & src_valid[:, None, None, :]
-  y = target_table[decoder_in] * math.sqrt(d) + positions(p["decoder"], t)
+  y = target_table[decoder_in] * scale + positions(p["decoder"], t)
   y = stack(p["decoder"], cfg.num_decoder_layers,
-            lambda lp, h: decoder_layer(lp, h, memory, self_mask, cross_mask, pre_norm), y)
+            lambda lp, h: decoder_layer(lp, h, memory, self_mask, cross_mask, pre_norm, act, eps),
+            y)
   if cfg.tie_output_projection:
-    return y @ target_table.T
-  return y @ p["decoder"]["output_projection"]["kernel"]
+    logits = y @ target_table.T
+  else:
+    logits = y @ p["decoder"]["output_projection"]["kernel"]
+  return logits + p["decoder"]["logits_bias"] if cfg.logits_bias else logits

@@ -13,13 +13,22 @@ import pytest
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.model import attention
-from flax_transformer.model.layers import Dropout, keep_mask, sinusoidal_positions
+from flax_transformer.model.layers import (
+    ACTIVATIONS,
+    Dropout,
+    keep_mask,
+    sinusoid_permutation,
+    sinusoidal_positions,
+)
 from flax_transformer.model.transformer import DecoderCache
 
 import numpy_reference as ref
 
 B, S, T, D, N, F, V = 2, 7, 5, 24, 3, 40, 29
 RTOL = 1e-5  # Relative error bar for float32 against the float64 reference.
+# Every option a Hugging Face Marian (OPUS-MT) checkpoint needs, at once.
+MARIAN_OPTIONS = dict(attention_bias=True, activation="swish", sinusoid_layout="halves",
+                      logits_bias=True, layer_norm_epsilon=1e-5)
 
 
 def make_config(**overrides) -> ModelConfig:
@@ -61,8 +70,29 @@ def relative_error(actual, expected) -> float:
 
 
 # ------------------------------------------------------------------------------ pieces
-def test_sinusoidal_positions_match_the_paper_formula():
-  np.testing.assert_allclose(sinusoidal_positions(50, 24), ref.sinusoids(50, 24), atol=1e-6)
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+@pytest.mark.parametrize("dim", [24, 7])
+def test_sinusoidal_positions_match_the_formula(layout, dim):
+  np.testing.assert_allclose(sinusoidal_positions(50, dim, layout), ref.sinusoids(50, dim, layout),
+                             atol=1e-6)
+
+
+def test_the_two_sinusoid_layouts_are_one_permutation_apart():
+  for dim in (24, 7):
+    interleaved, halves = sinusoidal_positions(9, dim), sinusoidal_positions(9, dim, "halves")
+    assert not np.array_equal(interleaved, halves)
+    np.testing.assert_array_equal(halves, interleaved[:, sinusoid_permutation(dim)])
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu", "swish"])
+def test_activations_match_numpy(name):
+  x = np.linspace(-6.0, 6.0, 241)
+  got = ACTIVATIONS[name](jnp.asarray(x, jnp.float32))
+  want = ref.activation(name, x)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  if name == "gelu":  # The exact GELU, not the tanh approximation (they differ by ~1e-3).
+    approximate = nn.gelu(jnp.asarray(x, jnp.float32), approximate=True)
+    assert np.abs(np.asarray(approximate) - want).max() > 1e-4
 
 
 @pytest.mark.parametrize("dropout_rate", [0.0, 0.3])
@@ -160,7 +190,18 @@ def test_one_encoder_and_one_decoder_layer_match_numpy(norm):
     dict(share_embeddings=False, tie_output_projection=True),
     dict(positional_encoding="learned"),
     dict(share_layer_weights=True),
-], ids=["paper", "pre-norm", "untied", "separate-tied", "learned-positions", "shared-layers"])
+    dict(attention_bias=True),
+    dict(activation="gelu"),
+    dict(activation="swish"),
+    dict(sinusoid_layout="halves"),
+    dict(scale_embeddings=False),
+    dict(logits_bias=True),
+    dict(logits_bias=True, tie_output_projection=False),
+    MARIAN_OPTIONS,
+    dict(MARIAN_OPTIONS, norm_placement="pre", share_embeddings=False),
+], ids=["paper", "pre-norm", "untied", "separate-tied", "learned-positions", "shared-layers",
+        "attention-bias", "gelu", "swish", "halves", "unscaled", "logits-bias",
+        "logits-bias-untied", "marian", "marian-pre-norm-separate"])
 def test_full_model_matches_numpy(overrides):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -244,8 +285,9 @@ def test_packed_rows_equal_examples_run_separately():
 
 @pytest.mark.parametrize("overrides", [dict(), dict(norm_placement="pre"),
                                        dict(share_layer_weights=True, tie_output_projection=False,
-                                            share_embeddings=False)],
-                         ids=["post-norm", "pre-norm", "shared-layers-untied"])
+                                            share_embeddings=False),
+                                       dict(MARIAN_OPTIONS, scale_embeddings=False)],
+                         ids=["post-norm", "pre-norm", "shared-layers-untied", "marian"])
 def test_cached_decoding_matches_the_full_forward_pass(overrides):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -318,13 +360,21 @@ DECODER_LAYER_PARAMS = {
 }
 
 
+ATTENTION_BIASES = {"query/bias": (N, D // N), "key/bias": (N, D // N),
+                    "value/bias": (N, D // N), "output/bias": (D,)}
+
+
 def expected_parameters(encoder_layers: int, decoder_layers: int, *, pre_norm: bool,
-                        separate_target_embedding: bool, untied: bool, learned: bool):
+                        separate_target_embedding: bool, untied: bool, learned: bool,
+                        attention_bias: bool = False, logits_bias: bool = False):
   expected = {"embedder/embedding": (V, D)}
   for stack, layers, layer in (("encoder", encoder_layers, ENCODER_LAYER_PARAMS),
                                ("decoder", decoder_layers, DECODER_LAYER_PARAMS)):
     for i in range(layers):
       expected.update({f"{stack}/layers_{i}/{k}": v for k, v in layer.items()})
+      attentions = ("self_attention", "cross_attention")[:1 if stack == "encoder" else 2]
+      for name in attentions if attention_bias else ():
+        expected.update({f"{stack}/layers_{i}/{name}/{k}": v for k, v in ATTENTION_BIASES.items()})
     if pre_norm:
       expected.update({f"{stack}/final_norm/{k}": v for k, v in NORM_PARAMS.items()})
     if learned:
@@ -333,6 +383,8 @@ def expected_parameters(encoder_layers: int, decoder_layers: int, *, pre_norm: b
     expected["target_embedder/embedding"] = (V, D)
   if untied:
     expected["decoder/output_projection/kernel"] = (D, V)
+  if logits_bias:
+    expected["decoder/logits_bias"] = (V,)
   return expected
 
 
@@ -348,8 +400,16 @@ def expected_parameters(encoder_layers: int, decoder_layers: int, *, pre_norm: b
     (dict(norm_placement="pre", share_layer_weights=True, share_embeddings=False,
           tie_output_projection=False, positional_encoding="learned"), (1, 1),
      dict(pre_norm=True, separate_target_embedding=True, untied=True, learned=True)),
+    (dict(attention_bias=True), (2, 3), dict(attention_bias=True)),
+    (dict(logits_bias=True), (2, 3), dict(logits_bias=True)),
+    # Activation, sinusoid layout, embedding scale and epsilon add no parameters.
+    (dict(activation="swish", sinusoid_layout="halves", scale_embeddings=False,
+          layer_norm_epsilon=1e-5), (2, 3), dict()),
+    (dict(MARIAN_OPTIONS, share_layer_weights=True, tie_output_projection=False), (1, 1),
+     dict(attention_bias=True, logits_bias=True, untied=True)),
 ], ids=["paper", "pre-norm", "separate-tied", "separate-untied", "shared-untied", "learned",
-        "shared-layers", "everything"])
+        "shared-layers", "everything", "attention-bias", "logits-bias", "parameter-free-options",
+        "marian-shared-untied"])
 def test_parameter_paths_and_shapes_are_pinned(overrides, layers, flags):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -364,7 +424,7 @@ def test_parameter_paths_and_shapes_are_pinned(overrides, layers, flags):
 
 def test_every_parameter_has_logical_axis_names():
   config = make_config(share_embeddings=False, tie_output_projection=False,
-                       positional_encoding="learned")
+                       positional_encoding="learned", attention_bias=True, logits_bias=True)
   inputs, targets = make_batch()
   variables = Transformer(config).init(jax.random.key(0), inputs, targets)
   specs = nn.get_partition_spec(variables)["params"]
@@ -416,6 +476,9 @@ def test_dropout_only_in_training():
     (dict(attention_dropout_rate=-0.1), "config.model.attention_dropout_rate must be in [0, 1)"),
     (dict(norm_placement="middle"), "norm_placement must be one of ('post', 'pre')"),
     (dict(dtype="int8"), "dtype must be one of"),
+    (dict(activation="tanh"), "config.model.activation must be one of ('relu', 'gelu', 'swish')"),
+    (dict(sinusoid_layout="split"), "sinusoid_layout must be one of ('interleaved', 'halves')"),
+    (dict(attention_bias=1), "config.model.attention_bias must be of type bool, got 1"),
 ])
 def test_invalid_config_names_the_field(overrides, message):
   with pytest.raises(ValueError) as error:

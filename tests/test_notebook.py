@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-INSTALL = "the notebook test needs nbclient, nbformat and ipykernel: pip install -e '.[test]'"
-nbformat = pytest.importorskip("nbformat", reason=INSTALL)
-nbclient = pytest.importorskip("nbclient", reason=INSTALL)
-pytest.importorskip("ipykernel", reason=INSTALL)
+import notebook_runner
+from notebook_runner import REPO, stdout_text
 
-REPO = Path(__file__).resolve().parents[1]
+INSTALL = "the notebook test needs nbclient, nbformat and ipykernel: pip install -e '.[test]'"
+pytest.importorskip("nbformat", reason=INSTALL)
+pytest.importorskip("nbclient", reason=INSTALL)
+pytest.importorskip("ipykernel", reason=INSTALL)
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 NUM_STEPS = 200  # Steps take ~20 ms here; compiling and decoding dominate the runtime.
 NUM_TEST = 24
@@ -59,50 +58,11 @@ print("PROBE " + _json.dumps({
 """
 
 
-def _kernel_env() -> dict[str, str]:
-  """The test's environment without conftest's 8 fake devices (a Colab CPU has one), with the
-  checkout importable so that the install cell has nothing to do."""
-  env = dict(os.environ)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  env["XLA_FLAGS"] = " ".join(flags)
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
-
-
-def _kernel_manager(tmp_path: Path):
-  """A kernel running this interpreter (not whatever `python3` kernelspec the user has)."""
-  from ipykernel.kernelspec import write_kernel_spec
-  from jupyter_client.kernelspec import KernelSpecManager
-  from jupyter_client.manager import KernelManager
-
-  write_kernel_spec(tmp_path / "kernels" / "python3", overrides={"argv": [
-      sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]})
-  specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
-  return KernelManager(kernel_name="python3", kernel_spec_manager=specs)
-
-
-def _inject_parameters(notebook, parameters: dict) -> None:
-  tagged = [i for i, cell in enumerate(notebook.cells)
-            if "parameters" in cell.metadata.get("tags", [])]
-  assert len(tagged) == 1, f"expected one cell tagged 'parameters', found {len(tagged)}"
-  source = "\n".join(f"{name} = {value!r}" for name, value in parameters.items())
-  cell = nbformat.v4.new_code_cell(source)
-  cell.metadata["tags"] = ["injected-parameters"]
-  notebook.cells.insert(tagged[0] + 1, cell)
-
-
-def _text(cell) -> str:
-  return "".join(out.get("text", "") for out in cell.get("outputs", [])
-                 if out.output_type == "stream" and out.name == "stdout")
-
-
 def _cell_text(notebook, snippet: str) -> str:
   """The stdout of the one code cell whose source contains `snippet`."""
   cells = [cell for cell in notebook.cells if cell.cell_type == "code" and snippet in cell.source]
   assert len(cells) == 1, f"expected one cell containing {snippet!r}, found {len(cells)}"
-  return _text(cells[0])
+  return stdout_text(cells[0])
 
 
 def _displayed_pngs(notebook) -> list[bytes]:
@@ -110,12 +70,9 @@ def _displayed_pngs(notebook) -> list[bytes]:
           for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
 
 
-def test_committed_notebook_is_clean_nbformat4():
-  notebook = nbformat.read(NOTEBOOK, as_version=nbformat.NO_CONVERT)
-  nbformat.validate(notebook)
-  assert notebook.nbformat == 4
-  code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-  assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "pretrained.ipynb"])
+def test_committed_notebooks_are_clean_nbformat4(name):
+  assert notebook_runner.is_clean(REPO / "notebooks" / name)
 
 
 @pytest.mark.slow
@@ -123,21 +80,12 @@ def test_quickstart_runs_end_to_end(tmp_path):
   from flax_transformer.config import DataConfig, parse_group
   from flax_transformer.data.pipeline import split_texts
 
-  notebook = nbformat.read(NOTEBOOK, as_version=4)
   workdir, tfds_dir = tmp_path / "workdir", tmp_path / "tfds"
-  _inject_parameters(notebook, {"NUM_STEPS": NUM_STEPS, "WORKDIR": str(workdir),
-                                "TFDS_DATA_DIR": str(tfds_dir), "OVERRIDES": SHRUNK})
-  notebook.cells.append(nbformat.v4.new_code_cell(PROBE))
-  client = nbclient.NotebookClient(
-      notebook, timeout=300, km=_kernel_manager(tmp_path),
-      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-  try:
-    client.execute(env=_kernel_env())
-  finally:  # Kept for debugging a failure: pytest's tmp_path survives the run.
-    nbformat.write(notebook, tmp_path / "executed.ipynb")
-
-  probe = json.loads(_text(notebook.cells[-1]).split("PROBE ", 1)[1])
-  stdout = "\n".join(_text(cell) for cell in notebook.cells)
+  notebook = notebook_runner.run(
+      NOTEBOOK, {"NUM_STEPS": NUM_STEPS, "WORKDIR": str(workdir), "TFDS_DATA_DIR": str(tfds_dir),
+                 "OVERRIDES": SHRUNK}, tmp_path, probe=PROBE)
+  probe = json.loads(stdout_text(notebook.cells[-1]).split("PROBE ", 1)[1])
+  stdout = "\n".join(stdout_text(cell) for cell in notebook.cells)
   # The install cell skipped itself and the kernel used this checkout.
   assert "pip install" not in stdout and "Successfully installed" not in stdout
   assert Path(probe["package"]).resolve().parent == REPO / "flax_transformer"

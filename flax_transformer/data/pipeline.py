@@ -36,7 +36,7 @@ from absl import flags
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ConfigError, DataConfig
 from flax_transformer.data import builders
-from flax_transformer.data.tokenizer import EOS_ID, Tokenizer, train_tokenizer
+from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer, Tokenizer, train_tokenizer
 
 TRAIN_KEYS = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
               "inputs_positions", "targets_positions")
@@ -141,22 +141,24 @@ def _read_all(reader: _Reader, chunk: int = 4096) -> list[Any]:
 # ---------------------------------------------------------------------------------------------
 # Tokenizer.
 # ---------------------------------------------------------------------------------------------
-def train_or_load_tokenizer(data: DataConfig, workdir: str) -> Tokenizer:
-  """The shared SentencePiece vocabulary.
+def train_or_load_tokenizer(data: DataConfig, workdir: str) -> TextTokenizer:
+  """The vocabulary.
 
-  `data.vocab_path` if set; else `WORKDIR/vocab.model` if it exists (a restart); else one trained
-  on up to `data.vocab_max_chars` characters of training text (source and target sentences of
-  pairs drawn in a seeded random order) and written atomically to `WORKDIR/vocab.model`.
+  `data.vocab_path` if set; else the workdir's own if it has one (a restart, or a workdir given
+  its vocabulary by `config.train.init_from`: `WORKDIR/vocab.model`, or a Marian model's
+  source.spm, target.spm and vocab.json); else a shared SentencePiece model trained on up to
+  `data.vocab_max_chars` characters of training text (source and target sentences of pairs drawn
+  in a seeded random order) and written atomically to `WORKDIR/vocab.model`.
   """
   if data.vocab_path:
     if not Path(data.vocab_path).is_file():
       raise builders.MissingDataError(f"config.data.vocab_path: no SentencePiece model at "
                               f"{data.vocab_path}; set it to '' to train one into the workdir.")
     return Tokenizer.load(data.vocab_path)
+  if workdir_lib.vocabulary_files(workdir):
+    logging.info("Reusing the vocabulary of %s.", workdir)
+    return workdir_lib.load_tokenizer(workdir)
   path = Path(workdir) / workdir_lib.VOCAB_FILE
-  if path.is_file():
-    logging.info("Reusing the vocabulary %s.", path)
-    return Tokenizer.load(path)
   sentences = _tokenizer_sample(data)
   logging.info("Training a %s SentencePiece vocabulary of %d pieces on %d sentences (%d chars).",
                data.vocab_model_type, data.vocab_size, len(sentences), sum(map(len, sentences)))
@@ -198,21 +200,22 @@ class _TokenizeAndFilter:
   process, and per grain worker when num_workers > 0).
   """
 
-  def __init__(self, tokenizer: Tokenizer, data: DataConfig, epoch_size: int):
+  def __init__(self, tokenizer: TextTokenizer, data: DataConfig, epoch_size: int):
     self.tokenizer, self.max_length, self.epoch_size = tokenizer, data.max_length, epoch_size
     self.pair = _Pair(data.source_lang, data.target_lang)
     self._lock = threading.Lock()
     self.kept = self.dropped = 0
 
   def __call__(self, chunk_index: int, examples: list[Any]) -> list[dict[str, np.ndarray]]:
-    texts = [text for example in examples for text in self.pair(example)]
-    ids = self.tokenizer.tokenize_batch(texts)
+    pairs = [self.pair(example) for example in examples]
+    sources = self.tokenizer.tokenize_batch([source for source, _ in pairs])
+    targets = self.tokenizer.tokenize_target_batch([target for _, target in pairs])
     keep = [len(source) < self.max_length and len(target) < self.max_length
-            for source, target in zip(ids[::2], ids[1::2], strict=True)]
+            for source, target in zip(sources, targets, strict=True)]
     self._count(chunk_index * _READ_CHUNK, keep)
     return [{"inputs": np.array([*source, EOS_ID], np.int32),
              "targets": np.array([*target, EOS_ID], np.int32)}
-            for source, target, k in zip(ids[::2], ids[1::2], keep, strict=True) if k]
+            for source, target, k in zip(sources, targets, keep, strict=True) if k]
 
   def _count(self, first: int, keep: list[bool]) -> None:
     """Adds one chunk's filter results; logs when the chunk holds the last pair of an epoch."""
@@ -245,7 +248,7 @@ class _Flatten(grain.experimental.FlatMapTransform):
     return element
 
 
-def train_dataset(data: DataConfig, tokenizer: Tokenizer, *, process_index: int = 0,
+def train_dataset(data: DataConfig, tokenizer: TextTokenizer, *, process_index: int = 0,
                   process_count: int = 1) -> grain.IterDataset:
   """The endless packed train dataset of one process (see the module docstring)."""
   if not 0 <= process_index < process_count:
@@ -286,7 +289,7 @@ def _ignore_stop_signals(worker_index: int, worker_count: int) -> None:
     signal.signal(signum, signal.SIG_IGN)
 
 
-def train_iterator(data: DataConfig, tokenizer: Tokenizer, *, process_index: int = 0,
+def train_iterator(data: DataConfig, tokenizer: TextTokenizer, *, process_index: int = 0,
                    process_count: int = 1) -> grain.DatasetIterator:
   """An endless iterator of packed batches, dict of int32 [R, L] (module docstring).
 
@@ -300,8 +303,8 @@ def train_iterator(data: DataConfig, tokenizer: Tokenizer, *, process_index: int
 # ---------------------------------------------------------------------------------------------
 # Eval batches.
 # ---------------------------------------------------------------------------------------------
-def eval_batches(data: DataConfig, tokenizer: Tokenizer, split: str, *, process_index: int = 0,
-                 process_count: int = 1) -> list[dict[str, np.ndarray]]:
+def eval_batches(data: DataConfig, tokenizer: TextTokenizer, split: str, *,
+                 process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
   """Every pair of `split` as {'inputs', 'targets'} int32 [eval_batch_size, eval_max_length].
 
   Sequences end with EOS; longer ones keep their first eval_max_length - 1 tokens plus EOS (the
@@ -316,9 +319,9 @@ def eval_batches(data: DataConfig, tokenizer: Tokenizer, split: str, *, process_
   mine = pairs[process_index * per_process:(process_index + 1) * per_process]
   rows = data.eval_batch_size * math.ceil(per_process / data.eval_batch_size)
   arrays = {}
-  for key, texts in (("inputs", [s for s, _ in mine]), ("targets", [t for _, t in mine])):
-    arrays[key], truncated = _pad_and_truncate(tokenizer.tokenize_batch(texts), rows,
-                                               data.eval_max_length)
+  for key, texts, tokenize in (("inputs", [s for s, _ in mine], tokenizer.tokenize_batch),
+                               ("targets", [t for _, t in mine], tokenizer.tokenize_target_batch)):
+    arrays[key], truncated = _pad_and_truncate(tokenize(texts), rows, data.eval_max_length)
     if truncated:
       logging.warning("Eval split %r: truncated %d of %d %s to eval_max_length=%d tokens.",
                       split, truncated, len(texts), key, data.eval_max_length)

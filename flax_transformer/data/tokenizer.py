@@ -10,6 +10,11 @@ The special ids live here and nowhere else:
 `Tokenizer.tokenize` returns the ids of a sentence without EOS; the pipeline appends it.
 `Tokenizer.detokenize` stops at the first EOS and ignores padding, so a row of search output
 (`[7, 12, 1, 0, 0]`) gives its sentence.
+
+Sources and targets are tokenized by separate methods (`tokenize` / `tokenize_target`, and their
+`_batch` forms) although this vocabulary treats them alike: a workdir imported from Marian
+(`flax_transformer.data.marian_tokenizer`) tokenizes each side with its own SentencePiece model,
+and every caller goes through the `TextTokenizer` protocol that both kinds implement.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import io
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import sentencepiece as spm
 
@@ -29,8 +35,45 @@ UNK_ID = 2
 # (toy) vocabularies keep every id for real pieces.
 BYTE_FALLBACK_MIN_VOCAB = 2048
 
+
+class TextTokenizer(Protocol):
+  """What the pipeline, the translator and the exporters need of a vocabulary (ids as above)."""
+
+  path: str
+
+  @property
+  def vocab_size(self) -> int:
+    """V, the number of ids (including pad, eos and unk)."""
+    ...
+
+  def tokenize(self, text: str) -> list[int]:
+    """Ids of a source sentence, without EOS."""
+    ...
+
+  def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each source sentence, without EOS."""
+    ...
+
+  def tokenize_target(self, text: str) -> list[int]:
+    """Ids of a target sentence, without EOS."""
+    ...
+
+  def tokenize_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each target sentence, without EOS."""
+    ...
+
+  def detokenize(self, ids: Iterable[int]) -> str:
+    """The target text of `ids` up to the first EOS, skipping padding."""
+    ...
+
+  def id_to_piece(self, i: int) -> str:
+    """The piece (token string) of id `i`, the same on both sides."""
+    ...
+
+
 class Tokenizer:
-  """A SentencePiece model with the package's special ids (pad 0, eos 1, unk 2, no BOS)."""
+  """A SentencePiece model with the package's special ids (pad 0, eos 1, unk 2, no BOS), shared
+  by source and target."""
 
   def __init__(self, model_proto: bytes, path: str = ""):
     self._proto = model_proto
@@ -69,6 +112,14 @@ class Tokenizer:
     """Token ids of each text, without EOS (one call into SentencePiece)."""
     return self._sp.encode(list(texts), out_type=int)
 
+  def tokenize_target(self, text: str) -> list[int]:
+    """Token ids of a target sentence, without EOS: the same as `tokenize` (shared vocabulary)."""
+    return self.tokenize(text)
+
+  def tokenize_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each target sentence, without EOS: the same as `tokenize_batch`."""
+    return self.tokenize_batch(texts)
+
   def detokenize(self, ids: Iterable[int]) -> str:
     """Text of `ids` up to the first EOS, skipping padding."""
     pieces = []
@@ -81,6 +132,7 @@ class Tokenizer:
     return self._sp.decode(pieces)
 
   def id_to_piece(self, i: int) -> str:
+    """The SentencePiece piece of id `i`."""
     return self._sp.id_to_piece(int(i))
 
   def __getstate__(self):  # Picklable for grain worker processes.

@@ -215,8 +215,9 @@ class KeyValues:
 class MultiHeadAttention(nn.Module):
   """Multi-head attention: heads of Q = X W_Q, K = X W_K, V = X W_V, concatenated, then W_O.
 
-  The projections carry no bias, as in the paper's equations. Kernels are stored per head
-  ([D, N, H] and [N, H, D]) with logical axis names for sharding.
+  The projections carry no bias, as in the paper's equations, unless `use_bias` (Marian's and
+  fairseq's: Q = X W_Q + b_Q, ..., biases [N, H] and, on the output, [D]). Kernels are stored
+  per head ([D, N, H] and [N, H, D]) with logical axis names for sharding.
   """
 
   num_heads: int
@@ -225,20 +226,24 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   implementation: str | None = None
+  use_bias: bool = False
 
   def setup(self):
     init = nn.initializers.xavier_uniform()
+    zeros = nn.initializers.zeros
     projection = dict(
-        features=(self.num_heads, self.head_dim), use_bias=False, dtype=self.dtype,
+        features=(self.num_heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
         param_dtype=self.param_dtype,
-        kernel_init=nn.with_logical_partitioning(init, ("embed", "heads", "kv")))
+        kernel_init=nn.with_logical_partitioning(init, ("embed", "heads", "kv")),
+        bias_init=nn.with_logical_partitioning(zeros, ("heads", "kv")))
     self.query = nn.DenseGeneral(**projection)
     self.key = nn.DenseGeneral(**projection)
     self.value = nn.DenseGeneral(**projection)
     self.output = nn.DenseGeneral(
-        features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=False,
+        features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=self.use_bias,
         dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=nn.with_logical_partitioning(init, ("heads", "kv", "embed")))
+        kernel_init=nn.with_logical_partitioning(init, ("heads", "kv", "embed")),
+        bias_init=nn.with_logical_partitioning(zeros, ("embed",)))
 
   def __call__(self, queries_from: Array, keys_from: Array, mask: Array | None, *,
                train: bool = False) -> Array:

@@ -19,11 +19,17 @@ from flax_transformer.config import ModelConfig
 Array = jax.Array
 
 
-def sinusoidal_positions(max_len: int, dim: int) -> np.ndarray:
+def sinusoidal_positions(max_len: int, dim: int, layout: str = "interleaved") -> np.ndarray:
   """The paper's encodings: PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(same).
 
+  Positions start at 0. `layout` "interleaved" is the paper's (sines at even features, cosines
+  at odd ones); "halves" puts the same values as [sin..., cos...], the ceil(D/2) sines first:
+  tensor2tensor's, fairseq's and Marian's layout (Hugging Face's
+  `MarianSinusoidalPositionalEmbedding`). The two are one fixed permutation of the features
+  apart (`sinusoid_permutation`).
+
   Returns:
-    float32 [max_len, D], sines at even and cosines at odd features.
+    float32 [max_len, D].
   """
   positions = np.arange(max_len, dtype=np.float64)[:, None]  # [max_len, 1]
   even_features = np.arange(0, dim, 2, dtype=np.float64)  # 2i
@@ -31,7 +37,17 @@ def sinusoidal_positions(max_len: int, dim: int) -> np.ndarray:
   table = np.zeros((max_len, dim), dtype=np.float64)
   table[:, 0::2] = np.sin(angles)
   table[:, 1::2] = np.cos(angles[:, : dim // 2])
+  if layout == "halves":
+    table = table[:, sinusoid_permutation(dim)]
+  elif layout != "interleaved":
+    raise ValueError(f"sinusoid layout must be 'interleaved' or 'halves', got {layout!r}.")
   return table.astype(np.float32)
+
+
+def sinusoid_permutation(dim: int) -> np.ndarray:
+  """int [D]: feature j of the "halves" layout is feature perm[j] of the "interleaved" one
+  (the even features, then the odd ones): halves = interleaved[:, perm]."""
+  return np.concatenate([np.arange(0, dim, 2), np.arange(1, dim, 2)])
 
 
 def keep_mask(rng: Array, shape: tuple[int, ...], keep_prob: float) -> tuple[Array, float]:
@@ -83,12 +99,14 @@ class Dropout(nn.Module):
 
 
 class Embedder(nn.Module):
-  """Token embeddings scaled by sqrt(D), and (tied) logits from the same table."""
+  """Token embeddings scaled by sqrt(D) (or not, with `scale=False`), and (tied) logits from the
+  same table."""
 
   vocab_size: int
   emb_dim: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  scale: bool = True
 
   def setup(self):
     # stddev D^-0.5 makes the scaled embedding sqrt(D) * E[id] unit-variance.
@@ -98,8 +116,10 @@ class Embedder(nn.Module):
         (self.vocab_size, self.emb_dim), self.param_dtype)
 
   def __call__(self, ids: Array) -> Array:
-    """int [B, T] -> [B, T, D], multiplied by sqrt(D) as in the paper."""
+    """int [B, T] -> [B, T, D], multiplied by sqrt(D) as in the paper (when `scale`)."""
     embedded = jnp.take(self.table, ids, axis=0).astype(self.dtype)
+    if not self.scale:
+      return embedded
     return embedded * jnp.sqrt(jnp.asarray(self.emb_dim, self.dtype))
 
   def logits(self, x: Array) -> Array:
@@ -115,12 +135,13 @@ class PositionalEncoding(nn.Module):
   emb_dim: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  sinusoid_layout: str = "interleaved"  # See `sinusoidal_positions`.
 
   @nn.compact
   def __call__(self, positions: Array) -> Array:
     """int [B, T] positions -> [B, T, D] encodings."""
     if self.kind == "sinusoidal":
-      table = jnp.asarray(sinusoidal_positions(self.max_len, self.emb_dim))
+      table = jnp.asarray(sinusoidal_positions(self.max_len, self.emb_dim, self.sinusoid_layout))
     else:
       table = self.param(
           "position_embedding",
@@ -129,12 +150,22 @@ class PositionalEncoding(nn.Module):
     return jnp.take(table, positions, axis=0).astype(self.dtype)
 
 
+# The FFN's activations by config name. "gelu" is the exact x * Phi(x) (erf), as PyTorch's and
+# Hugging Face's "gelu", not the tanh approximation; "swish" is x * sigmoid(x) (SiLU), Marian's.
+ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "swish": nn.swish,
+}
+
+
 class FeedForward(nn.Module):
-  """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2."""
+  """Position-wise FFN(x) = act(x W1 + b1) W2 + b2; act is max(0, .) in the paper."""
 
   mlp_dim: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  activation: str = "relu"  # A key of ACTIVATIONS.
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -145,7 +176,7 @@ class FeedForward(nn.Module):
         self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wi",
         kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
-    hidden = nn.relu(hidden)  # [B, T, F]
+    hidden = ACTIVATIONS[self.activation](hidden)  # [B, T, F]
     return nn.Dense(
         emb_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wo",
         kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),

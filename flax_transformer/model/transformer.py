@@ -112,11 +112,13 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
   return MultiHeadAttention(
       num_heads=config.num_heads, head_dim=config.head_dim,
       dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
-      param_dtype=config.parameter_dtype, implementation=config.attention_implementation)
+      param_dtype=config.parameter_dtype, implementation=config.attention_implementation,
+      use_bias=config.attention_bias)
 
 
 def _feed_forward(config: ModelConfig) -> FeedForward:
-  return FeedForward(config.mlp_dim, config.compute_dtype, config.parameter_dtype)
+  return FeedForward(config.mlp_dim, config.compute_dtype, config.parameter_dtype,
+                     activation=config.activation)
 
 
 def _default_positions(ids: Array) -> Array:
@@ -202,7 +204,8 @@ class _Stack(nn.Module):
   def setup(self):
     c = self.config
     self.positional_encoding = PositionalEncoding(
-        c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype)
+        c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype,
+        sinusoid_layout=c.sinusoid_layout)
     self.dropout = Dropout(c.dropout_rate)
     self.layers = [self.layer_type(c) for _ in range(1 if c.share_layer_weights else self.depth)]
     self.final_norm = layer_norm(c) if c.pre_norm else None
@@ -256,6 +259,10 @@ class Decoder(_Stack):
           c.vocab_size, use_bias=False, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
           kernel_init=nn.with_logical_partitioning(
               nn.initializers.xavier_uniform(), ("embed", "vocab")))
+    if c.logits_bias:  # Marian's final_logits_bias: a learned [V] added to every row's logits.
+      self.output_bias = self.param(
+          "logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+          (c.vocab_size,), c.parameter_dtype)
 
   def __call__(self, decoder_inputs: Array, positions: Array, encoded: Array,
                self_mask: Array | None, cross_mask: Array | None, *,
@@ -273,6 +280,8 @@ class Decoder(_Stack):
       logits = self.embedder.logits(x)
     else:
       logits = self.output_projection(x)
+    if self.config.logits_bias:
+      logits = logits + self.output_bias.astype(logits.dtype)
     return logits.astype(jnp.float32)
 
   def cross_attention_cache(self, encoded: Array, source_mask: Array) -> CrossAttentionCache:
@@ -309,7 +318,7 @@ class Transformer(nn.Module):
   def setup(self):
     c = self.config
     embedder = dict(vocab_size=c.vocab_size, emb_dim=c.emb_dim, dtype=c.compute_dtype,
-                    param_dtype=c.parameter_dtype)
+                    param_dtype=c.parameter_dtype, scale=c.scale_embeddings)
     self.embedder = Embedder(**embedder)  # Source (and, when shared, target) embeddings.
     if not c.share_embeddings:
       self.target_embedder = Embedder(**embedder)

@@ -64,11 +64,17 @@ def restore(
   """Restores step `step` into `shardings` (and `data_iter`'s position, in place).
 
   Raises:
-    CheckpointMismatchError: naming the parameters whose shapes differ from the model's.
+    CheckpointMismatchError: naming the parameters whose shapes differ from the model's, or
+      for a checkpoint of parameters alone (an imported model).
     workdir.UnreadableCheckpointError: a file of the checkpoint cannot be read; the message
       names the checkpoint, why, the saved steps and how to continue from the previous one.
   """
   path, saved = manager.directory / str(step), sorted(manager.all_steps())
+  if not (path / TRAIN_STATE_ITEM).is_dir():
+    raise CheckpointMismatchError(
+        f"The checkpoint {path} holds parameters only (an imported model, say), nothing to "
+        f"resume; train from it into a new workdir with "
+        f"--config.train.init_from={manager.directory.parent}.")
   advice = continue_advice(path, saved)
   metadata = workdir_lib.read_checkpoint(lambda: manager.item_metadata(step)[PARAMS_ITEM],
                                          path, saved, advice)

@@ -67,6 +67,19 @@ def create_train_state(
   return init(jax.random.PRNGKey(seed))
 
 
+def state_from_params(params: Any, optimizer: optax.GradientTransformation,
+                      shardings: TrainState, *, seed: int) -> TrainState:
+  """A state at step 0 around given `params` (already placed by `shardings.params`): a fresh
+  optimizer state, and the dropout key `create_train_state` would draw for `seed`."""
+  dropout_key = jax.random.split(jax.random.PRNGKey(seed))[1]
+
+  def init(params: Any, key: jax.Array) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params), rng=key)
+
+  return jax.jit(init, out_shardings=shardings)(params, dropout_key)
+
+
 def _init_params(model: nn.Module, seed: int, max_length: int) -> Any:
   params_key = jax.random.split(jax.random.PRNGKey(seed))[0]
   ids = jnp.ones((1, max_length), jnp.int32)  # [B, S] and [B, T]

@@ -5,6 +5,8 @@ workdir continues from the latest checkpoint (params, optimizer state, step, RNG
 position), logging the step and every config value that changed since `config.json`. Process 0
 holds the workdir's lock (`workdir.lock`) from before it writes anything until it returns, so a
 second trainer on the same workdir stops at once instead of interleaving checkpoints with it.
+With `config.train.init_from`, a new run starts from another checkpoint's parameters, model and
+vocabulary (`training/init_from.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import TranslateConfig
 from flax_transformer.data import pipeline
 from flax_transformer.model.transformer import Transformer
-from flax_transformer.training import checkpoints, evaluation, loop, optim, steps
+from flax_transformer.training import checkpoints, evaluation, init_from, loop, optim, steps
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
@@ -50,9 +53,13 @@ class _Job:
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str
+    config: ml_collections.ConfigDict, workdir: str, *,
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, evaluation.SplitResult]:
   """Trains as `config` says, in `workdir`; returns the final evaluation of each split.
+
+  `model_overrides` are the config.model fields the user set explicitly (train.py passes the
+  command line's); with config.train.init_from they are checked against the source's model.
 
   Raises:
     config.ConfigError: before anything is compiled, for a bad config.
@@ -62,9 +69,14 @@ def train_and_evaluate(
     training.preemption.Preempted: after saving, when SIGTERM/SIGINT arrived.
     training.loop.NonFiniteStepError: when a step's loss or gradient norm is NaN or infinite.
   """
+  workdir = Path(workdir)
+  fine_tuning = init_from.plan(config, workdir, model_overrides or {})  # Reads, writes nothing.
+  source = None
+  if fine_tuning is not None:
+    config, source = fine_tuning.config, fine_tuning.source
   exp = config_lib.load(config)
-  with _trainer_lock(Path(workdir)):
-    return _train(config, exp, Path(workdir))
+  with _trainer_lock(workdir):
+    return _train(config, exp, workdir, source)
 
 
 def _trainer_lock(workdir: Path) -> contextlib.AbstractContextManager:
@@ -72,10 +84,10 @@ def _trainer_lock(workdir: Path) -> contextlib.AbstractContextManager:
   return workdir_lib.lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
 
 
-def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment,
-           workdir: Path) -> dict[str, evaluation.SplitResult]:
+def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path,
+           source: init_from.Source | None) -> dict[str, evaluation.SplitResult]:
   """The job itself, once the config is valid and the workdir is ours."""
-  job = _setup(config, exp, workdir)
+  job = _setup(config, exp, workdir, source)
   writer = job.writer
   train_step = steps.jit_train_step(
       job.mesh, job.shardings, model=job.model, optimizer=job.optimizer, schedule=job.schedule,
@@ -102,8 +114,12 @@ def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment,
     job.train_iter.close()  # Stops grain's worker processes now, not at interpreter exit.
 
 
-def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path) -> _Job:
-  """Builds everything, and restores the latest checkpoint or initialises."""
+def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path,
+           source: init_from.Source | None) -> _Job:
+  """Builds everything, and restores the latest checkpoint or initialises (from `source`'s
+  parameters when fine-tuning)."""
+  if source is not None:
+    init_from.copy_vocabulary(source, workdir)
   is_chief = jax.process_index() == 0
   tokenizer = pipeline.train_or_load_tokenizer(exp.data, str(workdir))
   _keep_vocabulary(exp, workdir, is_chief)
@@ -118,10 +134,10 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
   manager = checkpoints.make_manager(
       workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save)
   _log_config_changes(config, workdir)
-  state = _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter)
+  state = _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter,
+                           source)
   if is_chief:  # Only once the checkpoint is known to fit the config.
-    workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE,
-                           json.loads(config.to_json_best_effort()))
+    workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE, _json(config))
   logging.info("Model: %s; %s parameters; mesh %s; fsdp=%s.", model.config,
                f"{_count(abstract.params):,}", dict(mesh.shape), exp.train.fsdp)
   return _Job(exp=exp, model=model, optimizer=optimizer, schedule=schedule, mesh=mesh,
@@ -147,8 +163,19 @@ def _keep_vocabulary(exp, workdir: Path, is_chief: bool) -> None:
     workdir_lib.atomic_write(target, Path(exp.data.vocab_path).read_bytes())
 
 
-def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter):
+def _json(config: Mapping[str, Any]) -> dict[str, Any]:
+  """The config as config.json holds it (a ConfigDict, or the dict of a fine-tuning plan)."""
+  if isinstance(config, ml_collections.ConfigDict):
+    return json.loads(config.to_json_best_effort())
+  return json.loads(json.dumps(config))
+
+
+def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter,
+                     source: init_from.Source | None):
   step = manager.latest_step()
+  if step is None and source is not None:
+    params = init_from.load_params(source, abstract.params, shardings.params)
+    return state_lib.state_from_params(params, optimizer, shardings, seed=exp.train.seed)
   if step is None:
     logging.info("No checkpoint in %s: starting from scratch.", manager.directory)
     return state_lib.create_train_state(model, optimizer, shardings, seed=exp.train.seed)
@@ -157,11 +184,11 @@ def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_
   return state
 
 
-def _log_config_changes(config: ml_collections.ConfigDict, workdir: Path) -> None:
+def _log_config_changes(config: Mapping[str, Any], workdir: Path) -> None:
   """Logs every value that differs from the saved config.json (a restart)."""
   path = workdir / workdir_lib.CONFIG_FILE
   if path.exists():
-    current = json.loads(config.to_json_best_effort())
+    current = _json(config)
     changes = checkpoints.config_differences(json.loads(path.read_text()), current)
     logging.info("Config changes since the saved %s:%s", path,
                  "".join(f"\n  {line}" for line in changes) or " none.")

@@ -1,0 +1,244 @@
+"""Fine-tuning from a checkpoint (`config.train.init_from`): parameters, model and vocabulary
+from the source, a fresh optimizer at step 0, resuming like any run, and one clear error for
+each way to get it wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from flax_transformer import Transformer, Translator
+from flax_transformer import config as config_lib
+from flax_transformer.config import ConfigError
+from flax_transformer.data import pipeline
+from flax_transformer.data.tokenizer import train_tokenizer
+from flax_transformer.interop import marian
+from flax_transformer.training import init_from, trainer
+from flax_transformer.workdir import average_checkpoints, restore_params
+
+REPO = Path(__file__).resolve().parents[1]
+# The run's data and loop, small: a new sample of the synthetic pair (data.seed 1).
+RUN = {
+    "data.synthetic_num_train": 600, "data.synthetic_num_eval": 32,
+    "data.synthetic_num_test": 16, "data.max_length": 24, "data.batch_tokens": 384,
+    "data.eval_batch_size": 8, "data.eval_max_length": 24, "data.seed": 1,
+    "train.warmup_steps": 5, "train.learning_rate": 3e-3, "train.log_every_steps": 5,
+    "checkpoint.save_every_steps": 10, "checkpoint.max_to_keep": 5,
+    "checkpoint.async_save": False, "eval.eval_every_steps": 0, "eval.translate": False,
+    "eval.test_at_end": False,
+}
+
+
+def _config(tfds_dir: Path, source: str, **overrides) -> ml_collections.ConfigDict:
+  spec = importlib.util.spec_from_file_location("default_config", REPO / "configs" / "default.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  settings = {**RUN, "data.tfds_data_dir": str(tfds_dir), "train.init_from": source,
+              "train.num_train_steps": 20, **overrides}
+  for key, value in settings.items():
+    group, name = key.split(".")
+    config[group][name] = value
+  return config
+
+
+@pytest.fixture
+def source(trained_workdir, tmp_path):
+  """A copy of the trained workdir that a test may change or delete."""
+  shutil.copytree(trained_workdir, tmp_path / "source")
+  return tmp_path / "source"
+
+
+def _tree_equal(a, b) -> bool:
+  return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b)))
+
+
+def test_step_0_is_the_sources_params_with_a_fresh_optimizer(source, tmp_path):
+  job = trainer._setup(_config(tmp_path / "tfds", str(source)), tmp_path / "ft", {})
+  try:
+    params, _ = restore_params(source)
+    assert int(job.state.step) == 0
+    assert _tree_equal(job.state.params, params)
+    # Adam's moments and count as optimizer.init makes them: all zeros.
+    assert all(not np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(job.state.opt_state))
+    assert job.model.config == Translator.from_workdir(source).model_config
+  finally:
+    job.manager.close()
+    job.writer.close()
+  assert (tmp_path / "ft" / "vocab.model").read_bytes() == (source / "vocab.model").read_bytes()
+  saved = json.loads((tmp_path / "ft" / "config.json").read_text())
+  assert saved["model"] == config_lib.model_group(job.model.config)
+  assert saved["train"]["init_from"] == str(source)
+
+
+@pytest.mark.parametrize("where", ["step", "averaged"])
+def test_a_steps_or_an_averaged_checkpoint_can_be_the_source(source, tmp_path, where):
+  spec = str(source / "checkpoints" / "300") if where == "step" else str(
+      average_checkpoints(source, 2))
+  job = trainer._setup(_config(tmp_path / "tfds", spec), tmp_path / "ft", {})
+  try:
+    want = restore_params(source, 300)[0] if where == "step" else restore_params(
+        source, checkpoint=spec)[0]
+    assert _tree_equal(job.state.params, want)
+    assert not _tree_equal(job.state.params, restore_params(source)[0])
+  finally:
+    job.manager.close()
+    job.writer.close()
+
+
+def test_resuming_a_fine_tuning_run_is_exact_and_needs_no_source(source, tmp_path):
+  tfds = tmp_path / "tfds"
+  trainer.train_and_evaluate(_config(tfds, str(source)), str(tmp_path / "straight"),
+                             model_overrides={"dropout_rate": 0.2})
+  config = _config(tfds, str(source), **{"train.num_train_steps": 10})
+  trainer.train_and_evaluate(config, str(tmp_path / "resumed"),
+                             model_overrides={"dropout_rate": 0.2})
+  shutil.rmtree(source)  # The restart reads nothing of it.
+  trainer.train_and_evaluate(_config(tfds, str(source)), str(tmp_path / "resumed"),
+                             model_overrides={"dropout_rate": 0.2})
+  straight, resumed = (restore_params(tmp_path / name) for name in ("straight", "resumed"))
+  assert straight[1] == resumed[1] == 20
+  assert _tree_equal(straight[0], resumed[0])
+  saved = json.loads((tmp_path / "resumed" / "config.json").read_text())
+  assert saved["model"]["dropout_rate"] == 0.2 and saved["model"]["emb_dim"] == 32
+  # A restart that leaves init_from out still resumes with the run's own model, not the config
+  # file's (the default config's 64-wide model would not fit the checkpoint).
+  plan = _plan(tmp_path, "", workdir=tmp_path / "resumed")
+  assert plan.source is None and plan.config["model"] == saved["model"]
+  config_lib.load(plan.config)
+
+
+def _nll(translator: Translator, pairs: list[tuple[str, str]]) -> float:
+  """Mean negative log-likelihood per target token, teacher-forced."""
+  tokenizer = translator.tokenizer
+  rows = [(tokenizer.tokenize(s) + [1], tokenizer.tokenize_target(t) + [1]) for s, t in pairs]
+  inputs = np.zeros((len(rows), max(len(s) for s, _ in rows)), np.int32)
+  targets = np.zeros((len(rows), max(len(t) for _, t in rows)), np.int32)
+  for i, (s, t) in enumerate(rows):
+    inputs[i, :len(s)], targets[i, :len(t)] = s, t
+  logits = Transformer(translator.model_config).apply(
+      {"params": translator.params}, jnp.asarray(inputs), jnp.asarray(targets))
+  log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.asarray(targets)[..., None],
+                                  axis=-1)[..., 0]
+  return float(-(log_probs * (targets > 0)).sum() / (targets > 0).sum())
+
+
+def test_a_marian_import_fine_tunes_and_its_loss_goes_down(marian_model_dir, tmp_path):
+  marian.import_marian(marian_model_dir, tmp_path / "imported")
+  config = _config(tmp_path / "tfds", str(tmp_path / "imported"), **{
+      "data.max_length": 48, "data.batch_tokens": 768, "data.eval_max_length": 48,
+      "train.num_train_steps": 40})
+  trainer.train_and_evaluate(config, str(tmp_path / "ft"))
+  finetuned = tmp_path / "ft"
+  for name in ("source.spm", "target.spm", "vocab.json"):  # Marian's vocabulary, kept.
+    assert (finetuned / name).read_bytes() == (tmp_path / "imported" / name).read_bytes()
+  pairs = pipeline.split_texts(config_lib.load(config).data, "validation")
+  before = _nll(Translator.from_workdir(tmp_path / "imported"), pairs)
+  after = _nll(Translator.from_workdir(finetuned), pairs)
+  print(f"held-out NLL per token: {before:.3f} before, {after:.3f} after 40 steps")
+  assert after < before
+  assert Translator.from_workdir(finetuned).translate([pairs[0][0]])[0]  # It serves.
+
+
+# ------------------------------------------------------------------------------ errors
+def _plan(tmp_path: Path, spec: str, overrides=None, workdir=None, **settings):
+  config = _config(tmp_path / "tfds", spec, **settings)
+  return init_from.plan(config, workdir or tmp_path / "ft", overrides or {})
+
+
+def test_only_training_fields_may_be_overridden(source, tmp_path):
+  plan = _plan(tmp_path, str(source), {"dropout_rate": 0.3, "attention_dropout_rate": 0.05})
+  assert plan.source == init_from.Source(source)
+  assert (plan.config["model"]["dropout_rate"], plan.config["model"]["emb_dim"]) == (0.3, 32)
+  with pytest.raises(ConfigError) as error:
+    _plan(tmp_path, str(source), {"emb_dim": 64, "num_heads": 8, "dropout_rate": 0.3})
+  assert str(error.value) == (
+      "With config.train.init_from the model is the source's; these config.model overrides "
+      "would change it: emb_dim (the source's 32, given 64), num_heads (the source's 4, given "
+      "8). Drop them (only dropout_rate, attention_dropout_rate, dtype, param_dtype, "
+      "attention_implementation may change).")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("{tmp}/nowhere", "config.train.init_from='{tmp}/nowhere' is not a workdir (no "
+     "config.json), a WORKDIR/checkpoints/<step> or a WORKDIR/averaged/<name> folder."),
+    ("{source}/checkpoints/999", "config.train.init_from='{source}/checkpoints/999': no "
+     "checkpoint for step 999 in {source}/checkpoints (saved: [200, 300, 400])."),
+    ("{source}/averaged/step_9_last_2", "config.train.init_from="
+     "'{source}/averaged/step_9_last_2': no averaged checkpoint at "
+     "{source}/averaged/step_9_last_2."),
+])
+def test_a_bad_source_is_named(source, tmp_path, spec, message):
+  spec = spec.format(tmp=tmp_path, source=source)
+  with pytest.raises(ConfigError) as error:
+    _plan(tmp_path, spec)
+  assert str(error.value) == message.format(tmp=tmp_path, source=source)
+
+
+def test_a_conflicting_vocab_path_is_an_error(source, tmp_path):
+  other = train_tokenizer(["a b c d e f g h", "i j k l m n o p"] * 20, vocab_size=30,
+                          model_type="unigram")
+  (tmp_path / "other.model").write_bytes(other.proto)
+  with pytest.raises(ConfigError, match=r"config\.data\.vocab_path='.*other\.model' differs "
+                     r"from the vocabulary of config\.train\.init_from \(.*vocab\.model\); "
+                     r"fine-tuning keeps the source's vocabulary"):
+    _plan(tmp_path, str(source), **{"data.vocab_path": str(tmp_path / "other.model")})
+  # The source's own vocabulary named again is no conflict.
+  assert _plan(tmp_path, str(source), **{"data.vocab_path": str(source / "vocab.model")})
+  # A workdir that already holds another vocabulary (say, of an aborted run) is one too.
+  (tmp_path / "ft").mkdir()
+  (tmp_path / "ft" / "vocab.model").write_bytes(other.proto)
+  with pytest.raises(ConfigError) as error:
+    _plan(tmp_path, str(source))
+  assert str(error.value) == (
+      f"{tmp_path / 'ft'} already holds another vocabulary (vocab.model) than "
+      f"config.train.init_from ({source / 'vocab.model'}); use a new --workdir.")
+
+
+def test_lengths_are_checked_against_the_sources_model(source, tmp_path):
+  # The config file's model (max_len 16 here) is replaced before the config is checked: the
+  # source's max_len (48) admits data.max_length 24.
+  config = _config(tmp_path / "tfds", str(source), **{"model.max_len": 16})
+  with pytest.raises(ConfigError, match="exceeds the model's max_len"):
+    config_lib.load(config)
+  plan = init_from.plan(config, tmp_path / "ft", {})
+  assert config_lib.load(plan.config).model.max_len == 48
+
+
+def _train_py(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+  command = [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
+             f"--config.data.tfds_data_dir={tmp_path / 'tfds'}", *flags]
+  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_train_py_reports_a_shape_override_in_one_line(source, tmp_path):
+  result = _train_py(tmp_path, f"--workdir={tmp_path / 'ft'}",
+                     f"--config.train.init_from={source}", "--config.model.num_encoder_layers=3")
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: With config.train.init_from the model is the source's; these config.model "
+      "overrides would change it: num_encoder_layers (the source's 1, given 3). Drop them "
+      "(only dropout_rate, attention_dropout_rate, dtype, param_dtype, "
+      "attention_implementation may change).")
+  assert "Traceback" not in result.stderr
+
+
+def test_train_py_tells_an_imported_workdir_is_no_run_to_resume(marian_model_dir, tmp_path):
+  marian.import_marian(marian_model_dir, tmp_path / "imported")
+  result = _train_py(tmp_path, f"--workdir={tmp_path / 'imported'}")
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      "holds parameters only (an imported model, say), nothing to resume; train from it into a "
+      f"new workdir with --config.train.init_from={tmp_path / 'imported'}.")
+  assert "Traceback" not in result.stderr
