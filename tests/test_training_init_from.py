@@ -60,12 +60,18 @@ def source(trained_workdir, tmp_path):
   return tmp_path / "source"
 
 
+def _setup(config, workdir: Path):
+  """The fine-tuning job as train_and_evaluate builds it, before any step."""
+  config, exp, source = trainer._resolve(config, workdir, {})
+  return trainer._setup(config, exp, workdir, source)
+
+
 def _tree_equal(a, b) -> bool:
   return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b)))
 
 
 def test_step_0_is_the_sources_params_with_a_fresh_optimizer(source, tmp_path):
-  job = trainer._setup(_config(tmp_path / "tfds", str(source)), tmp_path / "ft", {})
+  job = _setup(_config(tmp_path / "tfds", str(source)), tmp_path / "ft")
   try:
     params, _ = restore_params(source)
     assert int(job.state.step) == 0
@@ -86,7 +92,7 @@ def test_step_0_is_the_sources_params_with_a_fresh_optimizer(source, tmp_path):
 def test_a_steps_or_an_averaged_checkpoint_can_be_the_source(source, tmp_path, where):
   spec = str(source / "checkpoints" / "300") if where == "step" else str(
       average_checkpoints(source, 2))
-  job = trainer._setup(_config(tmp_path / "tfds", spec), tmp_path / "ft", {})
+  job = _setup(_config(tmp_path / "tfds", spec), tmp_path / "ft")
   try:
     want = restore_params(source, 300)[0] if where == "step" else restore_params(
         source, checkpoint=spec)[0]

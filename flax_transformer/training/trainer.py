@@ -70,13 +70,20 @@ def train_and_evaluate(
     training.loop.NonFiniteStepError: when a step's loss or gradient norm is NaN or infinite.
   """
   workdir = Path(workdir)
-  fine_tuning = init_from.plan(config, workdir, model_overrides or {})  # Reads, writes nothing.
+  config, exp, source = _resolve(config, workdir, model_overrides or {})
+  with _trainer_lock(workdir):
+    return _train(config, exp, workdir, source)
+
+
+def _resolve(config: ml_collections.ConfigDict, workdir: Path, model_overrides: Mapping[str, Any]
+             ) -> tuple[Any, config_lib.Experiment, init_from.Source | None]:
+  """(the config to run, its parsed groups, the init_from source or None); reads, writes
+  nothing, and raises ConfigError before anything compiles."""
+  fine_tuning = init_from.plan(config, workdir, model_overrides)
   source = None
   if fine_tuning is not None:
     config, source = fine_tuning.config, fine_tuning.source
-  exp = config_lib.load(config)
-  with _trainer_lock(workdir):
-    return _train(config, exp, workdir, source)
+  return config, config_lib.load(config), source
 
 
 def _trainer_lock(workdir: Path) -> contextlib.AbstractContextManager:
