@@ -16,6 +16,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["FLAX_TRANSFORMER_COMPILATION_CACHE"] = ""
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+  """Drops JAX's compiled programs after each test module.
+
+  XLA:CPU maps each compiled executable's code into memory regions of its own (thousands for
+  the decoders' programs), and jit caches keep every program alive. One pytest process running
+  the whole suite passed the kernel's `vm.max_map_count` (65530): the next compile failed, and
+  the process died with a segfault in the C++ unwinder while raising that error. Clearing the
+  caches after each module (modules do not share shapes) keeps the count near 1-7 thousand.
+  """
+  yield
+  import gc
+
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+
+
 HF_INSTALL = "needs torch and transformers: pip install -e '.[test]' (the [hf] extra)"
 
 
