@@ -49,6 +49,24 @@ How the Transformer plugs in (`flax_transformer.predict` does exactly this):
   sentence, are shared state that the K beams of a sentence read without copies.
   `transformer.resize_cache` grows the cache along its position axis.
 
+Finishing rules (`finish_rule`)
+  "top_k", the rule of CTranslate2, fairseq, Hugging Face and Flax's examples/wmt: every step
+  ranks all extensions of the alive beams (EOS included) by their summed log-probability, and a
+  beam's EOS extension finishes a hypothesis only when it ranks among the K best; the K best
+  non-EOS extensions stay alive. A sentence is done when K hypotheses have finished (fairseq;
+  CTranslate2 with patience 1). With K = 1 this is greedy decoding. "every_beam" scores every
+  alive beam's EOS extension at every step and keeps the K best finished ones, stopping when no
+  alive beam can still beat the K-th: a wider search that, where EOS has weight, prefers short
+  outputs (with K = 1 it is not greedy).
+
+Length normalization (`length_normalization`, with alpha = `length_penalty`)
+  A finished hypothesis of n tokens, EOS included, ranks by (sum of log-probabilities) /
+    "gnmt"     ((5 + n) / 6) ** alpha: GNMT's, as in Flax's examples/wmt and T5X;
+    "fairseq"  n ** alpha: fairseq's lenpen, and the same formula as CTranslate2's
+               length_penalty, Hugging Face's length_penalty and Marian's --normalize (each
+               counts EOS in n; CTranslate2 and Hugging Face are checked in the tests).
+  A hypothesis cut at L tokens without EOS divides by the same formula with n = L.
+
 Outputs
   Token id 0 pads the output ("zeros after EOS"), so it is never emitted; its probability is not
   renormalized away, so scores stay the model's own log-probabilities. Lengths count output
@@ -59,6 +77,7 @@ Outputs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -82,6 +101,8 @@ DEFAULT_SEGMENT_LENGTH = 16
 # earlier sessions. GPU: on an H100, k = 8 was no faster than k = 2 for beam search at the
 # small size and took twice the compile time (BENCHMARKS.md, "On an H100"), so the same.
 STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
+FINISH_RULES = ("top_k", "every_beam")
+LENGTH_NORMALIZATIONS = ("gnmt", "fairseq")
 
 
 class TokensToLogits(Protocol):
@@ -120,12 +141,31 @@ class BeamState:
   alive_state: PyTree  # the callable's state, leaves [B*K, ...] (0-d leaves as given).
   finished_seqs: Array  # int32 [B, K, L]: hypotheses ended by EOS, zeros after EOS.
   finished_scores: Array  # float32 [B, K]: their length-normalized scores, best first; -inf = none.
-  all_done: Array  # bool []: no alive beam of any sentence can still enter its top K finished.
+  num_finished: Array  # int32 [B]: hypotheses finished so far (may exceed K; K are kept).
+  done: Array  # bool [B]: the sentence's K finished hypotheses can no longer change.
 
 
-def length_penalty_divisor(num_tokens: Array | int, alpha: float) -> Array:
-  """GNMT's length penalty ((5 + n) / 6) ** alpha for n tokens (EOS included), float32."""
-  return ((5.0 + jnp.asarray(num_tokens, jnp.float32)) / 6.0) ** alpha
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+  """How beam search finishes and ranks hypotheses (module docstring): static, hashable."""
+
+  length_penalty: float = 0.6  # alpha
+  length_normalization: str = "gnmt"
+  finish_rule: str = "top_k"
+
+  def divisor(self, num_tokens: Array | int) -> Array:
+    """float32: the length divisor of a hypothesis of `num_tokens` tokens (EOS included)."""
+    n = jnp.asarray(num_tokens, jnp.float32)
+    if self.length_normalization == "gnmt":
+      return ((5.0 + n) / 6.0) ** self.length_penalty
+    return n ** self.length_penalty
+
+
+def length_penalty_divisor(num_tokens: Array | int, alpha: float,
+                           normalization: str = "gnmt") -> Array:
+  """The length divisor of n tokens under `normalization` (module docstring), float32."""
+  _check_ranking("length_penalty_divisor", alpha, normalization, "top_k")
+  return Ranking(alpha, normalization).divisor(num_tokens)
 
 
 def beam_search(
@@ -138,6 +178,8 @@ def beam_search(
     eos_id: int,
     bos_id: int = 0,
     length_penalty: float = 0.6,
+    length_normalization: str = "gnmt",
+    finish_rule: str = "top_k",
     shared_state: PyTree | None = None,
     max_lengths: Array | None = None,
     min_length: int = 0,
@@ -149,19 +191,21 @@ def beam_search(
   """Beam search with finished hypotheses kept apart from the K alive beams.
 
   Every step extends each alive beam by its best tokens (one log-sum-exp and one small top-k
-  over each beam's logits; no full-vocabulary log-softmax or sort): its EOS extension is a
-  finished candidate, scored (sum of log-probs) / ((5 + n) / 6) ** length_penalty with n
-  tokens including EOS, and the K best non-EOS extensions of the sentence stay alive. So up
-  to 2K candidates per step, and K beams can finish at once. The loop stops
-  early once no alive beam can beat the worst of K finished hypotheses: alive sums only fall,
-  and the bound divides them by the largest length penalty they could still reach.
+  over each beam's logits; no full-vocabulary log-softmax or sort): the K best non-EOS
+  extensions of the sentence stay alive, and a beam's EOS extension finishes a hypothesis as
+  `finish_rule` says, scored (sum of log-probs) / divisor(n) by `length_normalization` (module
+  docstring). The loop stops once every sentence is done: K finished ("top_k"), or no alive
+  beam can beat the worst of K finished hypotheses ("every_beam": alive sums only fall, and the
+  bound divides them by the largest length divisor they could still reach).
 
   Args:
     tokens_to_logits: the step function; see the module docstring for the state protocol.
     initial_state: pytree, leaves [B, ...] (repeated for the K beams) or 0-d (carried as is).
     batch_size: B. beam_size: K. max_decode_len: L, output tokens including EOS.
     eos_id: ends a hypothesis (must not be 0, the output padding). bos_id: the first input id.
-    length_penalty: alpha of the GNMT length penalty; 0 ranks by summed log-probability.
+    length_penalty: alpha of the length normalization; 0 ranks by summed log-probability.
+    length_normalization: "gnmt" or "fairseq" (module docstring).
+    finish_rule: "top_k" (the field's; K = 1 is greedy) or "every_beam" (module docstring).
     shared_state: optional pytree, leaves [B, ...], passed to every call, never reordered.
     max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
     min_length: fewest tokens before EOS (EOS forbidden earlier).
@@ -179,6 +223,8 @@ def beam_search(
     vocabularies or limits) hold zeros and score -inf.
   """
   _check_search_args("beam_search", batch_size, max_decode_len, eos_id, min_length)
+  _check_ranking("beam_search", length_penalty, length_normalization, finish_rule)
+  ranking = Ranking(length_penalty, length_normalization, finish_rule)
   if not isinstance(beam_size, int) or beam_size < 1:
     raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}.")
   steps = _steps_per_iteration("beam_search", steps_per_iteration, beam=True)
@@ -188,11 +234,11 @@ def beam_search(
                                       initial_state)
   state = _initial_beam_state(initial_state, batch_size, beam_size, max_decode_len, bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, eos_id)
-  step = functools.partial(_beam_step, step_fn, eos_id, length_penalty, max_lengths, min_length)
+  step = functools.partial(_beam_step, step_fn, eos_id, ranking, max_lengths, min_length)
   grow = lambda s, capacity: s.replace(
       alive_state=_resized(resize_state, s.alive_state, capacity))
-  final = _segmented_loop(capacities, grow, lambda s: ~s.all_done, step, steps, state)
-  sequences, scores = _ranked_hypotheses(final, length_penalty)
+  final = _segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
+  sequences, scores = _ranked_hypotheses(final, ranking)
   if return_all:
     return sequences, scores
   return sequences[:, 0], scores[:, 0]
@@ -312,20 +358,21 @@ def _initial_beam_state(initial_state: PyTree, batch_size: int, beam_size: int,
       alive_state=jax.tree.map(repeat, initial_state),
       finished_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
       finished_scores=jnp.full(shape, _NEG_INF, jnp.float32),
-      all_done=jnp.zeros((), bool))
+      num_finished=jnp.zeros((batch_size,), jnp.int32),
+      done=jnp.zeros((batch_size,), bool))
 
 
-def _beam_step(step_fn: TokensToLogits, eos_id: int, alpha: float, max_lengths: Array,
+def _beam_step(step_fn: TokensToLogits, eos_id: int, ranking: Ranking, max_lengths: Array,
                min_length: int, state: BeamState) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
   A loop iteration runs k steps (`_segmented_loop`), so steps can follow the last position or
-  the early exit. A step past L (`valid` false) changes nothing but the state. A step after
-  `all_done` changes no output: every new EOS candidate scores at most the bound `_all_done`
-  computed, so at most the K-th finished score, and `lax.top_k` keeps the earlier (existing)
-  entry of a tie, so the finished hypotheses stay; the alive beams still change, but
-  `_ranked_hypotheses` reads them only for sentences with fewer than K finished, which
-  `all_done` allows only when they have no alive beam (all -inf) left.
+  the early exit. A step past L (`valid` false) changes nothing but the state. A step after a
+  sentence is `done` changes none of its outputs: its EOS candidates are dropped, and
+  `_ranked_hypotheses` reads its alive beams only when it is not done ("top_k") or has fewer
+  than K finished ("every_beam"), which `done` allows only when no alive beam (all -inf) is
+  left. ("every_beam": a done sentence's EOS candidates could not have entered its K finished
+  anyway, see `_every_beam_done`.)
   """
   batch, beams, max_len = state.alive_seqs.shape
   valid = state.step < max_len
@@ -334,34 +381,46 @@ def _beam_step(step_fn: TokensToLogits, eos_id: int, alpha: float, max_lengths: 
   forced = state.step >= max_lengths  # [B]: EOS is the only choice from here on.
   eos_allowed = (state.step >= min_length) | forced  # [B]
 
-  # Finished candidates: every alive beam followed by EOS -> [B, K].
-  eos_scores = (state.alive_log_probs + eos_log_probs.reshape(batch, beams)) / (
-      length_penalty_divisor(state.step + 1, alpha))
-  eos_scores = jnp.where(eos_allowed[:, None] & valid, eos_scores, _NEG_INF)
+  # Alive candidates: the C best non-EOS tokens of every beam -> [B, K*C], keep the K best.
+  candidates = state.alive_log_probs[..., None] + token_log_probs.reshape(batch, beams, -1)
+  candidates = jnp.where(forced[:, None], _NEG_INF, candidates.reshape(batch, -1))
+  alive_log_probs, flat = lax.top_k(candidates, beams)  # [B, K]
+
+  # Finished candidates: alive beams followed by EOS -> [B, K], summed log-probabilities.
+  eos_sums = state.alive_log_probs + eos_log_probs.reshape(batch, beams)
+  finishes = eos_allowed[:, None] & valid & ~state.done[:, None] & (eos_sums > _NEG_INF)
+  if ranking.finish_rule == "top_k":
+    # The K best extensions of the step lie among the K EOS ones and the K best others.
+    kth_best = lax.top_k(jnp.concatenate([eos_sums, alive_log_probs], axis=1), beams)[0]
+    finishes &= eos_sums >= kth_best[:, -1:]
+  eos_scores = jnp.where(finishes, eos_sums / ranking.divisor(state.step + 1), _NEG_INF)
   at_step = jnp.arange(max_len) == state.step  # [L]
   eos_seqs = jnp.where(at_step, eos_id, state.alive_seqs)  # [B, K, L]
   finished_scores, pick = lax.top_k(
       jnp.concatenate([state.finished_scores, eos_scores], axis=1), beams)  # [B, K]
   finished_seqs = jnp.take_along_axis(
       jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), pick[..., None], axis=1)
+  num_finished = state.num_finished + jnp.sum(finishes, axis=1, dtype=jnp.int32)  # [B]
 
-  # Alive candidates: the C best non-EOS tokens of every beam -> [B, K*C], keep the K best.
-  candidates = state.alive_log_probs[..., None] + token_log_probs.reshape(batch, beams, -1)
-  candidates = jnp.where(forced[:, None], _NEG_INF, candidates.reshape(batch, -1))
-  alive_log_probs, flat = lax.top_k(candidates, beams)  # [B, K]
   parent = flat // token_log_probs.shape[-1]  # [B, K]
   tokens = jnp.take_along_axis(token_ids.reshape(batch, -1), flat, axis=1)  # [B, K]
   alive_seqs = jnp.where(at_step, tokens[..., None],
                          jnp.take_along_axis(state.alive_seqs, parent[..., None], axis=1))
   keep = lambda new, old: jnp.where(valid, new, old)
   alive_log_probs = keep(alive_log_probs, state.alive_log_probs)
+  if ranking.finish_rule == "top_k":
+    # Not at the last position: there the alive beams among the step's K best finish too
+    # (`_ranked_hypotheses`), so a sentence ending there must keep them.
+    done = (num_finished >= beams) & (state.step + 1 < max_len)
+  else:
+    done = _every_beam_done(alive_log_probs, finished_scores, state.step + 1, max_lengths,
+                            max_len, ranking)
   return BeamState(
       step=state.step + valid.astype(jnp.int32), last_ids=keep(tokens, state.last_ids),
       alive_seqs=keep(alive_seqs, state.alive_seqs), alive_log_probs=alive_log_probs,
       alive_state=_gather_beams(new_state, parent),
-      finished_seqs=finished_seqs, finished_scores=finished_scores,
-      all_done=_all_done(alive_log_probs, finished_scores, state.step + 1, max_lengths,
-                         max_len, alpha))
+      finished_seqs=finished_seqs, finished_scores=finished_scores, num_finished=num_finished,
+      done=state.done | done | (alive_log_probs[:, 0] == _NEG_INF))
 
 
 def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array]:
@@ -425,28 +484,39 @@ def _gather_beams(state: PyTree, parent: Array) -> PyTree:
   return jax.tree.map(gather, state)
 
 
-def _all_done(alive_log_probs: Array, finished_scores: Array, num_tokens: Array,
-              max_lengths: Array, max_decode_len: int, alpha: float) -> Array:
-  """Whether no alive beam can beat its sentence's K-th finished hypothesis any more.
+def _every_beam_done(alive_log_probs: Array, finished_scores: Array, num_tokens: Array,
+                     max_lengths: Array, max_decode_len: int, ranking: Ranking) -> Array:
+  """bool [B]: whether no alive beam can beat its sentence's K-th finished hypothesis any more.
 
   An alive beam now holds `num_tokens` tokens and could finish with n in [num_tokens + 1,
-  n_max] tokens. Its log-probability sum (<= 0) can only fall, and the penalty is monotonic in
-  n, so its best possible score is the sum divided by the larger penalty of the two ends.
+  n_max] tokens. Its log-probability sum (<= 0) can only fall, and every divisor is monotonic
+  in n, so its best possible score is the sum divided by the larger divisor of the two ends.
   """
   n_max = jnp.minimum(max_lengths + 1, max_decode_len)  # [B]
-  largest_divisor = jnp.maximum(length_penalty_divisor(num_tokens + 1, alpha),
-                                length_penalty_divisor(n_max, alpha))  # [B]
+  largest_divisor = jnp.maximum(ranking.divisor(num_tokens + 1),
+                                ranking.divisor(n_max))  # [B]
   best_possible = alive_log_probs[:, 0] / largest_divisor  # [B]; alive is sorted best first
-  return jnp.all(best_possible <= finished_scores[:, -1])
+  return best_possible <= finished_scores[:, -1]
 
 
-def _ranked_hypotheses(final: BeamState, alpha: float) -> tuple[Array, Array]:
-  """Finished hypotheses first (best first), then unfinished alive beams fill the K slots."""
+def _ranked_hypotheses(final: BeamState, ranking: Ranking) -> tuple[Array, Array]:
+  """The K hypotheses to return per sentence, best first.
+
+  "top_k": a sentence the length limit stopped (not done) ranks its alive beams, cut at L
+  tokens, together with its finished hypotheses, as CTranslate2 finishes every beam at its last
+  step and Hugging Face adds the alive beams at `max_length`. "every_beam": finished
+  hypotheses first, then unfinished alive beams fill the free slots (Flax's examples/wmt).
+  """
   beams = final.alive_seqs.shape[1]
-  unfinished_scores = final.alive_log_probs / length_penalty_divisor(final.step, alpha)
-  num_finished = jnp.sum(final.finished_scores > _NEG_INF, axis=1, keepdims=True)  # [B, 1]
-  slot = jnp.arange(beams)[None, :]  # [1, K]
-  pick = jnp.where(slot < num_finished, slot, beams + slot - num_finished)  # [B, K] into 2K
+  unfinished_scores = final.alive_log_probs / ranking.divisor(final.step)  # [B, K]
+  if ranking.finish_rule == "top_k":
+    unfinished_scores = jnp.where(final.done[:, None], _NEG_INF, unfinished_scores)
+    _, pick = lax.top_k(jnp.concatenate([final.finished_scores, unfinished_scores], axis=1),
+                        beams)  # [B, K] into 2K; ties keep finished ones first
+  else:
+    num_finished = jnp.minimum(final.num_finished, beams)[:, None]  # [B, 1]
+    slot = jnp.arange(beams)[None, :]  # [1, K]
+    pick = jnp.where(slot < num_finished, slot, beams + slot - num_finished)  # [B, K] into 2K
   scores = jnp.take_along_axis(
       jnp.concatenate([final.finished_scores, unfinished_scores], axis=1), pick, axis=1)
   sequences = jnp.take_along_axis(
@@ -661,6 +731,17 @@ def _check_search_args(name: str, batch_size: int, max_decode_len: int, eos_id: 
         f"got {eos_id!r}.")
   if not isinstance(min_length, int) or min_length < 0:
     raise ValueError(f"{name}: min_length must be an int >= 0, got {min_length!r}.")
+
+
+def _check_ranking(name: str, length_penalty: float, length_normalization: str,
+                   finish_rule: str) -> None:
+  if not length_penalty >= 0:
+    raise ValueError(f"{name}: length_penalty must be >= 0, got {length_penalty!r}.")
+  if length_normalization not in LENGTH_NORMALIZATIONS:
+    raise ValueError(f"{name}: length_normalization must be one of {LENGTH_NORMALIZATIONS}, "
+                     f"got {length_normalization!r}.")
+  if finish_rule not in FINISH_RULES:
+    raise ValueError(f"{name}: finish_rule must be one of {FINISH_RULES}, got {finish_rule!r}.")
 
 
 def _check_leading_dim(what: str, tree: PyTree, batch_size: int) -> None:

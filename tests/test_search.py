@@ -114,7 +114,8 @@ def _assert_matches_brute_force(sequences, scores, toy, alpha, **limits):
     np.testing.assert_allclose(np.asarray(scores[b]), [h[1] for h in expected], rtol=2e-6)
 
 
-def _search(toy, beams, alpha, mode="closure", **kwargs):
+def _search(toy, beams, alpha, mode="closure", finish_rule="every_beam", **kwargs):
+  """beam_search on `toy`; by default with the rule whose large-K answer is brute force's."""
   step, state, shared = toy.step, toy.initial_state(), None
   if mode == "shared":
     shared = {"table": jnp.asarray(toy.table)}
@@ -122,7 +123,7 @@ def _search(toy, beams, alpha, mode="closure", **kwargs):
     state = toy.initial_state(table_in_state=True)
   return beam_search(step, state, batch_size=toy.batch, beam_size=beams,
                      max_decode_len=toy.max_len, eos_id=EOS, length_penalty=alpha,
-                     shared_state=shared, **kwargs)
+                     shared_state=shared, finish_rule=finish_rule, **kwargs)
 
 
 # A first-order Markov chain (t5x decoding_test style) over PAD/BOS, EOS, A, B. Greedy takes A
@@ -234,6 +235,143 @@ def test_beam_one_equals_greedy(alpha):
                              rtol=1e-6)
 
 
+def _divisor(n, alpha, normalization):
+  """The length normalizations, written out from GNMT's and fairseq's formulas."""
+  if normalization == "gnmt":
+    return ((5.0 + n) / 6.0) ** alpha
+  return float(n) ** alpha
+
+
+def field_beam_search(log_probs, vocab, max_len, beams, alpha, normalization, min_length=0,
+                      max_tokens=None):
+  """The finishing rule of CTranslate2's BeamSearch::search, in float64 NumPy: each step ranks
+  every (beam, token) extension by summed log-probability; an EOS among the `beams` best
+  finishes (normalized), the best `beams` non-EOS ones stay alive; at the last step every one of
+  the `beams` best finishes, EOS or not; stop once `beams` hypotheses have finished and keep the
+  `beams` best. Returns [(score, seq)], best first."""
+  alive, finished = [((), 0.0)], []
+  for step in range(max_len):
+    forced = max_tokens is not None and step >= max_tokens
+    last = step == max_len - 1
+    candidates = []
+    for prefix, total in alive:
+      row = log_probs(prefix)
+      for token in range(vocab):
+        eos_ok = forced or step >= min_length
+        if token == PAD or (token == EOS and not eos_ok) or (forced and token != EOS):
+          continue
+        candidates.append((total + row[token], (*prefix, token)))
+    candidates.sort(key=lambda c: -c[0])
+    alive = []
+    for rank, (total, seq) in enumerate(candidates):
+      if not np.isfinite(total):
+        continue
+      if rank < beams and (seq[-1] == EOS or last):
+        finished.append((total / _divisor(len(seq), alpha, normalization), seq))
+      elif seq[-1] != EOS and len(alive) < beams:
+        alive.append((seq, total))
+    if len(finished) >= beams or not alive or last:
+      break
+  finished.sort(key=lambda h: -h[0])
+  return finished[:beams]
+
+
+def _assert_matches_field_rule(toy, beams, alpha, normalization, **limits):
+  kwargs = dict(limits)
+  if "max_lengths" in kwargs:
+    kwargs["max_lengths"] = jnp.asarray(kwargs["max_lengths"], jnp.int32)
+  sequences, scores = _search(toy, beams=beams, alpha=alpha, finish_rule="top_k",
+                              length_normalization=normalization, **kwargs)
+  for b in range(toy.batch):
+    max_tokens = limits.get("max_lengths", [None] * toy.batch)[b]
+    expected = field_beam_search(functools.partial(toy.log_probs, b), toy.vocab, toy.max_len,
+                                 beams, alpha, normalization, limits.get("min_length", 0),
+                                 max_tokens)
+    got = [(float(score), tuple(int(t) for t in seq if t != PAD))
+           for seq, score in zip(np.asarray(sequences[b]), np.asarray(scores[b]), strict=True)
+           if np.isfinite(score)]  # Empty slots (zeros, -inf) where fewer than K exist.
+    assert [seq for _, seq in got] == [tuple(seq) for _, seq in expected], b
+    np.testing.assert_allclose([s for s, _ in got], [s for s, _ in expected], rtol=2e-6)
+
+
+@pytest.mark.parametrize("normalization", search.LENGTH_NORMALIZATIONS)
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("beams", [2, 4])
+def test_top_k_rule_equals_the_peers_rule_in_numpy(beams, alpha, normalization):
+  # EOS is likely (logit +1 against four N(0, 4) tokens): hypotheses finish at every length,
+  # several at one step, and many EOS extensions rank below the K best and must not finish.
+  toy = HashToy(seed=61, batch=4, max_len=7, vocab=6, eos_logits=1.0)
+  _assert_matches_field_rule(toy, beams, alpha, normalization)
+
+
+@pytest.mark.parametrize("limits", [dict(min_length=3), dict(max_lengths=[1, 4, 0, 6])])
+def test_top_k_rule_with_length_limits_equals_numpy(limits):
+  toy = HashToy(seed=62, batch=4, max_len=7, vocab=6, eos_logits=1.0)
+  _assert_matches_field_rule(toy, 3, 0.6, "gnmt", **limits)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_top_k_rule_ranks_beams_cut_at_the_limit_with_the_finished_ones(alpha):
+  # EOS rarer and L short: the limit stops most sentences with some hypotheses finished, and a
+  # cut beam may outrank a finished one (CTranslate2 finishes every beam at its last step).
+  toy = HashToy(seed=63, batch=6, max_len=4, vocab=6, eos_logits=-0.5)
+  _assert_matches_field_rule(toy, 4, alpha, "fairseq")
+  sequences, _ = _search(toy, beams=4, alpha=alpha, finish_rule="top_k",
+                         length_normalization="fairseq")
+  ends = [[EOS in row for row in rows] for rows in np.asarray(sequences).tolist()]
+  # The control: some sentence ranks a cut beam above a finished hypothesis.
+  assert any(not e[i] and any(e[i + 1:]) for e in ends for i in range(len(e))), ends
+
+
+def test_top_k_rule_differs_from_every_beam_where_eos_has_weight():
+  # The control: the two rules must disagree on this toy, or the tests above prove nothing.
+  toy = HashToy(seed=61, batch=4, max_len=7, vocab=6, eos_logits=1.0)
+  top_k = _search(toy, beams=4, alpha=0.6, finish_rule="top_k")[0]
+  every_beam = _search(toy, beams=4, alpha=0.6, finish_rule="every_beam")[0]
+  assert not np.array_equal(np.asarray(top_k), np.asarray(every_beam))
+
+
+@pytest.mark.parametrize("limits", [{}, dict(min_length=2), dict(max_lengths=[2, 5, 0, 3, 7])])
+@pytest.mark.parametrize("seed", [71, 72, 73])
+def test_top_k_rule_with_one_beam_is_greedy(seed, limits):
+  # EOS likely: every_beam with K = 1 stops short of greedy here; the field's rule must not.
+  toy = HashToy(seed=seed, batch=5, max_len=8, vocab=9, eos_logits=0.5)
+  kwargs = dict(limits)
+  if "max_lengths" in kwargs:
+    kwargs["max_lengths"] = jnp.asarray(kwargs["max_lengths"], jnp.int32)
+  greedy, greedy_scores = greedy_search(toy.step, toy.initial_state(), batch_size=5,
+                                        max_decode_len=8, eos_id=EOS, **kwargs)
+  for normalization in search.LENGTH_NORMALIZATIONS:
+    beam, beam_scores = _search(toy, beams=1, alpha=0.6, finish_rule="top_k",
+                                length_normalization=normalization, **kwargs)
+    np.testing.assert_array_equal(beam[:, 0], greedy)
+    lengths = (np.asarray(greedy) != PAD).sum(-1)
+    divisors = [_divisor(n, 0.6, normalization) for n in lengths]
+    np.testing.assert_allclose(beam_scores[:, 0], np.asarray(greedy_scores) / divisors,
+                               rtol=1e-6)
+
+
+def test_every_beam_rule_with_one_beam_is_not_greedy_where_eos_has_weight():
+  toy = HashToy(seed=71, batch=5, max_len=8, vocab=9, eos_logits=0.5)
+  greedy, _ = greedy_search(toy.step, toy.initial_state(), batch_size=5, max_decode_len=8,
+                            eos_id=EOS)
+  beam, _ = _search(toy, beams=1, alpha=0.6, finish_rule="every_beam")
+  assert not np.array_equal(np.asarray(beam[:, 0]), np.asarray(greedy))
+
+
+def test_length_normalizations_follow_their_formulas():
+  for n in (1, 2, 7, 30):
+    for alpha in (0.0, 0.6, 1.0):
+      for normalization in search.LENGTH_NORMALIZATIONS:
+        np.testing.assert_allclose(search.length_penalty_divisor(n, alpha, normalization),
+                                   _divisor(n, alpha, normalization), rtol=1e-6)
+  with pytest.raises(ValueError, match="length_normalization must be one of"):
+    search.length_penalty_divisor(3, 0.6, "marian")
+  with pytest.raises(ValueError, match="finish_rule must be one of"):
+    beam_search(_fixed_step, {}, batch_size=1, beam_size=2, max_decode_len=3, eos_id=EOS,
+                finish_rule="first")
+
+
 # Position-only next-token probabilities over PAD, EOS, A, B. Stopping after step 0 keeps [EOS]
 # (log .45 = -0.80), but with alpha = 1 the 6-token A A A A A EOS scores (log .3 + 5 log .98) /
 # (11 / 6) = -0.71: an early exit must divide the alive sum by the penalty of the longest
@@ -250,7 +388,7 @@ def _positional_step(ids, state):
 def test_early_exit_bound_allows_for_the_length_penalty():
   sequences, scores = beam_search(
       _positional_step, {"index": jnp.zeros((), jnp.int32)}, batch_size=1, beam_size=1,
-      max_decode_len=6, eos_id=EOS, length_penalty=1.0)
+      max_decode_len=6, eos_id=EOS, length_penalty=1.0, finish_rule="every_beam")
   with np.errstate(divide="ignore"):
     table = np.log(POSITIONAL)
   best = brute_force(lambda prefix: table[len(prefix)], 4, 6, alpha=1.0)[0]
@@ -347,7 +485,7 @@ def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
   # the search is exact, and beams are reordered across both resizes.
   toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
   run = functools.partial(beam_search, toy.step, batch_size=2, max_decode_len=5, eos_id=EOS,
-                             length_penalty=alpha)
+                          length_penalty=alpha, finish_rule="every_beam")
   sequences, scores = run(toy.initial_state(1), beam_size=81,
                              resize_state=HistoryToy.resize, segment_length=2)
   assert sorted(set(toy.capacities)) == [2, 4, 5]
@@ -367,7 +505,7 @@ def test_history_toy_catches_a_segment_that_ends_mid_iteration(monkeypatch):
   monkeypatch.setattr(search, "growth_schedule", lambda max_len, segment, steps: (3, max_len))
   sequences, scores = beam_search(
       toy.step, toy.initial_state(1), batch_size=2, beam_size=81, max_decode_len=5, eos_id=EOS,
-      length_penalty=0.6, resize_state=HistoryToy.resize)
+      length_penalty=0.6, finish_rule="every_beam", resize_state=HistoryToy.resize)
   with pytest.raises(AssertionError):
     _assert_matches_brute_force(sequences, scores, toy, 0.6)
 
@@ -436,8 +574,10 @@ def _recording_positions(step, positions):
 
 def _search_with(method, toy, step, state, **kwargs):
   common = dict(batch_size=toy.batch, max_decode_len=toy.max_len, eos_id=EOS, min_length=2)
-  if method == "beam":
-    return beam_search(step, state, beam_size=3, length_penalty=0.6, **common, **kwargs)
+  if method.startswith("beam"):
+    rule = "every_beam" if method == "beam_every_beam" else "top_k"
+    return beam_search(step, state, beam_size=3, length_penalty=0.6, finish_rule=rule,
+                       **common, **kwargs)
   if method == "greedy":
     return greedy_search(step, state, **common, **kwargs)
   return sample(step, state, jax.random.key(5), temperature=2.0, **common, **kwargs)
@@ -445,7 +585,7 @@ def _search_with(method, toy, step, state, **kwargs):
 
 @pytest.mark.parametrize("growing", [False, True], ids=["fixed_state", "growing_state"])
 @pytest.mark.parametrize("early_exit", [True, False], ids=["early_exit", "all_L_steps"])
-@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+@pytest.mark.parametrize("method", ["beam", "beam_every_beam", "greedy", "sample"])
 def test_outputs_are_the_same_for_every_steps_per_iteration(method, early_exit, growing):
   # L = 10 is a multiple of none of 3, 4, 8, so the last iteration runs past L. With EOS likely
   # (allowed from 2 tokens on) the loop exits early, mid-iteration for most k; with EOS
@@ -531,7 +671,7 @@ def test_beam_search_is_jittable_and_return_all_false_gives_the_best():
   toy = HashToy(seed=19, batch=2, max_len=4)
   run = jax.jit(functools.partial(
       beam_search, toy.step, batch_size=2, beam_size=3, max_decode_len=4, eos_id=EOS,
-      length_penalty=0.6))
+      length_penalty=0.6, finish_rule="every_beam"))
   shared = {"table": jnp.asarray(toy.table)}
   caps = jnp.asarray([2, 9], jnp.int32)
   jitted = run(toy.initial_state(), shared_state=shared, max_lengths=caps)
