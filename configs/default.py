@@ -92,7 +92,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.search = search = ml_collections.ConfigDict()
   search.method = "beam"  # "beam" | "greedy" | "sample".
   search.beam_size = 4  # K hypotheses kept per sentence.
-  search.length_penalty = 0.6  # GNMT alpha: scores divided by ((5 + n) / 6) ** alpha.
+  search.length_penalty = 0.6  # alpha of the length normalization below.
+  # A finished hypothesis of n tokens (EOS included) scores log p / divisor(n): "gnmt" ((5 + n)
+  # / 6) ** alpha (Flax, T5X); "fairseq" n ** alpha (also CTranslate2, Hugging Face, Marian).
+  search.length_normalization = "gnmt"
+  # "top_k": a hypothesis finishes only when its EOS ranks among the step's K best extensions
+  # (CTranslate2, fairseq, Hugging Face; beam 1 = greedy); "every_beam": every beam's EOS
+  # extension is scored at every step.
+  search.finish_rule = "top_k"
   search.max_len_a = 1.0  # At most max_len_a * source tokens + max_len_b tokens before EOS,
   search.max_len_b = 50  # within model.max_len (the paper: source length + 50).
   search.min_length = 0  # Fewest tokens before EOS.

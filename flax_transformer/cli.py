@@ -37,7 +37,17 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Beam search, greedy decoding or sampling (default: config).")
   parser.add_argument("--beam_size", type=int, default=None, help="Beams (default: config).")
   parser.add_argument("--length_penalty", type=float, default=None,
-                      help="alpha of ((5 + n) / 6) ** alpha (default: config).")
+                      help="alpha of --length_normalization (default: config).")
+  parser.add_argument(
+      "--length_normalization", choices=("gnmt", "fairseq"), default=None,
+      help="Beam search: a finished hypothesis of n tokens (EOS included) scores log p / "
+      "divisor(n): gnmt ((5 + n) / 6) ** alpha (Flax, T5X); fairseq n ** alpha (also "
+      "CTranslate2, Hugging Face, Marian) (default: config).")
+  parser.add_argument(
+      "--finish_rule", choices=("top_k", "every_beam"), default=None,
+      help="Beam search: top_k finishes a hypothesis only when its EOS ranks among the step's "
+      "K best extensions (CTranslate2, fairseq, Hugging Face; --beam_size 1 is greedy); "
+      "every_beam scores every beam's EOS at every step (default: config).")
   parser.add_argument("--temperature", type=float, default=None,
                       help="Sampling: divide the logits by this (default 1).")
   parser.add_argument("--top_k", type=int, default=None,
@@ -84,8 +94,9 @@ def _add_cache_argument(parser: argparse.ArgumentParser) -> None:
       "~/.cache/flax_transformer/xla; '' turns it off).")
 
 
-_SETTING_FLAGS = ("method", "beam_size", "length_penalty", "temperature", "top_k", "top_p",
-                  "seed", "max_len_a", "max_len_b", "min_length", "batch_tokens", "grow_cache")
+_SETTING_FLAGS = ("method", "beam_size", "length_penalty", "length_normalization",
+                  "finish_rule", "temperature", "top_k", "top_p", "seed", "max_len_a",
+                  "max_len_b", "min_length", "batch_tokens", "grow_cache")
 
 
 def _flag_settings(args: argparse.Namespace) -> dict:
@@ -268,9 +279,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
   if args.output:
     write_lines_atomically(args.output, hypotheses)
   scores = score_translations(hypotheses, references)
+  search = translator.settings.search
   scores.update(step=translator.step, checkpoint=args.checkpoint, src=args.src, ref=args.ref,
-                beam_size=translator.settings.search.beam_size,
-                length_penalty=translator.settings.search.length_penalty)
+                method=search.method, beam_size=search.beam_size,
+                length_penalty=search.length_penalty,
+                length_normalization=search.length_normalization,
+                finish_rule=search.finish_rule)
   if args.json:
     print(json.dumps(scores, indent=2))
   else:

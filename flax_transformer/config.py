@@ -432,7 +432,15 @@ class SearchConfig:
 
   method: Literal["beam", "greedy", "sample"] = "beam"
   beam_size: int = _field(4, POSITIVE)  # K, for method 'beam'.
-  length_penalty: float = _field(0.6, NON_NEGATIVE)  # GNMT alpha, for method 'beam'.
+  length_penalty: float = _field(0.6, NON_NEGATIVE)  # alpha, for method 'beam'.
+  # Method 'beam': the length divisor of a finished hypothesis of n tokens (EOS included):
+  # "gnmt" ((5 + n) / 6) ** alpha (Flax, T5X); "fairseq" n ** alpha (also CTranslate2, Hugging
+  # Face, Marian).
+  length_normalization: Literal["gnmt", "fairseq"] = "gnmt"
+  # Method 'beam': "top_k" finishes a hypothesis only when its EOS ranks among the step's K best
+  # extensions (CTranslate2, fairseq, Hugging Face; K = 1 is greedy); "every_beam" scores every
+  # beam's EOS at every step (wider, prefers shorter outputs where EOS has weight).
+  finish_rule: Literal["top_k", "every_beam"] = "top_k"
   max_len_a: float = _field(1.0, NON_NEGATIVE)
   max_len_b: int = _field(50, POSITIVE)
   min_length: int = _field(0, NON_NEGATIVE)  # Fewest tokens before EOS.

@@ -64,7 +64,9 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
   if settings.method == "beam":
     return search.beam_search(
         **prepared.arguments, beam_size=settings.beam_size,
-        length_penalty=settings.length_penalty, min_length=settings.min_length)
+        length_penalty=settings.length_penalty,
+        length_normalization=settings.length_normalization, finish_rule=settings.finish_rule,
+        min_length=settings.min_length)
   if settings.method == "greedy":
     sequences, scores = search.greedy_search(**prepared.arguments,
                                              min_length=settings.min_length)
@@ -193,8 +195,9 @@ class Translator:
                       **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
-    Beam scores are length-normalised log-probabilities: sum of log p / ((5 + m) / 6) ** alpha;
-    greedy decoding and sampling give one hypothesis with its summed log-probability.
+    Beam scores are length-normalised log-probabilities, sum of log p / divisor(m) for m tokens
+    with EOS (`search.length_normalization`: ((5 + m) / 6) ** alpha or m ** alpha); greedy
+    decoding and sampling give one hypothesis with its summed log-probability.
     """
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
     for batch in self.iter_nbest(sentences, n, **settings):
