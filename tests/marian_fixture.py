@@ -54,8 +54,11 @@ def write_marian_model(directory: Path, *, seed: int = 0, d_model: int = 32, lay
                        heads: int = 4, ffn_dim: int = 64, activation: str = "swish",
                        scale_embedding: bool = True, tie_word_embeddings: bool = True,
                        safetensors: bool = True, max_positions: int = 64,
-                       train_steps: int = 150) -> Path:
-  """Writes a random MarianMTModel with its tokenizer files to `directory`; returns it."""
+                       train_steps: int = 150, eos_bias: float = 0.0) -> Path:
+  """Writes a random MarianMTModel with its tokenizer files to `directory`; returns it.
+
+  `eos_bias` is added to EOS's final logits bias after training: a model on which EOS is likely
+  at every step, where finishing rules differ most."""
   import torch
   from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -91,6 +94,9 @@ def write_marian_model(directory: Path, *, seed: int = 0, d_model: int = 32, lay
       _train(model, tokenizer, pairs, train_steps, seed)
     finally:
       torch.set_num_threads(threads)
+  if eos_bias:
+    with torch.no_grad():
+      model.final_logits_bias[0, config.eos_token_id] += eos_bias
   model.eval().save_pretrained(directory)
   if not safetensors:  # The older Hub layout: the whole state dict (position tables and tied
     # copies included) pickled by torch; transformers 5 itself writes safetensors only.

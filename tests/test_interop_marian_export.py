@@ -18,7 +18,7 @@ import pytest
 
 from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
-from flax_transformer.config import DataConfig, parse_group
+from flax_transformer.config import DataConfig, SearchConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.interop import marian
@@ -93,6 +93,11 @@ def test_round_trip_gives_identical_params_config_and_translations(trained_workd
       k: v for k, v in marian.model_group(Translator.from_workdir(
           trained_workdir).model_config).items() if k != "preset"}
   assert back["sinusoid_layout"] == original.get("sinusoid_layout", "interleaved")
+  # The search settings come back too (GNMT's normalization has no Hugging Face form, so the
+  # export records them beside Marian's config).
+  searches = [parse_group(SearchConfig, json.loads((w / "config.json").read_text())["search"])
+              for w in (trained_workdir, tmp_path / "back")]
+  assert searches[0] == searches[1] and searches[0].length_normalization == "gnmt"
   # Our shared vocabulary comes back as vocab.model, byte for byte.
   assert (tmp_path / "back" / "vocab.model").read_bytes() == (
       trained_workdir / "vocab.model").read_bytes()

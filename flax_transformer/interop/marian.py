@@ -38,7 +38,14 @@ from typing import Any
 import numpy as np
 
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import ModelConfig, SearchConfig, group_dict, model_group
+from flax_transformer.config import (
+    ModelConfig,
+    SearchConfig,
+    group_dict,
+    model_group,
+    parse_group,
+    search_config_from,
+)
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -232,7 +239,7 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
                                                     config.get(OUR_KEY, {}))
   _make_empty_folder(workdir, "--workdir")
   _write_vocabulary(workdir, tokenizer)
-  search = SearchConfig(beam_size=int(_generation(model_dir).get("num_beams") or 4))
+  search = search_config_from_marian(config, _generation(model_dir))
   workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE, {
       "model": model_group(model_config), "search": group_dict(search),
       "origin": {"format": "marian", "path": str(model_dir.resolve())}})
@@ -287,6 +294,38 @@ def _write_vocabulary(workdir: Path, tokenizer: MarianTokenizer) -> None:
       workdir_lib.atomic_write(workdir / workdir_lib.VOCAB_FILE, tokenizer.source_model)
       return
   tokenizer.write(workdir)
+
+
+def search_config_from_marian(config: dict[str, Any], generation: dict[str, Any]
+                              ) -> SearchConfig:
+  """The imported workdir's search defaults: Hugging Face's beam search as the model's
+  generation settings ask (generation_config.json, else config.json) for beam size, length
+  penalty and max length; or, for an export of ours, the search group it recorded. A
+  max_length that does not cut below the position table (OPUS-MT's 512 of 512) leaves our
+  source-relative cap (max_len_a * source tokens + max_len_b, within the table).
+
+  Hugging Face finishes a hypothesis when its EOS ranks among the step's K best ("top_k") and
+  divides by n ** length_penalty with n counting EOS ("fairseq"); its default alpha is 1.0. Its
+  max_length counts the decoder's start token, so at most max_length - 2 tokens come before EOS.
+  """
+  recorded = config.get(OUR_KEY, {}).get("search")
+  if recorded is not None:
+    return parse_group(SearchConfig, recorded)
+  keys = ("num_beams", "length_penalty", "max_length")
+  settings = {**{k: config[k] for k in keys if k in config},
+              **{k: generation[k] for k in keys if k in generation}}
+  search = SearchConfig(beam_size=int(settings.get("num_beams") or 4),
+                        length_normalization="fairseq", finish_rule="top_k")
+  alpha = float(settings.get("length_penalty", 1.0))
+  if alpha < 0:
+    logging.warning("generation length_penalty %s < 0 (favours short outputs) is not supported; "
+                    "using 1.0.", alpha)
+    alpha = 1.0
+  search = search.replace(length_penalty=alpha)
+  max_length = int(settings.get("max_length") or 0)
+  if 2 < max_length < int(config.get("max_position_embeddings", max_length + 1)):
+    search = search.replace(max_len_a=0.0, max_len_b=max_length - 2)
+  return search
 
 
 def _generation(model_dir: Path) -> dict[str, Any]:
@@ -392,22 +431,30 @@ def export_marian(workdir: str | os.PathLike, output: str | os.PathLike, *,
 
   save_file(state, str(output / SAFETENSORS_FILE), metadata={"format": "pt"})
   hf_config = marian_config(model_config, vocabulary)
+  search = search_config_from(config)
+  generation = _generation_config(hf_config, search, model_config)
+  if search_config_from_marian(hf_config, generation) != search:  # For the way back, if needed.
+    hf_config.setdefault(OUR_KEY, {})["search"] = group_dict(search)
   workdir_lib.write_json(output / "config.json", hf_config)
-  workdir_lib.write_json(output / "generation_config.json", _generation_config(
-      hf_config, config, model_config))
+  workdir_lib.write_json(output / "generation_config.json", generation)
   vocabulary.write(output)
   workdir_lib.write_json(output / "tokenizer_config.json", _tokenizer_config(config, model_config))
   return output
 
 
-def _generation_config(hf: dict[str, Any], config: dict[str, Any],
+def _generation_config(hf: dict[str, Any], search: SearchConfig,
                        model_config: ModelConfig) -> dict[str, Any]:
-  """OPUS-MT's generation settings: padding never generated, EOS forced at the length limit."""
-  beams = config.get("search", {}).get("beam_size", 4)
-  return {"bad_words_ids": [[hf["pad_token_id"]]], "decoder_start_token_id": hf["pad_token_id"],
-          "eos_token_id": hf["eos_token_id"], "forced_eos_token_id": hf["eos_token_id"],
-          "pad_token_id": hf["pad_token_id"], "max_length": model_config.max_len,
-          "num_beams": beams}
+  """OPUS-MT's generation settings: padding never generated, EOS forced at the length limit;
+  the workdir's beam size, and its length penalty where Hugging Face's formula is ours
+  ("fairseq"; Hugging Face has no GNMT or CTranslate2 normalization, and keeps its 1.0)."""
+  generation = {
+      "bad_words_ids": [[hf["pad_token_id"]]], "decoder_start_token_id": hf["pad_token_id"],
+      "eos_token_id": hf["eos_token_id"], "forced_eos_token_id": hf["eos_token_id"],
+      "pad_token_id": hf["pad_token_id"], "max_length": model_config.max_len,
+      "num_beams": search.beam_size}
+  if search.length_normalization == "fairseq":
+    generation["length_penalty"] = search.length_penalty
+  return generation
 
 
 def _tokenizer_config(config: dict[str, Any], model_config: ModelConfig) -> dict[str, Any]:
