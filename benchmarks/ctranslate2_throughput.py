@@ -197,7 +197,7 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
 
   translate = jit_search(
       model, beam_size=args.beam_size, max_decode_len=args.steps, min_length=args.steps,
-      length_penalty=LENGTH_PENALTY)
+      length_penalty=LENGTH_PENALTY, length_normalization="fairseq")  # CTranslate2's formula
   compile_s, compiled = _timed(lambda: translate.lower(variables, inputs).compile())
   source = [_source(row, tokens) for row in np.asarray(inputs)]
   ct2_options = dict(

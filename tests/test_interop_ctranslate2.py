@@ -5,16 +5,18 @@ for every model option, greedy ids equal, and the README's text recipe (Sentence
 pieces out) gives our text. int8 runs, and its BLEU on the briefly trained workdir is printed,
 not asserted.
 
-Beam search is compared on a model that never ends: two documented differences of semantics
-would otherwise decide the outputs rather than the beam machinery. CTranslate2 (like Hugging
-Face and fairseq) finishes a hypothesis only when its EOS ranks among the K best extensions of
-the step, while ours scores every alive beam's EOS extension (tests/test_interop_marian.py);
-and CTranslate2 masks a forbidden EOS (min_decoding_length) and suppressed padding in the
-logits before its softmax, renormalizing the other tokens' probabilities, while ours keeps the
-model's own log-probabilities. With the logits bias of EOS and padding at -1e9 their
-probabilities are exactly 0 in float32, and with EOS forbidden on both sides (a finished
-hypothesis of probability 0 would still rank first in ours) neither difference can act: all four
-hypotheses of every sentence, and their scores, must agree.
+Beam search with finish_rule "top_k" and length_normalization "fairseq" is CTranslate2's own (a
+hypothesis finishes when its EOS ranks among the step's K best extensions; a sentence is done at
+K finished; score / n ** alpha with EOS counted in n, although its hypotheses leave EOS out), and
+with min_decoding_length=0 (its default 1 forbids EOS at the first step and renormalizes the
+other tokens' probabilities there): all K hypotheses and their scores must be identical, with
+EOS free, on a random model where EOS is likely and on the briefly trained workdir. At the
+length limit CTranslate2 finishes the step's K best extensions, EOS or not, and ranks them with
+the finished ones; ours ranks the beams cut there with the finished ones too. Padding gets a
+logits bias of -1e9 on the random models (probability exactly 0; CTranslate2 would emit it,
+ours never does, and suppressing it in CTranslate2 renormalizes the other tokens). Length
+penalty 0 is left out: there CTranslate2 waits for its best-ranked beam to finish too
+(`allow_early_exit`), a rule of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +65,8 @@ def _batch(rows: list[list[int]]) -> jax.Array:
 class Ours:
   """A workdir's latest checkpoint, with the search and scoring calls the checks need."""
 
-  def __init__(self, workdir: Path):
-    self.translator = Translator.from_workdir(workdir, grow_cache="no")
+  def __init__(self, workdir: Path, **source: Any):
+    self.translator = Translator.from_workdir(workdir, grow_cache="no", **source)
     self.tokenizer = self.translator.tokenizer
     self.tokens = tokens_of(self.tokenizer)
     self.model = Transformer(self.translator.model_config)
@@ -83,9 +86,9 @@ class Ours:
     chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), targets_batch[..., None], axis=-1)
     return [np.asarray(row[:len(seq), 0]) for row, seq in zip(chosen, ids, strict=True)]
 
-  def search(self, texts: list[str], method: str, **settings):
+  def search(self, texts: list[str], method: str, max_decode_len: int = N, **settings):
     prepared = predict.prepare_search(self.model, self.variables, self.sources(texts),
-                                      max_decode_len=N)
+                                      max_decode_len=max_decode_len)
     run = search.greedy_search if method == "greedy" else search.beam_search
     return jax.jit(lambda: run(**prepared.arguments, **settings))()
 
@@ -180,59 +183,125 @@ def test_float32_greedy_ids_and_text_equal_ours(exported, trained_workdir, test_
       ours.tokenizer.detokenize(row) for row in mine]
 
 
-def _never_ends(params):
-  """The logits bias of padding and EOS at -1e9: their probabilities are exactly 0."""
+def _eos_likely(params):
+  """Padding's logits bias at -1e9 (probability exactly 0), EOS's raised by 2.5: on this random
+  model EOS then ends some sentences at once, some after a word or many, and some never."""
   bias = np.array(params["decoder"]["logits_bias"])
-  bias[[PAD_ID, EOS_ID]] = -1e9
+  bias[PAD_ID] = -1e9
+  bias[EOS_ID] += 2.5
   params["decoder"]["logits_bias"] = bias
   return params
 
 
-def test_float32_beam4_hypotheses_and_scores_equal_ours(tmp_path):
-  workdir = random_workdir.write_random_workdir(tmp_path / "w", seed=5, adjust=_never_ends,
-                                                **MARIAN_OPTIONS)
-  export_ctranslate2(workdir, tmp_path / "ct2")
-  ours, ct2 = Ours(workdir), _translator(tmp_path / "ct2")
-  texts = [s for s, _ in _sentences(8, seed=25)]
-  sequences, scores = ours.search(texts, "beam", beam_size=4, length_penalty=0.0, min_length=N)
-  results = ct2.translate_batch(ours.pieces(texts), beam_size=4, num_hypotheses=4,
-                                length_penalty=0.0, min_decoding_length=N,
-                                max_decoding_length=N, return_scores=True)
+def _check_beam_equals_ctranslate2(ours: Ours, ct2, texts: list[str], beam_size: int,
+                                   alpha: float, max_decode_len: int = N) -> list[list[int]]:
+  """Every hypothesis and score of CTranslate2's beam search, ours with its rule and formula;
+  returns our hypotheses, [sentence][rank] -> ids (EOS included)."""
+  sequences, scores = ours.search(texts, "beam", max_decode_len=max_decode_len,
+                                  beam_size=beam_size, length_penalty=alpha,
+                                  length_normalization="fairseq", finish_rule="top_k")
+  results = ct2.translate_batch(ours.pieces(texts), beam_size=beam_size,
+                                num_hypotheses=beam_size, length_penalty=alpha,
+                                max_decoding_length=max_decode_len, min_decoding_length=0,
+                                return_scores=True)
+  hypotheses = []
   for rows, row_scores, result in zip(np.asarray(sequences), np.asarray(scores), results,
                                       strict=True):
-    assert [row.tolist() for row in rows] == [ours.ids(h) for h in result.hypotheses]
-    assert len({tuple(row) for row in rows.tolist()}) == 4 and PAD_ID not in rows
-    # Scores are sums of N log-probabilities: float32 rounding of both sides adds up.
-    np.testing.assert_allclose(row_scores, result.scores, atol=1e-4, rtol=0)
+    mine = [[int(i) for i in row if i != PAD_ID] for row in rows]
+    ended = [row[-1] == EOS_ID for row in mine]
+    cut = [len(row) for row, end in zip(mine, ended, strict=True) if not end]
+    assert cut == [max_decode_len] * len(cut)  # EOS or the length limit ended every one.
+    assert [row[:-1] if end else row for row, end in zip(mine, ended, strict=True)] == [
+        ours.ids(h) for h in result.hypotheses]
+    np.testing.assert_allclose(row_scores, result.scores, atol=2e-5, rtol=1e-5)
+    hypotheses.append(mine)
+  return hypotheses
 
 
-def test_int8_runs_and_its_bleu_is_reported(exported, trained_workdir, test_pairs):
+@pytest.fixture(scope="module")
+def eos_likely(tmp_path_factory):
+  root = tmp_path_factory.mktemp("eos_likely")
+  workdir = random_workdir.write_random_workdir(root / "w", seed=5, adjust=_eos_likely,
+                                                **MARIAN_OPTIONS)
+  export_ctranslate2(workdir, root / "ct2")
+  return Ours(workdir), _translator(root / "ct2")
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0, 2.0])
+@pytest.mark.parametrize("beam_size", [4, 5])
+def test_float32_beam_hypotheses_and_scores_equal_ours_with_eos_likely(eos_likely, beam_size,
+                                                                       alpha):
+  ours, ct2 = eos_likely
+  texts = [s for s, _ in _sentences(8, seed=25)]
+  hypotheses = _check_beam_equals_ctranslate2(ours, ct2, texts, beam_size, alpha)
+  # EOS ended hypotheses at varied lengths, and won some sentences: not only the limit decided.
+  assert len({len(row) for rows in hypotheses for row in rows}) > 2
+  assert any(rows[0][-1] == EOS_ID and len(rows[0]) < N for rows in hypotheses)
+
+
+def test_float32_beam_one_and_greedy_equal_ctranslate2_with_eos_likely(eos_likely):
+  ours, ct2 = eos_likely
+  texts = [s for s, _ in _sentences(8, seed=25)]
+  greedy = _check_greedy(ours, ct2, texts)
+  beam_one = _check_beam_equals_ctranslate2(ours, ct2, texts, 1, 1.0)
+  assert [rows[0] for rows in beam_one] == greedy
+  # And the other rule is not greedy here: the control that the model makes rules matter.
+  every_beam, _ = ours.search(texts, "beam", beam_size=1, finish_rule="every_beam")
+  assert [[int(i) for i in row if i != PAD_ID] for row in np.asarray(every_beam)[:, 0]] != greedy
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0])
+def test_float32_beam4_equals_ours_on_the_trained_workdir(exported, trained_workdir, test_pairs,
+                                                          alpha):
+  ours, ct2 = Ours(trained_workdir), _translator(exported / "float32")
+  texts = [s for s, _ in test_pairs[:24]]
+  max_decode_len = ours.translator.model_config.max_len - 1
+  _check_beam_equals_ctranslate2(ours, ct2, texts, 4, alpha, max_decode_len)
+
+
+def _ct2_texts(exported_folder: Path, sources: list[str], **settings) -> list[str]:
+  """The README's recipe: SentencePiece pieces in, pieces out, SentencePiece decode."""
+  source = spm.SentencePieceProcessor(model_file=str(exported_folder / "source.spm"))
+  target = spm.SentencePieceProcessor(model_file=str(exported_folder / "target.spm"))
+  results = _translator(exported_folder).translate_batch(
+      [source.encode(t, out_type=str) for t in sources], **settings)
+  return [target.decode(r.hypotheses[0]) for r in results]
+
+
+def test_translations_equal_ctranslate2_float32_and_int8_bleu_is_close(exported,
+                                                                      trained_workdir,
+                                                                      test_pairs):
   sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
-  ours = Ours(trained_workdir)
-  source = spm.SentencePieceProcessor(model_file=str(exported / "int8" / "source.spm"))
-  target = spm.SentencePieceProcessor(model_file=str(exported / "int8" / "target.spm"))
-  bleu = {}
+  translator = Ours(trained_workdir).translator
   # Within the position table (CTranslate2's default max_decoding_length, 256, is not).
-  max_decoding_length = ours.translator.model_config.max_len - 1
-  for name in ("float32", "int8"):
-    results = _translator(exported / name).translate_batch(
-        [source.encode(t, out_type=str) for t in sources], beam_size=4,
-        max_decoding_length=max_decoding_length)
-    hypotheses = [target.decode(r.hypotheses[0]) for r in results]
-    assert len(hypotheses) == len(sources) and any(hypotheses)
-    bleu[f"ctranslate2 {name}"] = score_translations(hypotheses, references)["bleu"]
-  bleu["ours"] = score_translations(ours.translator.translate(sources), references)["bleu"]
+  max_len = translator.model_config.max_len
+  settings = dict(beam_size=4, length_penalty=1.0, max_decoding_length=max_len - 1,
+                  min_decoding_length=0)
+  float32 = _ct2_texts(exported / "float32", sources, **settings)
+  int8 = _ct2_texts(exported / "int8", sources, **settings)
+  mine = translator.translate(sources, beam_size=4, length_penalty=1.0,
+                              length_normalization="fairseq", finish_rule="top_k",
+                              max_len_a=0.0, max_len_b=max_len - 2)
+  assert mine == float32  # CTranslate2's length penalty 1, our rule and formula.
+  bleu = {name: score_translations(texts, references)["bleu"]
+          for name, texts in (("float32", float32), ("int8", int8), ("ours", mine))}
   print(f"BLEU on {len(sources)} test sentences, beam 4: " + ", ".join(
       f"{name} {value:.2f}" for name, value in bleu.items()), file=sys.stderr)
+  assert abs(bleu["int8"] - bleu["float32"]) < 2.0
 
 
 @pytest.mark.parametrize("quantization", ["int8_float32", "float16", "bfloat16"])
-def test_other_quantizations_load_and_translate(trained_workdir, tmp_path, quantization):
+def test_other_quantizations_translate_as_float32_does(trained_workdir, exported, tmp_path,
+                                                       test_pairs, quantization):
   export_ctranslate2(trained_workdir, tmp_path / "ct2", quantization=quantization)
-  ours = Ours(trained_workdir)
-  results = _translator(tmp_path / "ct2").translate_batch(
-      ours.pieces([s for s, _ in _sentences(4, seed=23)]), beam_size=2)
-  assert len(results) == 4 and all(r.hypotheses for r in results)
+  sources = [s for s, _ in test_pairs[:32]]
+  settings = dict(beam_size=2, max_decoding_length=Ours(trained_workdir).translator
+                  .model_config.max_len - 1)
+  quantized = _ct2_texts(tmp_path / "ct2", sources, **settings)
+  float32 = _ct2_texts(exported / "float32", sources, **settings)
+  # Rounding changes some close calls, not most lines: a broken conversion changes nearly all.
+  same = sum(a == b for a, b in zip(quantized, float32, strict=True))
+  assert same >= len(sources) // 2, f"{same}/{len(sources)} lines as float32's"
 
 
 def test_export_errors_are_one_clear_line(trained_workdir, exported, tmp_path, capsys,
@@ -261,8 +330,11 @@ def test_averaged_and_earlier_checkpoints_export(trained_workdir, tmp_path):
   averaged = average_checkpoints(workdir, 2)
   export_ctranslate2(workdir, tmp_path / "avg", checkpoint=averaged)
   export_ctranslate2(workdir, tmp_path / "early", step=300)
-  texts = [s for s, _ in _sentences(4, seed=24)]
-  for name in ("avg", "early"):
-    results = _translator(tmp_path / name).translate_batch([t.split() for t in texts],
-                                                           max_decoding_length=N)
-    assert len(results) == 4
+  texts = [s for s, _ in _sentences(8, seed=24)]
+  for name, source in (("avg", dict(checkpoint=averaged)), ("early", dict(step=300))):
+    ours = Ours(workdir, **source)
+    greedy = _check_greedy(ours, _translator(tmp_path / name), texts)
+    assert sum(row[-1] == EOS_ID for row in greedy) > len(greedy) // 2
+  latest = Ours(workdir).search(texts, "greedy")[0]
+  assert not np.array_equal(np.asarray(latest), np.asarray(
+      Ours(workdir, step=300).search(texts, "greedy")[0]))  # The checkpoints differ.
