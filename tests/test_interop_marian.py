@@ -275,11 +275,9 @@ def test_beam4_with_eos_only_at_the_end_is_identical_all_four_hypotheses(hf, tra
   assert len(set(texts)) > len(sentences)  # The four hypotheses of a sentence differ.
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
-def test_beam4_with_free_eos_is_hugging_faces_all_four_hypotheses(hf, translator, sentences,
-                                                                  alpha):
-  # Hugging Face with early_stopping=True stops a sentence once K hypotheses have finished, as
-  # fairseq and CTranslate2 do; its length penalty is n ** alpha with EOS in n ("fairseq").
+def _check_beam4_equals_hugging_face(hf, translator, sentences, alpha):
+  """All four hypotheses and scores of HF's beam search (early_stopping=True) equal ours with
+  the top_k rule and the fairseq normalization."""
   theirs = _hf_generate(hf, sentences, num_beams=4, num_return_sequences=4,
                         length_penalty=alpha, early_stopping=True)
   sequences, scores = _our_search(translator, sentences, "beam", beam_size=4,
@@ -289,6 +287,14 @@ def test_beam4_with_free_eos_is_hugging_faces_all_four_hypotheses(hf, translator
   assert ours == _hf_outputs(theirs.sequences, translator.tokenizer)
   np.testing.assert_allclose(np.asarray(scores).reshape(-1), theirs.sequences_scores.numpy(),
                              atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+def test_beam4_with_free_eos_is_hugging_faces_all_four_hypotheses(hf, translator, sentences,
+                                                                  alpha):
+  # Hugging Face with early_stopping=True stops a sentence once K hypotheses have finished, as
+  # fairseq and CTranslate2 do; its length penalty is n ** alpha with EOS in n ("fairseq").
+  _check_beam4_equals_hugging_face(hf, translator, sentences, alpha)
 
 
 def test_every_beam_rule_never_scores_below_hugging_face(hf, translator, sentences):
@@ -335,15 +341,7 @@ def test_where_eos_is_likely_beam_one_and_greedy_are_hugging_faces_greedy(eos_li
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_where_eos_is_likely_beam4_is_hugging_faces(eos_likely, sentences, alpha):
   hf, translator = eos_likely
-  theirs = _hf_generate(hf, sentences, num_beams=4, num_return_sequences=4,
-                        length_penalty=alpha, early_stopping=True)
-  sequences, scores = _our_search(translator, sentences, "beam", beam_size=4,
-                                  length_penalty=alpha, length_normalization="fairseq",
-                                  finish_rule="top_k")
-  ours = [row for rows in np.asarray(sequences) for row in _our_rows(rows)]
-  assert ours == _hf_outputs(theirs.sequences, translator.tokenizer)
-  np.testing.assert_allclose(np.asarray(scores).reshape(-1), theirs.sequences_scores.numpy(),
-                             atol=1e-4, rtol=0)
+  _check_beam4_equals_hugging_face(hf, translator, sentences, alpha)
 
 
 def test_import_takes_the_generation_settings_as_search_defaults(marian_model_dir, tmp_path):
