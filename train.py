@@ -19,8 +19,9 @@ from ml_collections import config_flags
 
 from flax_transformer import distributed
 from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
-from flax_transformer.config import ConfigError, override_problem
+from flax_transformer.config import ConfigError
 from flax_transformer.data.builders import DataError
+from flax_transformer.experiment_flags import config_flag_problem, define_config_flag
 from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
 from flax_transformer.training.loop import NonFiniteStepError
@@ -28,11 +29,7 @@ from flax_transformer.training.preemption import Preempted
 from flax_transformer.workdir import UnreadableCheckpointError, WorkdirInUseError
 
 FLAGS = flags.FLAGS
-# New keys are accepted here so that an override of any field the config file does not set
-# reaches flax_transformer.config.load, which checks every key and names an unknown one with
-# its group's keys and the closest match.
-config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=False,
-                                accept_new_attributes=True)
+define_config_flag()  # --config=FILE[:VARIANT] and --config.GROUP.KEY=VALUE overrides.
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the vocabulary.")
 distributed.define_flags()
 flags.DEFINE_string(
@@ -54,20 +51,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
     args = app.parse_flags_with_usage(argv)
     FLAGS.config.keys()  # The file is loaded lazily: a missing one fails here.
   except (OSError, KeyError, AttributeError) as error:
-    sys.exit(f"error: {_config_flag_problem(argv, error)}")
+    sys.exit(f"error: {config_flag_problem(argv, error)}")
   return args
-
-
-def _config_flag_problem(argv: list[str], error: BaseException) -> str:
-  """The first --config.PATH override that names no config field, else the config file's
-  loading error (its last line: ml_collections lists every path it tried)."""
-  for arg in argv:
-    if arg.startswith("--config."):
-      path = arg.split("=", 1)[0].removeprefix("--config.")
-      if problem := override_problem(path):
-        return f"--config.{path}: {problem}"
-  cause = str(error.__cause__ or error).strip().splitlines()
-  return f"--config: the config file cannot be loaded: {cause[-1].strip() if cause else error}"
 
 
 def _quiet_libraries(record) -> bool:

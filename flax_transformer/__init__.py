@@ -13,7 +13,8 @@ Public API:
   load_config        parse and validate an experiment ConfigDict (-> Experiment)
 
 Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the
-`flax-transformer` command serves (`flax_transformer.cli`).
+`flax-transformer` command serves (`flax_transformer.cli`); `flax_transformer.planning` compiles
+a config's train step and search for a TPU topology from any machine (`flax-transformer plan`).
 """
 
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig

@@ -91,6 +91,14 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,
   return batches
 
 
+def largest_shapes(batch_tokens: int, max_len: int) -> list[tuple[int, int]]:
+  """(rows, length) of the largest device batch `plan_batches` can make in each bucket, shortest
+  bucket first: every other batch of that bucket has fewer rows."""
+  lengths = sorted({bucket_length(MIN_BUCKET << i, max_len)
+                    for i in range(max(1, max_len).bit_length())})
+  return [(_floor_power_of_two(max(1, batch_tokens // length)), length) for length in lengths]
+
+
 def group_steps(batches: Sequence[Batch], num_devices: int) -> list[Step]:
   """Deals device batches of one shape to `num_devices` devices per step, in plan order; the
   last step of each shape is padded with empty device batches (None)."""

@@ -1,5 +1,5 @@
-"""`flax-transformer {translate,score,evaluate,average,attention,curves,import-marian,export}`:
-the serving-side commands.
+"""`flax-transformer {translate,score,evaluate,average,attention,curves,import-marian,export,plan}`:
+the serving-side commands, and the plan of a training job for a TPU topology.
 
 Training has its own launcher, `python train.py --config=... --workdir=...`.
 """
@@ -343,6 +343,49 @@ def run_export(args: argparse.Namespace) -> int:
   return 0
 
 
+def run_plan(args: argparse.Namespace) -> int:
+  """Compiles the config's train step (and search) for --topology and prints the figures; 1 and
+  one line on stderr when a program does not fit."""
+  from flax_transformer import planning
+  from flax_transformer.experiment_flags import read_config
+
+  config = read_config([f"--config={args.config}", *args.config_overrides])
+  topology = planning.parse_topology(args.topology, args.num_slices)
+  devices = planning.topology_devices(topology)
+  plans = [planning.plan_train(config, devices, topology)]
+  if args.decode:
+    plans += planning.plan_decode(config, devices, topology, batch_tokens=args.batch_tokens)
+  if args.json:
+    print(json.dumps(planning.as_json(plans), indent=1))
+  else:
+    print("\n".join(planning.describe(plan) for plan in plans))
+  problems = [line for plan in plans if (line := planning.verdict(plan))]
+  for line in problems:
+    print(f"flax-transformer plan: {line}", file=sys.stderr)
+  return 1 if problems else 0
+
+
+def _add_plan_command(commands) -> None:
+  plan = commands.add_parser(
+      "plan", help="Compile a config's train step (and search) for a TPU topology, from any "
+      "machine: memory per chip, fit, FLOPs (needs the [tpu] extra).")
+  plan.add_argument("--config", required=True, metavar="FILE[:VARIANT]",
+                    help="The experiment config, as train.py takes it; override any field with "
+                    "--config.GROUP.KEY=VALUE.")
+  plan.add_argument("--topology", required=True,
+                    help="A Cloud TPU topology: v4:2x2x1 (v4-8), v5:2x2x1 (v5p-8), v5e:1x1 ... "
+                    "v5e:16x16, v6e:1x1 ... v6e:16x16.")
+  plan.add_argument("--num_slices", type=int, default=1, help="Slices of --topology (default 1).")
+  plan.add_argument("--decode", action="store_true",
+                    help="Also compile translate's search (config.search) at the largest batch "
+                    "of each length bucket.")
+  plan.add_argument("--batch_tokens", type=int, default=None,
+                    help="--decode: padded source tokens per chip, as translate's --batch_tokens "
+                    "(default 4096).")
+  plan.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+  plan.set_defaults(run=run_plan)
+
+
 def _add_interop_commands(commands) -> None:
   imported = commands.add_parser(
       "import-marian", help="Import a Hugging Face Marian (OPUS-MT) model folder as a workdir.")
@@ -372,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_bulk_commands(commands)
   _add_workdir_commands(commands)
   _add_interop_commands(commands)
+  _add_plan_command(commands)
   for command in commands.choices.values():
     command.add_argument("--verbose", action="store_true",
                          help="Also log INFO lines (JAX, orbax, ...) on stderr.")
@@ -450,7 +494,14 @@ def _configure_logging(verbose: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `flax-transformer` command."""
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args, extra = parser.parse_known_args(argv)
+  # plan takes train.py's --config.GROUP.KEY=VALUE overrides; every other extra is an error.
+  args.config_overrides = [arg for arg in extra if arg.startswith("--config.")]
+  if args.command != "plan" or len(args.config_overrides) != len(extra):
+    unknown = [arg for arg in extra if args.command != "plan" or not arg.startswith("--config.")]
+    if unknown:
+      parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   _configure_logging(args.verbose)
   try:
     if hasattr(args, "compilation_cache_dir"):

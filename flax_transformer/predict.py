@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from flax_transformer import search
+from flax_transformer import accelerators, search
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.model.transformer import (
     DECODER_START_ID,
@@ -83,7 +83,7 @@ def grows_cache(setting: str, method: str) -> bool:
   if setting not in GROW_CACHE_CHOICES:
     raise ValueError(f"grow_cache must be one of {GROW_CACHE_CHOICES}, got {setting!r}.")
   if setting == "auto":
-    return method == "beam" and jax.default_backend() == "cpu"
+    return method == "beam" and accelerators.traced_platform() == "cpu"
   return setting == "yes"
 
 

@@ -88,6 +88,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from flax_transformer import accelerators
+
 Array = jax.Array
 PyTree = Any
 
@@ -274,7 +276,7 @@ def growth_schedule(max_decode_len: int, segment_length: int = DEFAULT_SEGMENT_L
 
 def default_steps_per_iteration(beam: bool) -> int:
   """The backend's steps per loop iteration (`STEPS_PER_ITERATION`), read at trace time."""
-  beam_steps, sequential_steps = STEPS_PER_ITERATION.get(jax.default_backend(),
+  beam_steps, sequential_steps = STEPS_PER_ITERATION.get(accelerators.traced_platform(),
                                                          STEPS_PER_ITERATION["cpu"])
   return beam_steps if beam else sequential_steps
 

@@ -78,6 +78,19 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
 
 
 
+def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
+  """L for a bucket of `source_length`: room for its longest cap (max_len_a * source_length +
+  max_len_b tokens) plus EOS, at most the model's `max_len`."""
+  cap = math.floor(settings.max_len_a * source_length) + settings.max_len_b + 1
+  return int(min(cap, max_len))
+
+
+def search_program(model_config: ModelConfig, mesh: Mesh | None) -> Callable:
+  """The jitted `search_batch` every Translator of `model_config` on `mesh` calls:
+  (params, inputs [B, S], rng, *, settings, max_decode_len) -> (sequences, scores)."""
+  return _jitted(model_config, mesh)[0]
+
+
 def score_batch(model: Transformer, params: Any, inputs: Array, targets: Array) -> Array:
   """float32 [B]: log p(targets [B, T] | inputs [B, S]), summed over target tokens with EOS."""
   return predict.sequence_log_probs(model, {"params": params}, inputs, targets)
@@ -292,10 +305,9 @@ class Translator:
       line_numbers = np.zeros(len(inputs), np.uint32)
       line_numbers[step.row_positions()] = first_index + step.indices
       rng = self._row_keys(rng, self._place(line_numbers))
-    # Room for the longest cap in the bucket, plus EOS.
-    cap = math.floor(options.search.max_len_a * step.length) + options.search.max_len_b + 1
-    return self._search(self.params, self._place(inputs), rng, settings=options.search,
-                        max_decode_len=int(min(cap, self.model_config.max_len)))
+    return self._search(
+        self.params, self._place(inputs), rng, settings=options.search,
+        max_decode_len=decode_length(options.search, step.length, self.model_config.max_len))
 
   def _pipelined(self, steps: Sequence[Step], call: Callable[[Step], Any]
                  ) -> Iterator[tuple[Step, Any]]:

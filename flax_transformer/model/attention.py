@@ -20,6 +20,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from flax_transformer import accelerators
 from flax_transformer.model.layers import keep_mask
 
 Array = jax.Array
@@ -118,9 +119,9 @@ def _use_fused_attention(implementation: str | None) -> bool:
   V to heads-major [B, N, T, H] and back on every call; the einsums let XLA pick the layouts:
   one self-attention layer at [64, 32, 4, 64] (forward + backward with its projections) took 54
   ms with it against 40 ms with the einsums on the 2-core CPU. Decided at trace time from the
-  default backend.
+  platform traced for (`accelerators.traced_platform`).
   """
-  return implementation is not None or jax.default_backend() != "cpu"
+  return implementation is not None or accelerators.traced_platform() != "cpu"
 
 
 def _cudnn_applies(query: Array, key: Array, value: Array, mask: Array | None) -> bool:
@@ -150,7 +151,7 @@ def _cudnn_applies(query: Array, key: Array, value: Array, mask: Array | None) -
 
 def _cuda_compute_capability() -> float | None:
   """The default device's CUDA compute capability (e.g. 9.0), or None off NVIDIA GPUs."""
-  if jax.default_backend() != "gpu":
+  if accelerators.traced_platform() != "gpu":
     return None
   capability = getattr(jax.devices()[0], "compute_capability", None)
   try:

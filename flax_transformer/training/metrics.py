@@ -12,24 +12,22 @@ from typing import Any
 
 import jax
 
+from flax_transformer import accelerators
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ModelConfig
 from flax_transformer.progress import format_duration
-
-# Dense bfloat16 peak FLOP/s per chip by `device_kind` prefix (vendor figures, no sparsity).
-PEAK_FLOPS = (
-    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12), ("TPU v4", 275e12),
-    ("NVIDIA H200", 989e12), ("NVIDIA H100", 989e12), ("NVIDIA A100", 312e12),
-    ("NVIDIA L4", 121e12),
-)
 
 
 def peak_flops_per_device(device: jax.Device, configured: float = 0.0) -> float:
   """`configured` if > 0, else the known bfloat16 peak of `device`, else 0 (unknown: no MFU)."""
   if configured > 0:
     return configured
-  kind = getattr(device, "device_kind", "")
-  return next((flops for prefix, flops in PEAK_FLOPS if kind.startswith(prefix)), 0.0)
+  known = accelerators.chip(getattr(device, "device_kind", ""))
+  return 0.0 if known is None else known.peak_bf16_flops
+
+
+TRAIN_FLOPS_HOW = ("3 x the forward matmuls (2 per weight and token of the attention, FFN and "
+                   "vocabulary projections, + QK^T and AV over the whole row)")
 
 
 def train_flops_per_step(model: ModelConfig, rows: int, length: int) -> float:

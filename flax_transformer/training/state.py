@@ -29,8 +29,12 @@ def abstract_state(
 ) -> tuple[TrainState, Any]:
   """(unboxed abstract TrainState, boxed abstract params), computed without allocating."""
   init = _init_fn(model, optimizer, max_length)
-  boxed_params = jax.eval_shape(lambda: _init_params(model, seed, max_length))
-  return jax.eval_shape(init, jax.random.PRNGKey(seed)), boxed_params
+  return jax.eval_shape(init, jax.random.PRNGKey(seed)), abstract_params(model, seed, max_length)
+
+
+def abstract_params(model: nn.Module, seed: int = 0, max_length: int = 8) -> Any:
+  """The model's parameters as boxed `jax.ShapeDtypeStruct`s (logical axes kept), unallocated."""
+  return jax.eval_shape(lambda: _init_params(model, seed, max_length))
 
 
 def state_shardings(

@@ -1,0 +1,62 @@
+"""The experiment config on a command line, as `train.py` and `flax-transformer plan` read it:
+`--config=FILE[:VARIANT]` (a Python file with `get_config(variant)`) and any number of
+`--config.GROUP.KEY=VALUE` overrides, through ml_collections' `config_flags`.
+
+Overrides of keys the file does not set are accepted here and checked by `config.load`, which
+names an unknown key with its group's keys and the closest match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from flax_transformer.config import ConfigError, override_problem
+
+CONFIG_HELP = "Experiment config file, FILE[:VARIANT]; override fields with --config.GROUP.KEY=V."
+
+
+def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
+                       argv: Sequence[str] | None = None) -> flags.FlagHolder:
+  """Defines --config on `flag_values` (absl's global flags by default), with one override flag
+  for each --config.* argument of `argv` (default: sys.argv)."""
+  return config_flags.DEFINE_config_file(
+      "config", None, CONFIG_HELP, flag_values=flag_values, lock_config=False,
+      accept_new_attributes=True, sys_argv=None if argv is None else list(argv))
+
+
+def read_config(argv: Sequence[str]) -> ml_collections.ConfigDict:
+  """The config that `argv` (--config=... and --config.*=... only) gives.
+
+  Raises:
+    ConfigError: one line, for a file that cannot be loaded, an override that names no config
+      field, or another flag.
+  """
+  argv = ["flax-transformer", *argv]
+  flag_values = flags.FlagValues()
+  try:
+    define_config_flag(flag_values, argv)
+    flag_values(argv)
+    if flag_values["config"].value is None:
+      raise ConfigError("--config=FILE[:VARIANT] is required.")
+    flag_values.config.keys()  # The file is loaded lazily: a missing one fails here.
+  except flags.Error as error:
+    raise ConfigError(str(error).splitlines()[0]) from None
+  except (OSError, KeyError, AttributeError) as error:
+    raise ConfigError(config_flag_problem(argv, error)) from None
+  return flag_values.config
+
+
+def config_flag_problem(argv: Sequence[str], error: BaseException) -> str:
+  """The first --config.PATH override that names no config field, else the config file's
+  loading error (its last line: ml_collections lists every path it tried)."""
+  for arg in argv:
+    if arg.startswith("--config."):
+      path = arg.split("=", 1)[0].removeprefix("--config.")
+      if problem := override_problem(path):
+        return f"--config.{path}: {problem}"
+  cause = str(error.__cause__ or error).strip().splitlines()
+  return f"--config: the config file cannot be loaded: {cause[-1].strip() if cause else error}"
