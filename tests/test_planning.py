@@ -30,6 +30,30 @@ def _gib(size: int) -> str:
   return f"{size / 1024**3:.2f} GiB" if size >= 1024**3 else f"{size / 1024**2:.1f} MiB"
 
 
+def _keep_compiled_train_steps(monkeypatch) -> list:
+  """The compiled programs of every `steps.jit_train_step` the planner lowers, in a list."""
+  compiled_programs = []
+  real_jit = steps.jit_train_step
+
+  class Recorder:
+    def __init__(self, jitted):
+      self.jitted = jitted
+
+    def lower(self, *args, **kwargs):
+      lowered = self.jitted.lower(*args, **kwargs)
+      compile_lowered = lowered.compile
+
+      def compile_and_keep():
+        compiled_programs.append(compile_lowered())
+        return compiled_programs[-1]
+
+      lowered.compile = compile_and_keep
+      return lowered
+
+  monkeypatch.setattr(steps, "jit_train_step", lambda *a, **k: Recorder(real_jit(*a, **k)))
+  return compiled_programs
+
+
 def _flop_text(flops: float) -> str:
   for scale, unit in ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
     if flops >= scale:
@@ -41,28 +65,7 @@ def test_the_tiny_default_config_compiles_for_v5e_2x2_and_prints_the_compilers_f
     monkeypatch, capsys):
   """The train step that `train.py` jits, compiled for 4 v5e chips: the printed memory equals
   `memory_analysis()` of that very compiled program, and the FLOPs its `cost_analysis()`."""
-  compiled_programs = []
-  real_jit = steps.jit_train_step
-
-  def spy(*args, **kwargs):  # The planner must compile train.py's step, not a copy.
-    jitted = real_jit(*args, **kwargs)
-
-    class Recorder:
-      def lower(self, *a, **k):
-        lowered = jitted.lower(*a, **k)
-        original = lowered.compile
-
-        def compile_and_keep():
-          compiled = original()
-          compiled_programs.append(compiled)
-          return compiled
-
-        lowered.compile = compile_and_keep
-        return lowered
-
-    return Recorder()
-
-  monkeypatch.setattr(steps, "jit_train_step", spy)
+  compiled_programs = _keep_compiled_train_steps(monkeypatch)
   status = cli.main(["plan", f"--config={DEFAULT}", "--topology", "v5e:2x2"])
   out, err = capsys.readouterr()
   assert status == 0, err
@@ -86,6 +89,22 @@ def test_the_tiny_default_config_compiles_for_v5e_2x2_and_prints_the_compilers_f
   flops = (flops[0] if isinstance(flops, list) else flops)["flops"]  # Per chip.
   assert f"compiler {_flop_text(4 * flops)} per step ({_flop_text(flops)} per chip)" in out
   assert "128 rows x 32 = 4,096 target tokens per step (1,024 per chip)" in out
+
+
+def test_fsdp_gathers_weights_not_the_batchs_activations(monkeypatch, capsys):
+  """With FSDP the weights and the batch are split over the same mesh axis; the model's
+  `batch_split` marks keep XLA gathering each weight rather than every row's activations (it
+  gathered the whole [B, T, V] logits before: base needed 7.7 GiB per v5e chip, not 2.6)."""
+  compiled_programs = _keep_compiled_train_steps(monkeypatch)
+  assert cli.main(["plan", f"--config={DEFAULT}", "--topology", "v5e:2x4",
+                   "--config.train.fsdp=True"]) == 0
+  text = compiled_programs[0].as_text()
+  # Gathered floating-point arrays, by leading dimension (the token ids [B, T] are gathered for
+  # the embedding's gradient: 4 bytes a token, not D activations).
+  gathered = re.findall(r"= (?:f32|bf16)\[(\d+)[,\]][^=]*? all-gather\(", text)
+  assert gathered, "FSDP gathers its weights"
+  rows = 4096 // 32  # The global batch: no gathered activation leads with all its rows.
+  assert str(rows) not in gathered, sorted(set(gathered))
 
 
 def test_a_config_too_big_for_one_v5e_chip_gives_one_line_and_exit_1():

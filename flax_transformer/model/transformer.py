@@ -35,6 +35,7 @@ from flax_transformer.model.layers import (
     FeedForward,
     PositionalEncoding,
     SubLayer,
+    batch_split,
     layer_norm,
 )
 
@@ -213,7 +214,7 @@ class _Stack(nn.Module):
   def embed(self, ids: Array, positions: Array, *, train: bool = False) -> Array:
     """ids int [B, T], positions int [B, T] -> [B, T, D]."""
     x = self.embedder(ids) + self.positional_encoding(positions)
-    return self.dropout(x, deterministic=not train)
+    return batch_split(self.dropout(x, deterministic=not train))
 
   def layer(self, depth: int) -> EncoderLayer | DecoderLayer:
     """The layer at `depth` (0 is next to the embeddings)."""
@@ -238,7 +239,7 @@ class Encoder(_Stack):
     """inputs int [B, S], positions int [B, S], mask [B, 1, S, S] -> [B, S, D]."""
     x = self.embed(inputs, positions, train=train)
     for depth in range(self.depth):
-      x = self.layer(depth)(x, mask, train=train)
+      x = batch_split(self.layer(depth)(x, mask, train=train))
     return self.normalize_output(x)
 
 
@@ -270,7 +271,7 @@ class Decoder(_Stack):
     """Teacher-forced: decoder_inputs int [B, T], encoded [B, S, D] -> logits float32 [B, T, V]."""
     x = self.embed(decoder_inputs, positions, train=train)
     for depth in range(self.depth):
-      x = self.layer(depth)(x, encoded, self_mask, cross_mask, train=train)
+      x = batch_split(self.layer(depth)(x, encoded, self_mask, cross_mask, train=train))
     return self._logits(x)
 
   def _logits(self, x: Array) -> Array:
@@ -282,7 +283,7 @@ class Decoder(_Stack):
       logits = self.output_projection(x)
     if self.config.logits_bias:
       logits = logits + self.output_bias.astype(logits.dtype)
-    return logits.astype(jnp.float32)
+    return batch_split(logits.astype(jnp.float32))
 
   def cross_attention_cache(self, encoded: Array, source_mask: Array) -> CrossAttentionCache:
     """Cross-attention K/V of every layer from encoded [B, S, D], computed once."""

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from flax_transformer.model.layers import split_batch_over
 from flax_transformer.training import loss as loss_lib
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.state import TrainState
@@ -106,7 +107,7 @@ def jit_train_step(
       label_smoothing=label_smoothing, accum_steps=accum_steps,
       micro_sharding=NamedSharding(mesh, PartitionSpec(None, sharding_lib.DATA_AXIS)))
   return jax.jit(
-      step,
+      _with_activation_sharding(step, mesh),
       in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh)),
       out_shardings=(state_shardings, sharding_lib.replicated(mesh)),
       donate_argnums=0)
@@ -116,6 +117,17 @@ def jit_eval_step(mesh: Mesh, param_shardings: Any, *, model: nn.Module, label_s
   """`eval_step` jitted over `mesh` (params as trained, batch split on 'data')."""
   step = functools.partial(eval_step, model=model, label_smoothing=label_smoothing)
   return jax.jit(
-      step,
+      _with_activation_sharding(step, mesh),
       in_shardings=(param_shardings, sharding_lib.batch_sharding(mesh)),
       out_shardings=sharding_lib.replicated(mesh))
+
+
+def _with_activation_sharding(step, mesh: Mesh):
+  """`step`, traced with the model's activations split on 'data' along the batch."""
+
+  @functools.wraps(step)
+  def traced(*args):
+    with split_batch_over(mesh, sharding_lib.DATA_AXIS):
+      return step(*args)
+
+  return traced
