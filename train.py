@@ -17,11 +17,14 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flax_transformer import distributed
-from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
 from flax_transformer.config import ConfigError
 from flax_transformer.data.builders import DataError
 from flax_transformer.experiment_flags import config_flag_problem, define_config_flag
+from flax_transformer.runtime import distributed
+from flax_transformer.runtime.compilation_cache import (
+  CompilationCacheError,
+  enable_compilation_cache,
+)
 from flax_transformer.training import trainer
 from flax_transformer.training.checkpoints import CheckpointMismatchError
 from flax_transformer.training.loop import NonFiniteStepError
@@ -75,18 +78,13 @@ def main(argv):
     overrides = config_flags.get_override_values(FLAGS["config"])  # --config.X=... only
     model_overrides = {key.removeprefix("model."): value for key, value in overrides.items()
                        if key.startswith("model.")}
-    results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
-                                         model_overrides=model_overrides)
+    # The final evaluation of each split is logged once, with its examples, as it is made.
+    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, model_overrides=model_overrides)
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
   except EXPECTED_ERRORS as error:
     sys.exit(f"error: {error}")
-  if jax.process_index() == 0:
-    for split, result in results.items():
-      print(f"{split}: " + " | ".join(f"{k} {v:.4g}" for k, v in result.scalars.items()))
-      if result.examples:
-        print(result.examples)
 
 
 if __name__ == "__main__":

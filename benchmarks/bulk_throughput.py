@@ -13,6 +13,7 @@ per (input, device count): sentences/s and target tokens/s over run_s, and compi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import itertools
 import json
@@ -42,9 +43,10 @@ def build_input(name: str, tmp: Path) -> Path:
   return path
 
 
-def timed_compiles(translator) -> dict[str, float]:
-  """Wraps the translator's jitted search so each new shape is compiled apart (timed)."""
-  jitted, compiled, totals = translator._search, {}, {"compile_s": 0.0, "shapes": 0}
+def timed_compiles(translator):
+  """The translator with its jitted search wrapped so each new shape is compiled apart (timed),
+  and the compile totals."""
+  jitted, compiled, totals = translator.search_fn, {}, {"compile_s": 0.0, "shapes": 0}
 
   def search(params, inputs, rng, *, settings, max_decode_len):
     key = (inputs.shape, rng.shape, settings, max_decode_len)
@@ -56,13 +58,12 @@ def timed_compiles(translator) -> dict[str, float]:
       totals["shapes"] += 1
     return compiled[key](params, inputs, rng)
 
-  translator._search = search
-  return totals
+  return dataclasses.replace(translator, search_fn=search), totals
 
 
 def counting_task(translator):
   """A TranslationTask that also counts the target tokens it produced."""
-  from flax_transformer.chunk_tasks import TranslationTask
+  from flax_transformer.serving.chunk_tasks import TranslationTask
 
   class CountingTask(TranslationTask):
     tokens = 0
@@ -80,13 +81,13 @@ def child(args: argparse.Namespace) -> None:
   """One measurement in this process (its device count set by the parent)."""
   import jax
 
-  from flax_transformer import bulk
-  from flax_transformer.translate import Translator, local_mesh
+  from flax_transformer.serving import bulk
+  from flax_transformer.serving.translator import Translator, local_mesh
 
   settings = {k: json.loads(v) if v[:1].isdigit() else v
               for k, v in (flag.split("=", 1) for flag in args.flags)}
   translator = Translator.from_workdir(args.workdir, mesh=local_mesh(), **settings)
-  totals = timed_compiles(translator)
+  translator, totals = timed_compiles(translator)
   source = Path(args.input)
   output = Path(args.tmp) / f"{source.name}.{jax.local_device_count()}dev.out"
   output.unlink(missing_ok=True)

@@ -35,7 +35,8 @@ import jax
 import numpy as np
 from jax import lax
 
-from flax_transformer import ModelConfig, Transformer, predict, search
+from flax_transformer import ModelConfig, Transformer
+from flax_transformer.decoding import bridge, loop, search
 
 DEFAULT_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION"
 COMMAND_BUFFERS = {"default": None, "while": DEFAULT_COMMANDS + ",WHILE,CONDITIONAL", "none": ""}
@@ -65,13 +66,13 @@ def compiler_options(variant: dict[str, Any]) -> dict[str, Any]:
 def _search(model, variables, inputs, *, beam_size: int, steps: int, k: int | None,
             growing: bool):
   """prepare_search, then beam_search (or greedy_search), `steps` tokens forced."""
-  prepared = predict.prepare_search(model, variables, inputs, max_decode_len=steps,
-                                    grow_cache=growing)
-  options = dict(min_length=steps, steps_per_iteration=k)
+  problem = bridge.prepare_search(model, variables, inputs, max_decode_len=steps,
+                                 min_length=steps, grow_cache=growing)
+  options = loop.LoopOptions(steps_per_iteration=k)
   if beam_size == 1:
-    return search.greedy_search(**prepared.arguments, **options)
-  return search.beam_search(**prepared.arguments, beam_size=beam_size, length_penalty=0.6,
-                            return_all=False, **options)
+    return search.greedy_search(problem, loop_options=options)
+  return search.beam_search(problem, beam_size=beam_size, ranking=search.Ranking(0.6),
+                            return_all=False, loop_options=options)
 
 
 def _fori_steps(step, steps, loop_state):
@@ -101,14 +102,14 @@ class OursVariant:
 
   def lower(self):
     """Traces now (in the calling thread: the inner-loop form is a module-level switch)."""
-    original = search._run_steps
+    original = loop._run_steps
     if self.variant["loop"] == "fori":
-      search._run_steps = _fori_steps
+      loop._run_steps = _fori_steps
     try:
       example = self.h.jax_materialize(self.make_inputs(self.h.COMPILE_EXAMPLE_INDEX))
       self._lowered = self.fn.lower(self.variables, example)
     finally:
-      search._run_steps = original
+      loop._run_steps = original
 
   def compile(self) -> float:
     start = time.perf_counter()

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer import ModelConfig, SearchConfig, Transformer
-from flax_transformer.translate import search_batch
+from flax_transformer.serving.translator import search_batch
 
 CONFIGS = {
     "small": lambda: ModelConfig.small(8000),

@@ -26,9 +26,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from flax_transformer import ModelConfig, Transformer, TranslateConfig  # noqa: E402
-from flax_transformer import translate as translate_lib  # noqa: E402
-from flax_transformer.batching import Batch, Step  # noqa: E402
 from flax_transformer.data.tokenizer import train_tokenizer  # noqa: E402
+from flax_transformer.serving import translator as translate_lib  # noqa: E402
+from flax_transformer.serving.batching import Batch, Step  # noqa: E402
 
 WORDS = ["a", "man", "is", "riding", "a", "red", "bike", "down", "the", "street", "while",
          "two", "dogs", "run", "after", "him", "in", "the", "park", "near", "a", "small", "lake",

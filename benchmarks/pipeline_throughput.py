@@ -58,6 +58,7 @@ def main() -> None:
   import tensorflow_datasets as tfds
 
   from flax_transformer.data import pipeline
+  from flax_transformer.training import vocabulary
   tfds.display_progress_bar(False)
   with tempfile.TemporaryDirectory() as tmp:
     base = dict(source="local", local_dir=str(MULTI30K), tfds_data_dir=f"{tmp}/tfds",
@@ -68,7 +69,7 @@ def main() -> None:
     pipeline.split_texts(data, "train")  # Prepares the array_record copy.
     prepare_s = time.perf_counter() - start
     start = time.perf_counter()
-    tokenizer = pipeline.train_or_load_tokenizer(data, f"{tmp}/work")
+    tokenizer = vocabulary.train_or_load_tokenizer(data, f"{tmp}/work")
     vocab_s = time.perf_counter() - start
     print(json.dumps(dict(name="setup", prepare_s=round(prepare_s, 2),
                           vocab_train_s=round(vocab_s, 2), vocab_size=tokenizer.vocab_size)))

@@ -22,8 +22,8 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 
 from flax_transformer import Translator
+from flax_transformer.decoding.search import FINISH_RULES, LENGTH_NORMALIZATIONS
 from flax_transformer.scoring import score_translations
-from flax_transformer.search import FINISH_RULES, LENGTH_NORMALIZATIONS
 
 
 def _read(path: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 The harness loads this file from the project checkout and uses its two classes; the contract is
 in the harness's README. `OursTrain` is the training job's own jitted step; `OursDecode` runs
-`predict.prepare_search` and then `search.beam_search` (or `greedy_search`) as the
+`bridge.prepare_search` and then `search.beam_search` (or `greedy_search`) as the
 `Translator` does, with 63 decoder steps forced (EOS forbidden before them), alpha 0.6.
 
   python ../shared/bench/side_by_side.py --flax-wmt-dir /tmp/flaxwmt/examples/wmt \
@@ -19,7 +19,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from flax_transformer import ModelConfig, Transformer, predict, search
+from flax_transformer import ModelConfig, Transformer
+from flax_transformer.decoding import bridge, search
 from flax_transformer.training import optim, steps
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
@@ -76,12 +77,12 @@ class OursTrain:
 def _search(model: Transformer, variables, inputs, *, beam_size: int):
   """The best hypothesis [B, L] of each row, 63 tokens forced."""
   method = "beam" if beam_size > 1 else "greedy"
-  prepared = predict.prepare_search(model, variables, inputs, max_decode_len=STEPS,
-                                    grow_cache=predict.grows_cache("auto", method))
+  problem = bridge.prepare_search(model, variables, inputs, max_decode_len=STEPS,
+                                 min_length=STEPS, grow_cache=bridge.grows_cache("auto", method))
   if method == "greedy":
-    return search.greedy_search(**prepared.arguments, min_length=STEPS)
-  return search.beam_search(**prepared.arguments, beam_size=beam_size, length_penalty=0.6,
-                            min_length=STEPS, return_all=False)
+    return search.greedy_search(problem)
+  return search.beam_search(problem, beam_size=beam_size, ranking=search.Ranking(0.6),
+                            return_all=False)
 
 
 class OursDecode:

@@ -7,9 +7,12 @@ Public API:
   SearchConfig       how translations are searched (beam, greedy or sampling; length limits)
   TranslateConfig    serving settings: a SearchConfig plus batching
   Translator         restore a workdir and translate lists of sentences
-  prepare_search     encode a batch once and build what the search functions take
+  prepare_search     encode a batch once and build the SearchProblem the searches take
+  SearchProblem      a step function, its state and the output limits (any model, no imports)
   beam_search, greedy_search, sample
-                     the searches, pure functions over an explicit cache (no model imports)
+                     the searches, pure functions over an explicit cache
+  Ranking            how beam search finishes and ranks hypotheses (rule, length penalty)
+  LoopOptions        how a search's while loop runs (outputs do not depend on it)
   load_config        parse and validate an experiment ConfigDict (-> Experiment)
 
 Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the
@@ -19,14 +22,24 @@ a config's train step and search for a TPU topology from any machine (`flax-tran
 
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.config import load as load_config
+from flax_transformer.decoding.bridge import prepare_search
+from flax_transformer.decoding.loop import LoopOptions
+from flax_transformer.decoding.search import (
+    Ranking,
+    SearchProblem,
+    beam_search,
+    greedy_search,
+    sample,
+)
 from flax_transformer.model.transformer import Transformer
-from flax_transformer.predict import prepare_search
-from flax_transformer.search import beam_search, greedy_search, sample
-from flax_transformer.translate import Translator
+from flax_transformer.serving.translator import Translator
 
 __all__ = [
+    "LoopOptions",
     "ModelConfig",
+    "Ranking",
     "SearchConfig",
+    "SearchProblem",
     "Transformer",
     "TranslateConfig",
     "Translator",

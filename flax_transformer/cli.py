@@ -2,19 +2,23 @@
 the serving-side commands, and the plan of a training job for a TPU topology.
 
 Training has its own launcher, `python train.py --config=... --workdir=...`.
+
+This module turns flags into calls of the rooms below it (serving, workdir, interop, planning,
+runtime) and holds no domain logic. Each command imports what it uses when it runs, so that
+`--help`, a bad flag or an unwritable output answers before JAX, orbax or TensorFlow load.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from flax_transformer.distributed import DistributedError
+from flax_transformer.runtime.distributed import DistributedError
 
 # Quiet TensorFlow-style C++ logs from dependencies; must precede their import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -69,7 +73,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
-  from flax_transformer.bulk import DEFAULT_CHUNK_LINES
+  from flax_transformer.serving.bulk import DEFAULT_CHUNK_LINES
 
   parser.add_argument(
       "--chunk_lines", type=int, default=DEFAULT_CHUNK_LINES,
@@ -107,14 +111,14 @@ def _flag_settings(args: argparse.Namespace) -> dict:
 
 def _settings(args: argparse.Namespace):
   """The resolved TranslateConfig (the workdir's config.search + flags), before restoring."""
-  from flax_transformer.translate import translate_config_from
+  from flax_transformer.serving.translator import translate_config_from
   from flax_transformer.workdir import read_config
 
   return translate_config_from(read_config(args.workdir), args.workdir, **_flag_settings(args))
 
 
 def _translator(args: argparse.Namespace, step: int | None = None):
-  from flax_transformer.translate import Translator, local_mesh
+  from flax_transformer.serving.translator import Translator, local_mesh
 
   step = args.step if step is None else step
   return Translator.from_workdir(args.workdir, step, checkpoint=args.checkpoint,
@@ -134,89 +138,30 @@ def _check_nbest(args: argparse.Namespace, settings) -> None:
                      f"{settings.search.beam_size}).")
 
 
-def _check_process_flags(args: argparse.Namespace, streamed: bool) -> None:
-  """Checks the multi-process flags before anything is restored."""
-  count, index = args.num_processes, args.process_id
-  if (count is None) != (index is None) and not args.coordinator_address:
-    raise ValueError("--num_processes and --process_id go together.")
-  if count is not None and index is not None and not 0 <= index < count:
-    raise ValueError(f"--process_id must be in [0, {count}), got {index}.")
-  if streamed and (count or args.coordinator_address):
-    raise ValueError("Several processes need files: --input and --output cannot be '-'.")
-
-
-def _initialize_processes(args: argparse.Namespace):
-  """This process's share of a bulk job. With jax.distributed (--coordinator_address, or a
-  launcher's environment: SLURM, Open MPI, TPU pods; see flax_transformer.distributed), the
-  processes are JAX's, with a barrier before the output is assembled; with --num_processes and
-  --process_id alone, just the chunk selection (processes started by hand, no JAX runtime);
-  else one process."""
-  from flax_transformer import distributed
-  from flax_transformer.bulk import Processes
-
-  many = (found := distributed.launcher()) is not None and found.num_tasks > 1
-  if args.coordinator_address or (args.num_processes is None and (
-      many or os.environ.get("JAX_COORDINATOR_ADDRESS"))):
-    import jax
-    from jax.experimental import multihost_utils
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU backends only.
-    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    return Processes(jax.process_index(), jax.process_count(),
-                     barrier=multihost_utils.sync_global_devices)
-  if args.num_processes is None:
-    return Processes()
-  return Processes(args.process_id, args.num_processes)
-
-
-def _checkpoint_identity(args: argparse.Namespace, output: str) -> tuple[dict, int | None]:
-  """The checkpoint part of a bulk job's manifest, and the step to restore: --step, else the
-  step a partial run used (if it is still saved), else the latest."""
-  import dataclasses
-  import hashlib
-
-  from flax_transformer import bulk
-  from flax_transformer import workdir as workdir_lib
-
-  step = args.step
-  if step is None and args.checkpoint is None:
-    saved = workdir_lib.saved_steps(args.workdir)
-    previous = ((bulk.read_manifest(bulk.partial_dir(output)) or {}).get("checkpoint") or {})
-    step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
-  tokenizer = workdir_lib.load_tokenizer(args.workdir)
-  model = workdir_lib.model_config(workdir_lib.read_config(args.workdir), tokenizer)
-  vocab = hashlib.sha256()
-  for path in workdir_lib.vocabulary_files(args.workdir):  # vocab.model, or Marian's three.
-    vocab.update(path.read_bytes())
-  identity = {
-      "workdir": str(Path(args.workdir).resolve()), "step": step,
-      "averaged": str(Path(args.checkpoint).resolve()) if args.checkpoint else None,
-      "vocab_sha256": vocab.hexdigest(),
-      "model": dataclasses.asdict(model)}
-  return identity, None if args.checkpoint else step
-
-
 def _run_bulk(args: argparse.Namespace, inputs: list[str], make_task, settings: dict) -> int:
   """A resumable file job, or a stream when --input or --output is '-'."""
-  from flax_transformer import bulk, textfiles
+  from flax_transformer import files
+  from flax_transformer.runtime import processes
+  from flax_transformer.serving import bulk
 
   streamed = "-" in (*inputs, args.output)
-  _check_process_flags(args, streamed)
+  processes.check_flags(args.num_processes, args.process_id, args.coordinator_address, streamed)
   if streamed:
-    chunks = (textfiles.prompt_chunks("-", args.chunk_lines) if inputs == ["-"]
+    chunks = (files.prompt_chunks("-", args.chunk_lines) if inputs == ["-"]
               else bulk.record_chunks(inputs, args.chunk_lines))
     if inputs == ["-"]:
       chunks = ([(line,) for line in lines] for lines in chunks)
     task = make_task(_translator(args))
     bulk.run_stream_job(chunks, task, args.output)
   else:
-    processes = _initialize_processes(args)  # Before JAX starts (orbax asks for processes).
-    checkpoint, step = _checkpoint_identity(args, args.output)
+    mine = processes.join(args.coordinator_address, args.num_processes, args.process_id)
+    checkpoint, step = bulk.checkpoint_identity(args.workdir, args.output, args.step,
+                                                args.checkpoint)
     job = bulk.plan_file_job(inputs, args.output, chunk_lines=args.chunk_lines, job={
         "command": args.command, "checkpoint": checkpoint, "settings": settings})
     task = make_task(translator := _translator(args, step))
     bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(translator.params),
-                      processes=processes)
+                      processes=mine)
   if task.truncated:
     print(f"Warning: {task.truncated} line(s) of {', '.join(inputs)} exceeded the model's "
           "max_len and were truncated.", file=sys.stderr)
@@ -224,10 +169,8 @@ def _run_bulk(args: argparse.Namespace, inputs: list[str], make_task, settings: 
 
 
 def run_translate(args: argparse.Namespace) -> int:
-  import dataclasses
-
-  from flax_transformer.chunk_tasks import TranslationTask
-  from flax_transformer.textfiles import check_writable
+  from flax_transformer.files import check_writable
+  from flax_transformer.serving.chunk_tasks import TranslationTask
 
   check_writable(args.output)  # A bad output and bad flags fail before anything is restored.
   settings = _settings(args)
@@ -238,8 +181,8 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def run_score(args: argparse.Namespace) -> int:
-  from flax_transformer.chunk_tasks import ScoringTask
-  from flax_transformer.textfiles import check_writable
+  from flax_transformer.files import check_writable
+  from flax_transformer.serving.chunk_tasks import ScoringTask
 
   check_writable(args.output)
   settings = _settings(args)
@@ -249,23 +192,23 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def _translate_file(translator, path: str) -> list[str]:
+  from flax_transformer.files import read_lines
   from flax_transformer.progress import ProgressBar
-  from flax_transformer.textfiles import read_lines
-  from flax_transformer.translate import translate_lines
+  from flax_transformer.serving.translator import translate_lines
 
   lines = read_lines(path)
   bar = ProgressBar(sum(1 for line in lines if line.strip()), unit="sentences")
-  outputs = translate_lines(translator, lines, progress=bar.advance)
+  outputs, truncated = translate_lines(translator, lines, progress=bar.advance)
   bar.close("Translated")
-  if translator.truncated:
-    print(f"Warning: {translator.truncated} line(s) of {path} exceeded the model's max_len and "
+  if truncated:
+    print(f"Warning: {truncated} line(s) of {path} exceeded the model's max_len and "
           "were truncated.", file=sys.stderr)
   return outputs
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+  from flax_transformer.files import check_writable, read_lines, write_lines_atomically
   from flax_transformer.scoring import score_translations
-  from flax_transformer.textfiles import check_writable, read_lines, write_lines_atomically
 
   sources, references = read_lines(args.src), read_lines(args.ref)
   if len(sources) != len(references):
@@ -302,7 +245,7 @@ def run_average(args: argparse.Namespace) -> int:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-  from flax_transformer.translate import Translator
+  from flax_transformer.serving.translator import Translator
   from flax_transformer.visualize import plot_attention
 
   translator = Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint)
@@ -505,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   _configure_logging(args.verbose)
   try:
     if hasattr(args, "compilation_cache_dir"):
-      from flax_transformer.compilation_cache import enable_compilation_cache
+      from flax_transformer.runtime.compilation_cache import enable_compilation_cache
 
       enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID
-from flax_transformer.workdir import METRICS_FILE, atomic_write
+from flax_transformer.files import atomic_write
+from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
          ("decoder", "self_attention", "decoder self-attention"),

@@ -1,11 +1,9 @@
-"""Small workdirs for the export tests: a trained one (session fixture in conftest.py) and
-random ones with any model options (no training), built offline in seconds.
+"""Small workdirs for the export tests: random ones with any model options (no training), built
+offline in seconds. (The trained one is conftest.py's session fixture `trained_workdir`.)
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,40 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import ModelConfig, SearchConfig, group_dict, model_group
+from flax_transformer.config import SearchConfig
 from flax_transformer.data.tokenizer import train_tokenizer
+from flax_transformer.model.config import ModelConfig, model_group
 from flax_transformer.model.transformer import Transformer
+from flax_transformer.validation import group_dict
 
 import marian_fixture
-
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_STEPS = 400
-# configs/default.py shrunk to under a minute (as tests/test_cli.py does): a 1+2-layer model on
-# the synthetic pair, about 22 BLEU on its test split; checkpoints at steps 200, 300 and 400.
-TRAINED = {
-    "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
-    "model.num_decoder_layers": 2, "model.max_len": 48,
-    "data.synthetic_num_train": 2000, "data.synthetic_num_eval": 16,
-    "data.synthetic_num_test": 64, "data.vocab_size": 160, "data.max_length": 24,
-    "data.batch_tokens": 1536, "data.eval_batch_size": 8, "data.eval_max_length": 24,
-    "train.num_train_steps": TRAIN_STEPS, "train.warmup_steps": 40,
-    "train.learning_rate": 1e-2, "train.log_every_steps": 25,
-    "checkpoint.save_every_steps": 100, "checkpoint.max_to_keep": 3,
-    "eval.eval_every_steps": 0, "eval.translate": False, "eval.test_at_end": False,
-    "search.beam_size": 4, "search.grow_cache": "no",
-}
-
-
-def train_workdir(workdir: Path, tfds_dir: Path, **overrides: Any) -> Path:
-  """Runs train.py with TRAINED (plus `overrides`) into `workdir`; returns it."""
-  settings = {**TRAINED, "data.tfds_data_dir": str(tfds_dir), **overrides}
-  command = [sys.executable, str(REPO / "train.py"),
-             f"--config={REPO / 'configs' / 'default.py'}", f"--workdir={workdir}",
-             *(f"--config.{k}={v}" for k, v in settings.items())]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return workdir
 
 
 def random_params(config: ModelConfig, seed: int = 0) -> Any:
@@ -78,7 +51,7 @@ def write_random_workdir(directory: Path, seed: int = 0,
                   num_encoder_layers=2, num_decoder_layers=2, max_len=48)
   config = ModelConfig(**{**settings, **overrides})
   (directory / workdir_lib.VOCAB_FILE).write_bytes(tokenizer.proto)
-  workdir_lib.write_json(directory / workdir_lib.CONFIG_FILE, {
+  files.write_json(directory / workdir_lib.CONFIG_FILE, {
       "model": model_group(config), "search": group_dict(SearchConfig()),
       "data": {"source_lang": "en", "target_lang": "de"}})
   params = random_params(config, seed)

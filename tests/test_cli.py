@@ -15,39 +15,27 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import REPO, run_train_py
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
-from flax_transformer.compilation_cache import CompilationCacheError, enable_compilation_cache
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
-from flax_transformer.textfiles import read_lines
+from flax_transformer.files import read_lines
+from flax_transformer.runtime.compilation_cache import (
+  CompilationCacheError,
+  enable_compilation_cache,
+)
 from flax_transformer.workdir import average_checkpoints, lock, restore_params
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 30
-
-# configs/default.py shrunk to seconds; checkpoints at steps 10, 20, 30 (all kept).
-SHRUNK = {
-    "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
-    "model.num_decoder_layers": 2, "model.max_len": 48,
-    "data.synthetic_num_train": 400, "data.synthetic_num_eval": 16,
-    "data.synthetic_num_test": 24, "data.vocab_size": 160, "data.max_length": 24,
-    "data.batch_tokens": 384, "data.eval_batch_size": 8, "data.eval_max_length": 24,
-    "train.num_train_steps": STEPS, "train.warmup_steps": 4, "train.log_every_steps": 5,
-    "checkpoint.save_every_steps": 10, "checkpoint.max_to_keep": 3,
-    "eval.eval_every_steps": 0, "eval.translate": True, "eval.test_at_end": False,
-    "search.beam_size": 2, "search.grow_cache": "no",  # The translate test overrides it.
-}
 
 
 def _train(workdir: Path, **changes) -> Path:
-  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(workdir.parent / "tfds")}, **changes)
-  command = [sys.executable, str(REPO / "train.py"),
-             f"--config={REPO / 'configs' / 'default.py'}", f"--workdir={workdir}",
-             *(f"--config.{k}={v}" for k, v in overrides.items())]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
+  """conftest.py's SHRUNK (checkpoints at steps 10, 20, 30, all kept; beam size 2, which the
+  translate test overrides) with STEPS steps; training evaluates, and translates, its eval split
+  at the end."""
+  run_train_py(workdir, **{"train__num_train_steps": STEPS, "eval__translate": True, **changes})
   return workdir
 
 
@@ -59,21 +47,21 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def translating_workdir(tmp_path_factory) -> Path:
   """Trained long enough (600 steps, about 15 s) to translate 64 eval sentences into more than
-  empty strings; training evaluates, and translates, its eval split at the end."""
-  return _train(tmp_path_factory.mktemp("bleu") / "workdir", **{
-      "train.num_train_steps": 600, "train.warmup_steps": 50, "data.batch_tokens": 768,
-      "data.synthetic_num_eval": 64, "train.log_every_steps": 100,
-      "checkpoint.save_every_steps": 600})
+  empty strings."""
+  return _train(tmp_path_factory.mktemp("bleu") / "workdir", train__num_train_steps=600,
+                train__warmup_steps=50, data__batch_tokens=768, data__synthetic_num_eval=64,
+                train__log_every_steps=100, checkpoint__save_every_steps=600)
 
 
 @pytest.fixture(scope="module")
-def test_pairs(workdir) -> list[tuple[str, str]]:
+def workdir_test_split(workdir) -> list[tuple[str, str]]:
+  """The `workdir` fixture's test split (24 pairs)."""
   config = json.loads((workdir / "config.json").read_text())
   return split_texts(parse_group(DataConfig, config["data"]), "test")
 
 
-def test_translator_from_workdir_restores_latest_or_given_step(workdir, test_pairs):
-  sources = [source for source, _ in test_pairs[:6]]
+def test_translator_from_workdir_restores_latest_or_given_step(workdir, workdir_test_split):
+  sources = [source for source, _ in workdir_test_split[:6]]
   latest = Translator.from_workdir(workdir)
   assert latest.step == STEPS and latest.settings.search.beam_size == 2  # config.search's
   assert latest.settings.search.grow_cache == "no"
@@ -100,8 +88,8 @@ def test_a_bad_grow_cache_in_config_json_names_the_file_before_any_checkpoint(wo
     Translator.from_workdir(tmp_path)
 
 
-def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, tmp_path):
-  lines = [test_pairs[0][0], "", test_pairs[1][0], "   ", test_pairs[2][0]]
+def test_translate_command_writes_one_line_per_input_line(workdir, workdir_test_split, tmp_path):
+  lines = [workdir_test_split[0][0], "", workdir_test_split[1][0], "   ", workdir_test_split[2][0]]
   source = tmp_path / "in.txt"
   source.write_text("\n".join(lines) + "\n")
   output = tmp_path / "out.txt"
@@ -114,9 +102,9 @@ def test_translate_command_writes_one_line_per_input_line(workdir, test_pairs, t
   assert translated[0] == Translator.from_workdir(workdir, beam_size=3).translate(lines[:1])[0]
 
 
-def test_translate_command_reuses_its_compilation_cache(workdir, test_pairs, tmp_path):
+def test_translate_command_reuses_its_compilation_cache(workdir, workdir_test_split, tmp_path):
   source = tmp_path / "in.txt"
-  source.write_text("".join(s + "\n" for s, _ in test_pairs[:5]))
+  source.write_text("".join(s + "\n" for s, _ in workdir_test_split[:5]))
   cache = tmp_path / "xla_cache"
   # Cache every compile, however short, so the tiny test model's searches are written too, and
   # have JAX log its cache hits and misses.
@@ -161,10 +149,10 @@ def test_translate_command_rejects_bad_utf8_before_restoring(workdir, tmp_path, 
   assert not output.exists()
 
 
-def test_evaluate_command_scores_with_sacrebleu(workdir, test_pairs, tmp_path, capsys):
+def test_evaluate_command_scores_with_sacrebleu(workdir, workdir_test_split, tmp_path, capsys):
   src, ref = tmp_path / "test.src", tmp_path / "test.ref"
-  src.write_text("".join(s + "\n" for s, _ in test_pairs))
-  ref.write_text("".join(t + "\n" for _, t in test_pairs))
+  src.write_text("".join(s + "\n" for s, _ in workdir_test_split))
+  ref.write_text("".join(t + "\n" for _, t in workdir_test_split))
   assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref", str(ref),
                "--json"]) == 0
   scores = json.loads(capsys.readouterr().out)
@@ -184,9 +172,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=300)
 
 
-def test_serving_commands_print_only_the_summary_unless_verbose(workdir, test_pairs, tmp_path):
+def test_serving_commands_print_only_the_summary_unless_verbose(workdir, workdir_test_split,
+                                                                tmp_path):
   source = tmp_path / "in.txt"
-  source.write_text("".join(s + "\n" for s, _ in test_pairs[:3]))
+  source.write_text("".join(s + "\n" for s, _ in workdir_test_split[:3]))
   command = ("translate", "--workdir", str(workdir), "--input", str(source), "--output")
   quiet = _cli(*command, str(tmp_path / "quiet.txt"))
   assert quiet.returncode == 0, quiet.stderr[-3000:]
@@ -198,14 +187,15 @@ def test_serving_commands_print_only_the_summary_unless_verbose(workdir, test_pa
   assert read_lines(str(tmp_path / "verbose.txt")) == read_lines(str(tmp_path / "quiet.txt"))
 
 
-def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, test_pairs, tmp_path, capsys):
+def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, workdir_test_split, tmp_path,
+                                                        capsys):
   damaged = tmp_path / "workdir"
   shutil.copytree(workdir, damaged)
   # A truncated data file of the latest checkpoint's params (orbax's OCDBT store).
   for chunk in (damaged / "checkpoints" / str(STEPS) / "params").glob("ocdbt.process_0/d/*"):
     os.truncate(chunk, 100)
   source = tmp_path / "in.txt"
-  source.write_text(test_pairs[0][0] + "\n")
+  source.write_text(workdir_test_split[0][0] + "\n")
   result = _cli("translate", "--workdir", str(damaged), "--input", str(source), "--output",
                 str(tmp_path / "out.txt"))
   assert result.returncode == 2
@@ -232,9 +222,9 @@ def test_an_output_in_a_missing_folder_fails_before_restoring(tmp_path, capsys):
     assert f"error: Cannot write {missing}: the folder {missing.parent} does not exist" in error
 
 
-def test_serving_reads_a_workdir_a_trainer_holds(workdir, test_pairs, tmp_path):
+def test_serving_reads_a_workdir_a_trainer_holds(workdir, workdir_test_split, tmp_path):
   source = tmp_path / "in.txt"
-  source.write_text(test_pairs[0][0] + "\n")
+  source.write_text(workdir_test_split[0][0] + "\n")
   with lock(workdir):
     assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
                  str(tmp_path / "out.txt")]) == 0
@@ -276,9 +266,9 @@ def test_average_command_averages_parameters(workdir, capsys):
     average_checkpoints(workdir, last=5)
 
 
-def test_attention_and_curves_pictures(workdir, test_pairs, tmp_path):
+def test_attention_and_curves_pictures(workdir, workdir_test_split, tmp_path):
   picture = tmp_path / "attention.png"
-  assert main(["attention", "--workdir", str(workdir), "--text", test_pairs[0][0],
+  assert main(["attention", "--workdir", str(workdir), "--text", workdir_test_split[0][0],
                "--output", str(picture)]) == 0
   assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
   curves = tmp_path / "curves.png"
@@ -286,14 +276,14 @@ def test_attention_and_curves_pictures(workdir, test_pairs, tmp_path):
   assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_attention_maps_are_distributions(workdir, test_pairs):
+def test_attention_maps_are_distributions(workdir, workdir_test_split):
   from flax_transformer.data.tokenizer import EOS_ID
   from flax_transformer.visualize import attention_maps
 
   translator = Translator.from_workdir(workdir)
   tok = translator.tokenizer
-  source = np.asarray([*tok.tokenize(test_pairs[0][0]), EOS_ID])
-  target = np.asarray([*tok.tokenize(test_pairs[0][1]), EOS_ID])
+  source = np.asarray([*tok.tokenize(workdir_test_split[0][0]), EOS_ID])
+  target = np.asarray([*tok.tokenize(workdir_test_split[0][1]), EOS_ID])
   maps = attention_maps(translator.model, translator.params, source, target)
   s, t = len(source), len(target)
   assert [m.shape for m in maps["encoder/self_attention"]] == [(4, s, s)]

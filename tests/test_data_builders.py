@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data import pipeline
+from flax_transformer.training import vocabulary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -144,7 +145,7 @@ def test_tfds_dataset_by_name_and_direction(tmp_path):
     raw = tfds.data_source("ted_hrlr_translate/pt_to_en", split="train")
     expected = [(raw[i]["en"], raw[i]["pt"]) for i in range(12)]
     assert pipeline.split_texts(data, "train") == expected
-    tokenizer = pipeline.train_or_load_tokenizer(
+    tokenizer = vocabulary.train_or_load_tokenizer(
         parse_group(DataConfig, {**vars(data), "vocab_size": 40}), str(tmp_path / "work"))
     batch = next(pipeline.train_iterator(
         parse_group(DataConfig, {**vars(data), "batch_tokens": 64, "max_length": 64}), tokenizer))

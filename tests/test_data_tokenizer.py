@@ -11,7 +11,6 @@ import pytest
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data import pipeline
 from flax_transformer.data import tokenizer as tok
-from flax_transformer.workdir import VOCAB_FILE
 
 MULTI30K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k"
 SENTENCES = ["A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",
@@ -77,35 +76,11 @@ def test_multi30k_round_trip_exact(tmp_path):
   assert failures == []
 
 
-def test_train_once_per_workdir_then_reuse(tmp_path, monkeypatch):
-  data = parse_group(DataConfig, dict(source="synthetic", tfds_data_dir=str(tmp_path / "tfds"),
-                                     synthetic_num_train=200, synthetic_num_eval=5,
-                                     synthetic_num_test=5, vocab_size=200,
-                                     vocab_max_chars=3000))
-  first = pipeline.train_or_load_tokenizer(data, str(tmp_path / "work"))
-  model = tmp_path / "work" / VOCAB_FILE
-  assert first.path == str(model) and model.is_file()
-  assert not list((tmp_path / "work").glob("*.tmp"))  # Written atomically, no leftovers.
-
-  def fail(*args, **kwargs):
-    raise AssertionError("trained again")
-
-  monkeypatch.setattr(pipeline, "train_tokenizer", fail)
-  again = pipeline.train_or_load_tokenizer(data, str(tmp_path / "work"))
-  sentence = pipeline.split_texts(data, "test")[0][1]
-  assert again.tokenize(sentence) == first.tokenize(sentence)
-  given = parse_group(DataConfig, {**vars(data), "vocab_path": str(model)})
-  assert pipeline.train_or_load_tokenizer(given, str(tmp_path / "other")).path == str(model)
-  missing = parse_group(DataConfig, {**vars(data), "vocab_path": str(tmp_path / "none.model")})
-  with pytest.raises(FileNotFoundError, match=r"config\.data\.vocab_path"):
-    pipeline.train_or_load_tokenizer(missing, str(tmp_path / "other"))
-
-
 def test_training_sample_respects_max_chars(tmp_path):
   data = parse_group(DataConfig, dict(source="synthetic", tfds_data_dir=str(tmp_path),
                                      synthetic_num_train=300, synthetic_num_eval=5,
                                      synthetic_num_test=5, vocab_max_chars=2000))
-  sample = pipeline._tokenizer_sample(data)
+  sample = pipeline.tokenizer_sample(data)
   pairs = pipeline.split_texts(data, "train")
   sources, targets = {s for s, _ in pairs}, {t for _, t in pairs}
   assert 1900 < sum(map(len, sample)) <= 2000

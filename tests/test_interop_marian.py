@@ -36,11 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_search
 
-from flax_transformer import Transformer, Translator, predict, search
+from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
+from flax_transformer.decoding import bridge
 from flax_transformer.interop import marian
 from flax_transformer.model.layers import sinusoidal_positions
 
@@ -132,10 +134,9 @@ def _hf_generate(hf, sentences: list[str], **settings):
 
 def _our_search(translator: Translator, sentences: list[str], method: str, **settings):
   inputs = _source_batch(translator.tokenizer, sentences)
-  prepared = predict.prepare_search(translator.model, {"params": translator.params}, inputs,
+  prepared = bridge.prepare_search(translator.model, {"params": translator.params}, inputs,
                                     max_decode_len=N, max_len_a=0.0, max_len_b=N - 1)
-  run = search.greedy_search if method == "greedy" else search.beam_search
-  return jax.jit(lambda: run(**prepared.arguments, **settings))()
+  return jax.jit(lambda: run_search(prepared, method, **settings))()
 
 
 # ------------------------------------------------------------------------------ definitions

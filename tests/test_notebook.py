@@ -27,7 +27,9 @@ pytest.importorskip("ipykernel", reason=INSTALL)
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 NUM_STEPS = 200  # Steps take ~20 ms here; compiling and decoding dominate the runtime.
 NUM_TEST = 24
-SHRUNK = {
+# The notebook's OVERRIDES (its config cell applies them after NUM_STEPS): a model and data
+# small enough for CI; train.py's shrunk config is conftest.py's SHRUNK.
+OVERRIDES = {
     "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
     "model.num_decoder_layers": 1, "model.max_len": 32,
     "data.synthetic_num_train": 600, "data.synthetic_num_eval": 16,
@@ -83,7 +85,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
   workdir, tfds_dir = tmp_path / "workdir", tmp_path / "tfds"
   notebook = notebook_runner.run(
       NOTEBOOK, {"NUM_STEPS": NUM_STEPS, "WORKDIR": str(workdir), "TFDS_DATA_DIR": str(tfds_dir),
-                 "OVERRIDES": SHRUNK}, tmp_path, probe=PROBE)
+                 "OVERRIDES": OVERRIDES}, tmp_path, probe=PROBE)
   probe = json.loads(stdout_text(notebook.cells[-1]).split("PROBE ", 1)[1])
   stdout = "\n".join(stdout_text(cell) for cell in notebook.cells)
   # The install cell skipped itself and the kernel used this checkout.
@@ -133,7 +135,7 @@ def _data_config(tfds_dir: Path):
   spec.loader.exec_module(module)
   data = module.get_config().data
   data.tfds_data_dir = str(tfds_dir)
-  for key, value in SHRUNK.items():
+  for key, value in OVERRIDES.items():
     if key.startswith("data."):
       data[key.removeprefix("data.")] = value
   return data

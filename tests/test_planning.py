@@ -13,10 +13,13 @@ from pathlib import Path
 import jax
 import pytest
 
-from flax_transformer import accelerators, batching, cli, planning, predict
+from flax_transformer import cli, planning
+from flax_transformer.decoding import bridge
 from flax_transformer.experiment_flags import read_config
 from flax_transformer.model import attention
 from flax_transformer.planning import plans
+from flax_transformer.runtime import accelerators
+from flax_transformer.serving import batching
 from flax_transformer.training import steps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,11 +188,11 @@ def test_compiling_for_tpu_makes_every_trace_time_choice_a_tpu_hosts():
   search_config = read_config([f"--config={DEFAULT}"]).search
   assert jax.default_backend() == "cpu"
   assert not attention._use_fused_attention(None)
-  assert predict.grows_cache(search_config.grow_cache, "beam")  # "auto" on CPU.
+  assert bridge.grows_cache(search_config.grow_cache, "beam")  # "auto" on CPU.
   with accelerators.compiling_for("tpu"):
     assert accelerators.traced_platform() == "tpu"
     assert attention._use_fused_attention(None)
-    assert not predict.grows_cache(search_config.grow_cache, "beam")
+    assert not bridge.grows_cache(search_config.grow_cache, "beam")
   assert accelerators.traced_platform() == "cpu"
 
 

@@ -6,7 +6,6 @@ Each must end at once with exit status 1 and one line, no traceback, and write n
 where the resumed runs are compared with an uninterrupted one.)
 """
 
-import os
 import signal
 import socket
 import subprocess
@@ -14,18 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_training_resume import REPO, SHRUNK
+from conftest import REPO, run_train_py
 
 HOLD_LOCK = "from flax_transformer import workdir; import sys, time; lock = workdir.lock(sys.argv[1]); print('held', flush=True); time.sleep(600)"  # noqa: E501
-
-
-def _train_py(workdir: Path, *flags: str, env: dict | None = None,
-              **overrides) -> subprocess.CompletedProcess:
-  settings = dict(SHRUNK, **{"data.tfds_data_dir": str(workdir.parent / "tfds")})
-  settings.update({k.replace("__", "."): v for k, v in overrides.items()})
-  command = [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
-             f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items()), *flags]
-  return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -46,16 +36,15 @@ def test_a_second_trainer_on_a_workdir_stops_at_once_and_a_killed_one_leaves_no_
   try:
     assert holder.stdout.readline() == "held\n"
     before = _listing(workdir)
-    error = _one_line_error(_train_py(workdir))
+    error = _one_line_error(run_train_py(workdir, check=False))
     assert error.startswith(f"error: {workdir} is in use by host {socket.gethostname()} pid "
                             f"{holder.pid} (it holds {workdir / '.lock'})"), error
     assert _listing(workdir) == before  # Nothing written: no vocab, config or checkpoint.
   finally:
     holder.send_signal(signal.SIGKILL)  # The kernel drops the lock with the process.
     holder.wait()
-  result = _train_py(workdir, train__num_train_steps=2, train__warmup_steps=1,
-                     checkpoint__save_every_steps=2)
-  assert result.returncode == 0, result.stderr[-3000:]
+  run_train_py(workdir, train__num_train_steps=2, train__warmup_steps=1,
+               checkpoint__save_every_steps=2)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
 
 
@@ -72,7 +61,7 @@ def test_a_second_trainer_on_a_workdir_stops_at_once_and_a_killed_one_leaves_no_
      "[Errno 2] No such file or directory: 'configs/no_such_config.py'"),
 ])
 def test_a_bad_config_key_or_file_is_one_line(flag, message, tmp_path):
-  error = _one_line_error(_train_py(tmp_path / "workdir", flag))
+  error = _one_line_error(run_train_py(tmp_path / "workdir", flag, check=False))
   assert error.startswith(message), error
   assert not (tmp_path / "workdir").exists()
 
@@ -84,8 +73,8 @@ def test_a_misaligned_local_corpus_is_one_line(tmp_path):
     (corpus / f"{split}.en").write_text("".join(f"a b {i}\n" for i in range(lines)))
     (corpus / f"{split}.de").write_text("".join(f"A B {i}\n" for i in range(lines)))
   (corpus / "train.de").write_text("A\nB\nC\nD\n")
-  error = _one_line_error(_train_py(tmp_path / "workdir", data__source="local",
-                                    data__local_dir=str(corpus)))
+  error = _one_line_error(run_train_py(tmp_path / "workdir", check=False, data__source="local",
+                                       data__local_dir=corpus))
   assert error == (f"error: Line counts differ: {corpus / 'train.de'} has 4 lines, "
                    f"{corpus / 'train.en'} has 5 lines; parallel files must be line-aligned.")
   assert [p.name for p in (tmp_path / "workdir").iterdir()] == [".lock"]
@@ -94,9 +83,9 @@ def test_a_misaligned_local_corpus_is_one_line(tmp_path):
 def test_slurm_tasks_not_started_by_srun_stop_at_once_naming_the_variables(tmp_path):
   """sbatch --ntasks=2 running `python train.py` itself, not through srun: JAX cannot find
   the other task, and without the check this process would train alone."""
-  env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID="0",
-             SLURM_LOCALID="0", SLURM_NODELIST="localhost")
-  error = _one_line_error(_train_py(tmp_path / "workdir", env=env))
+  env = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_PROCID": "0",
+         "SLURM_LOCALID": "0", "SLURM_NODELIST": "localhost"}
+  error = _one_line_error(run_train_py(tmp_path / "workdir", env=env, check=False))
   assert error == (
       "error: SLURM_NTASKS=2, SLURM_PROCID=0 says this job has 2 tasks, but "
       "SLURM_STEP_NODELIST is not set, so JAX cannot find the other processes; this process "

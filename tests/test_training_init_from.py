@@ -8,8 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -17,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import REPO, run_train_py, shrunk_settings
 
 from flax_transformer import Transformer, Translator
 from flax_transformer import config as config_lib
@@ -24,32 +23,29 @@ from flax_transformer.config import ConfigError
 from flax_transformer.data import pipeline
 from flax_transformer.data.tokenizer import train_tokenizer
 from flax_transformer.interop import marian
+from flax_transformer.model.config import model_group
 from flax_transformer.training import init_from, trainer
 from flax_transformer.workdir import average_checkpoints, restore_params
 
-REPO = Path(__file__).resolve().parents[1]
-# The run's data and loop, small: a new sample of the synthetic pair (data.seed 1).
-RUN = {
-    "data.synthetic_num_train": 600, "data.synthetic_num_eval": 32,
-    "data.synthetic_num_test": 16, "data.max_length": 24, "data.batch_tokens": 384,
-    "data.eval_batch_size": 8, "data.eval_max_length": 24, "data.seed": 1,
-    "train.warmup_steps": 5, "train.learning_rate": 3e-3, "train.log_every_steps": 5,
-    "checkpoint.save_every_steps": 10, "checkpoint.max_to_keep": 5,
-    "checkpoint.async_save": False, "eval.eval_every_steps": 0, "eval.translate": False,
-    "eval.test_at_end": False,
-}
+# The run's data and loop: conftest.py's SHRUNK on a new sample of the synthetic pair (data.seed
+# 1), 20 steps (checkpoints at 10 and 20), saved synchronously (the runs share this process).
+RUN = {"data__synthetic_num_train": 600, "data__synthetic_num_eval": 32, "data__seed": 1,
+       "train__num_train_steps": 20, "checkpoint__async_save": False}
 
 
 def _config(tfds_dir: Path, source: str, **overrides) -> ml_collections.ConfigDict:
+  """configs/default.py with SHRUNK, RUN and `overrides` (`group__key=value`), but for SHRUNK's
+  model: the config file's (64 wide, 2+2 layers) stays, so that a test can tell it from the
+  source's (conftest.py's trained_workdir: SHRUNK's)."""
   spec = importlib.util.spec_from_file_location("default_config", REPO / "configs" / "default.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
-  settings = {**RUN, "data.tfds_data_dir": str(tfds_dir), "train.init_from": source,
-              "train.num_train_steps": 20, **overrides}
+  settings = shrunk_settings(tfds_dir, **{**RUN, "train__init_from": source, **overrides})
   for key, value in settings.items():
     group, name = key.split(".")
-    config[group][name] = value
+    if group != "model" or f"{group}__{name}" in overrides:
+      config[group][name] = value
   return config
 
 
@@ -84,7 +80,7 @@ def test_step_0_is_the_sources_params_with_a_fresh_optimizer(source, tmp_path):
     job.writer.close()
   assert (tmp_path / "ft" / "vocab.model").read_bytes() == (source / "vocab.model").read_bytes()
   saved = json.loads((tmp_path / "ft" / "config.json").read_text())
-  assert saved["model"] == config_lib.model_group(job.model.config)
+  assert saved["model"] == model_group(job.model.config)
   assert saved["train"]["init_from"] == str(source)
 
 
@@ -107,7 +103,7 @@ def test_resuming_a_fine_tuning_run_is_exact_and_needs_no_source(source, tmp_pat
   tfds = tmp_path / "tfds"
   trainer.train_and_evaluate(_config(tfds, str(source)), str(tmp_path / "straight"),
                              model_overrides={"dropout_rate": 0.2})
-  config = _config(tfds, str(source), **{"train.num_train_steps": 10})
+  config = _config(tfds, str(source), train__num_train_steps=10)
   trainer.train_and_evaluate(config, str(tmp_path / "resumed"),
                              model_overrides={"dropout_rate": 0.2})
   shutil.rmtree(source)  # The restart reads nothing of it.
@@ -142,9 +138,8 @@ def _nll(translator: Translator, pairs: list[tuple[str, str]]) -> float:
 
 def test_a_marian_import_fine_tunes_and_its_loss_goes_down(marian_model_dir, tmp_path):
   marian.import_marian(marian_model_dir, tmp_path / "imported")
-  config = _config(tmp_path / "tfds", str(tmp_path / "imported"), **{
-      "data.max_length": 48, "data.batch_tokens": 768, "data.eval_max_length": 48,
-      "train.num_train_steps": 40})
+  config = _config(tmp_path / "tfds", str(tmp_path / "imported"), data__max_length=48,
+                   data__batch_tokens=768, data__eval_max_length=48, train__num_train_steps=40)
   trainer.train_and_evaluate(config, str(tmp_path / "ft"))
   finetuned = tmp_path / "ft"
   for name in ("source.spm", "target.spm", "vocab.json"):  # Marian's vocabulary, kept.
@@ -199,9 +194,9 @@ def test_a_conflicting_vocab_path_is_an_error(source, tmp_path):
   with pytest.raises(ConfigError, match=r"config\.data\.vocab_path='.*other\.model' differs "
                      r"from the vocabulary of config\.train\.init_from \(.*vocab\.model\); "
                      r"fine-tuning keeps the source's vocabulary"):
-    _plan(tmp_path, str(source), **{"data.vocab_path": str(tmp_path / "other.model")})
+    _plan(tmp_path, str(source), data__vocab_path=str(tmp_path / "other.model"))
   # The source's own vocabulary named again is no conflict.
-  assert _plan(tmp_path, str(source), **{"data.vocab_path": str(source / "vocab.model")})
+  assert _plan(tmp_path, str(source), data__vocab_path=str(source / "vocab.model"))
   # A workdir that already holds another vocabulary (say, of an aborted run) is one too.
   (tmp_path / "ft").mkdir()
   (tmp_path / "ft" / "vocab.model").write_bytes(other.proto)
@@ -215,22 +210,17 @@ def test_a_conflicting_vocab_path_is_an_error(source, tmp_path):
 def test_lengths_are_checked_against_the_sources_model(source, tmp_path):
   # The config file's model (max_len 16 here) is replaced before the config is checked: the
   # source's max_len (48) admits data.max_length 24.
-  config = _config(tmp_path / "tfds", str(source), **{"model.max_len": 16})
+  config = _config(tmp_path / "tfds", str(source), model__max_len=16)
   with pytest.raises(ConfigError, match="exceeds the model's max_len"):
     config_lib.load(config)
   plan = init_from.plan(config, tmp_path / "ft", {})
   assert config_lib.load(plan.config).model.max_len == 48
 
 
-def _train_py(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-  command = [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
-             f"--config.data.tfds_data_dir={tmp_path / 'tfds'}", *flags]
-  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
 def test_train_py_reports_a_shape_override_in_one_line(source, tmp_path):
-  result = _train_py(tmp_path, f"--workdir={tmp_path / 'ft'}",
-                     f"--config.train.init_from={source}", "--config.model.num_encoder_layers=3")
+  # SHRUNK's model flags (conftest.py) are the source's but for this one.
+  result = run_train_py(tmp_path / "ft", check=False, train__init_from=source,
+                        model__num_encoder_layers=3)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       "error: With config.train.init_from the model is the source's; these config.model "
@@ -242,7 +232,7 @@ def test_train_py_reports_a_shape_override_in_one_line(source, tmp_path):
 
 def test_train_py_tells_an_imported_workdir_is_no_run_to_resume(marian_model_dir, tmp_path):
   marian.import_marian(marian_model_dir, tmp_path / "imported")
-  result = _train_py(tmp_path, f"--workdir={tmp_path / 'imported'}")
+  result = run_train_py(tmp_path / "imported", check=False)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1].endswith(
       "holds parameters only (an imported model, say), nothing to resume; train from it into a "

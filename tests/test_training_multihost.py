@@ -51,7 +51,7 @@ def _train(mesh_devices=None):
 def _worker(mode: str, process_id: int, port: int, out: str) -> None:
   import jax
 
-  from flax_transformer import distributed
+  from flax_transformer.runtime import distributed
 
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if mode == "flags":

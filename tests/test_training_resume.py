@@ -10,55 +10,41 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from conftest import REPO, run_train_py, train_command
 
 from flax_transformer.workdir import restore_params
 
-REPO = Path(__file__).resolve().parents[1]
 TOTAL_STEPS = 24  # 2N
 HALF_STEPS = 12  # N
-
-# The default config shrunk to seconds: a 1+1-layer model, a few hundred synthetic pairs.
-SHRUNK = {
-    "model.emb_dim": 32, "model.mlp_dim": 64, "model.num_encoder_layers": 1,
-    "model.num_decoder_layers": 1, "model.max_len": 32,
-    "data.synthetic_num_train": 400, "data.synthetic_num_eval": 16,
-    "data.synthetic_num_test": 16, "data.vocab_size": 160, "data.max_length": 24,
-    "data.batch_tokens": 384, "data.eval_batch_size": 8, "data.eval_max_length": 24,
-    "train.num_train_steps": TOTAL_STEPS, "train.warmup_steps": 4, "train.log_every_steps": 1,
-    "checkpoint.save_every_steps": 8, "checkpoint.max_to_keep": 2,
-    "eval.eval_every_steps": 0, "eval.translate": False, "eval.test_at_end": False,
-}
+# conftest.py's SHRUNK with 2N steps, a loss logged every step, checkpoints every 8 steps, the
+# last 2 kept.
+RUN = {"train__num_train_steps": TOTAL_STEPS, "train__log_every_steps": 1,
+       "checkpoint__save_every_steps": 8, "checkpoint__max_to_keep": 2}
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
+  """The runs' folder, and the environment that gives them one compilation cache."""
   root = tmp_path_factory.mktemp("resume")
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  env = {"JAX_COMPILATION_CACHE_DIR": str(root / "jax_cache"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
   return root, env
 
 
-def _command(workdir: Path, root: Path, **changes) -> list[str]:
-  overrides = dict(SHRUNK, **{"data.tfds_data_dir": str(root / "tfds")})
-  overrides.update({k.replace("__", "."): v for k, v in changes.items()})
-  return [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
-          f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+def _command(workdir: Path, **changes) -> list[str]:
+  return train_command(workdir, **{**RUN, **changes})
 
 
-def _train(workdir: Path, shared, **changes) -> subprocess.CompletedProcess:
-  root, env = shared
-  result = subprocess.run(_command(workdir, root, **changes), env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
+def _train(workdir: Path, shared, check: bool = True,
+           **changes) -> subprocess.CompletedProcess:
+  return run_train_py(workdir, env=shared[1], timeout=300, check=check, **{**RUN, **changes})
 
 
 def _params(workdir: Path, step: int | None = None):
@@ -93,7 +79,8 @@ def test_shrunk_default_config_trains_and_checkpoints(straight_run):
   assert saved == [16, 24]  # every 8 steps and at the end, the last 2 kept
   assert json.loads((workdir / "config.json").read_text())["train"]["num_train_steps"] == 24
   assert (workdir / "vocab.model").is_file()
-  assert "test: loss" in result.stdout
+  assert result.stderr.count("test at step 24: loss") == 1  # Logged once, not printed again.
+  assert "loss" not in result.stdout
   # Restoring the final checkpoint gives a model that fits the saved config.
   params, step = _params(workdir)
   assert step == TOTAL_STEPS and params["embedder"]["embedding"].shape[1] == 32
@@ -135,9 +122,10 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
   reference = reference[0] if isinstance(reference, tuple) else reference
   workdir = root / f"stopped_{num_workers}_{signal.Signals(signum).name}"
   overrides = WORKERS if num_workers else {}
-  command = _command(workdir, root, **overrides)
-  process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+  command = _command(workdir, **overrides)
+  process = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
   try:
     _wait_for_step(workdir, 2, process)
     os.killpg(process.pid, signum)  # The session's process group: the trainer and its workers.
@@ -160,7 +148,7 @@ def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(str
   root, env = shared
   workdir = root / "killed"
   checkpoints = workdir / "checkpoints"
-  process = subprocess.Popen(_command(workdir, root), env=env, cwd=REPO,
+  process = subprocess.Popen(_command(workdir), env={**os.environ, **env}, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   try:
     while process.poll() is None:  # Until step 16's save has begun, and not finished.
@@ -180,14 +168,12 @@ def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(str
 
 
 def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run, shared):
-  root, env = shared
-  workdir = root / "damaged"
+  workdir = shared[0] / "damaged"
   _train(workdir, shared, train__num_train_steps=16)  # Saves steps 8 and 16.
   for chunk in (workdir / "checkpoints" / "16" / "params").glob("ocdbt.process_0/d/*"):
     os.truncate(chunk, 100)  # A truncated params file, as a full disk or a lost node leaves.
   before = _files(workdir)
-  result = subprocess.run(_command(workdir, root), env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+  result = _train(workdir, shared, check=False)
   assert result.returncode == 1
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   error = result.stderr.strip().splitlines()[-1]

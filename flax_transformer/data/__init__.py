@@ -2,13 +2,13 @@
 the shared SentencePiece vocabulary, and grain pipelines of packed train and padded eval batches.
 
   data = flax_transformer.config.load(config).data      # a validated DataConfig
-  tokenizer = train_or_load_tokenizer(data, workdir)
+  tokenizer = Tokenizer.load(path)                    # (training/vocabulary.py trains one)
   batches = train_iterator(data, tokenizer, process_index=..., process_count=...)
   evals = eval_batches(data, tokenizer, data.eval_split)
   pairs = split_texts(data, data.test_split)          # raw (source, target) text, for BLEU
 
 Special ids (PAD_ID 0, EOS_ID 1, UNK_ID 2) are defined in `tokenizer.py`. The pipeline names
-are imported on first use, so decoding (`predict`, `translate`), which needs only the tokenizer,
+are imported on first use, so decoding and serving, which need only the tokenizer,
 does not load grain or TFDS.
 """
 
@@ -23,12 +23,10 @@ __all__ = [
     "split_texts",
     "train_dataset",
     "train_iterator",
-    "train_or_load_tokenizer",
 ]
 
 _PIPELINE_NAMES = frozenset(
-    ("eval_batches", "split_texts", "train_dataset", "train_iterator",
-     "train_or_load_tokenizer"))
+    ("eval_batches", "split_texts", "train_dataset", "train_iterator"))
 
 
 def __getattr__(name: str):

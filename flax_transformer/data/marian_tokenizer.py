@@ -40,6 +40,7 @@ import numpy as np
 import sentencepiece as spm
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from flax_transformer.files import atomic_write
 
 SOURCE_MODEL_FILE = "source.spm"
 TARGET_MODEL_FILE = "target.spm"
@@ -106,7 +107,6 @@ class MarianTokenizer:
 
   def write(self, directory: str | os.PathLike) -> None:
     """Writes source.spm, target.spm and vocab.json (Marian's ids) into `directory`."""
-    from flax_transformer.workdir import atomic_write
 
     directory = Path(directory)
     atomic_write(directory / SOURCE_MODEL_FILE, self._protos[0])

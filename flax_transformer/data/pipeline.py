@@ -1,4 +1,5 @@
-"""The grain input pipeline: split readers, the shared vocabulary, packed train and eval batches.
+"""The grain input pipeline: split readers, the vocabulary's text sample, packed train and eval
+batches.
 
 Train batches (`train_iterator`), one shape only, [R, L] with R = batch_tokens // max_length //
 process_count rows per process and L = max_length:
@@ -33,10 +34,9 @@ import grain
 import numpy as np
 from absl import flags
 
-from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ConfigError, DataConfig
 from flax_transformer.data import builders
-from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer, Tokenizer, train_tokenizer
+from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 
 TRAIN_KEYS = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
               "inputs_positions", "targets_positions")
@@ -139,37 +139,9 @@ def _read_all(reader: _Reader, chunk: int = 4096) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokenizer.
+# Text for the vocabulary (training/vocabulary.py trains it).
 # ---------------------------------------------------------------------------------------------
-def train_or_load_tokenizer(data: DataConfig, workdir: str) -> TextTokenizer:
-  """The vocabulary.
-
-  `data.vocab_path` if set; else the workdir's own if it has one (a restart, or a workdir given
-  its vocabulary by `config.train.init_from`: `WORKDIR/vocab.model`, or a Marian model's
-  source.spm, target.spm and vocab.json); else a shared SentencePiece model trained on up to
-  `data.vocab_max_chars` characters of training text (source and target sentences of pairs drawn
-  in a seeded random order) and written atomically to `WORKDIR/vocab.model`.
-  """
-  if data.vocab_path:
-    if not Path(data.vocab_path).is_file():
-      raise builders.MissingDataError(f"config.data.vocab_path: no SentencePiece model at "
-                              f"{data.vocab_path}; set it to '' to train one into the workdir.")
-    return Tokenizer.load(data.vocab_path)
-  if workdir_lib.vocabulary_files(workdir):
-    logging.info("Reusing the vocabulary of %s.", workdir)
-    return workdir_lib.load_tokenizer(workdir)
-  path = Path(workdir) / workdir_lib.VOCAB_FILE
-  sentences = _tokenizer_sample(data)
-  logging.info("Training a %s SentencePiece vocabulary of %d pieces on %d sentences (%d chars).",
-               data.vocab_model_type, data.vocab_size, len(sentences), sum(map(len, sentences)))
-  tokenizer = train_tokenizer(sentences, vocab_size=data.vocab_size,
-                              model_type=data.vocab_model_type)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  workdir_lib.atomic_write(path, tokenizer.proto)
-  return Tokenizer.load(path)
-
-
-def _tokenizer_sample(data: DataConfig) -> list[str]:
+def tokenizer_sample(data: DataConfig) -> list[str]:
   """Sentences of seeded-random training pairs, up to `data.vocab_max_chars` characters."""
   reader = open_split(data, data.train_split)
   pair = _Pair(data.source_lang, data.target_lang)

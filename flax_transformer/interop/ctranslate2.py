@@ -38,10 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import ModelConfig
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, TextTokenizer
+from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.layers import sinusoidal_positions
 
 # --quantization: the stored weights' type ("none" keeps float32).
@@ -213,7 +214,7 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
   spec.save(str(output))
   for name, model in zip((SOURCE_MODEL_FILE, TARGET_MODEL_FILE),
                          _sentencepiece_models(tokenizer), strict=True):
-    workdir_lib.atomic_write(output / name, model)
+    files.atomic_write(output / name, model)
   return output
 
 

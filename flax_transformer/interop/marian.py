@@ -37,20 +37,16 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import (
-    ModelConfig,
-    SearchConfig,
-    group_dict,
-    model_group,
-    parse_group,
-    search_config_from,
-)
+from flax_transformer.config import SearchConfig, search_config_from
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from flax_transformer.interop import marian_params
+from flax_transformer.model.config import ModelConfig, model_group
 from flax_transformer.model.layers import sinusoid_permutation, sinusoidal_positions
+from flax_transformer.validation import group_dict, parse_group
 
 MARIAN_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Hugging Face's Marian layers keep.
 # MarianConfig's defaults (transformers 5) for keys a config.json may leave out.
@@ -240,7 +236,7 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
   _make_empty_folder(workdir, "--workdir")
   _write_vocabulary(workdir, tokenizer)
   search = search_config_from_marian(config, _generation(model_dir))
-  workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE, {
+  files.write_json(workdir / workdir_lib.CONFIG_FILE, {
       "model": model_group(model_config), "search": group_dict(search),
       "origin": {"format": "marian", "path": str(model_dir.resolve())}})
   return workdir_lib.save_params(workdir, 0, params)
@@ -291,7 +287,7 @@ def _write_vocabulary(workdir: Path, tokenizer: MarianTokenizer) -> None:
       candidate = None
     if candidate is not None and all(candidate.id_to_piece(i) == tokenizer.id_to_piece(i)
                                      for i in range(tokenizer.vocab_size)):
-      workdir_lib.atomic_write(workdir / workdir_lib.VOCAB_FILE, tokenizer.source_model)
+      files.atomic_write(workdir / workdir_lib.VOCAB_FILE, tokenizer.source_model)
       return
   tokenizer.write(workdir)
 
@@ -427,18 +423,19 @@ def export_marian(workdir: str | os.PathLike, output: str | os.PathLike, *,
   state = marian_params.marian_from_params(params, model_config, vocabulary.marian_ids)
   output = Path(output)
   _make_empty_folder(output, "--output")
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
 
-  save_file(state, str(output / SAFETENSORS_FILE), metadata={"format": "pt"})
+  # Through files.atomic_write: safetensors' own save_file leaves the file 0600.
+  files.atomic_write(output / SAFETENSORS_FILE, save(state, metadata={"format": "pt"}))
   hf_config = marian_config(model_config, vocabulary)
   search = search_config_from(config)
   generation = _generation_config(hf_config, search, model_config)
   if search_config_from_marian(hf_config, generation) != search:  # For the way back, if needed.
     hf_config.setdefault(OUR_KEY, {})["search"] = group_dict(search)
-  workdir_lib.write_json(output / "config.json", hf_config)
-  workdir_lib.write_json(output / "generation_config.json", generation)
+  files.write_json(output / "config.json", hf_config)
+  files.write_json(output / "generation_config.json", generation)
   vocabulary.write(output)
-  workdir_lib.write_json(output / "tokenizer_config.json", _tokenizer_config(config, model_config))
+  files.write_json(output / "tokenizer_config.json", _tokenizer_config(config, model_config))
   return output
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from flax_transformer.config import ModelConfig
+from flax_transformer.model.config import ModelConfig
 
 Params = dict[str, Any]
 # (our path, Hugging Face key, kind); kinds name the conversion in _TO_OURS / _TO_MARIAN.

@@ -20,8 +20,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from flax_transformer import accelerators
 from flax_transformer.model.layers import keep_mask
+from flax_transformer.runtime import accelerators
 
 Array = jax.Array
 # Keys and values [B, S, N, H] as projected, or heads-major [B, N, S, H] as a decoding cache.
@@ -116,9 +116,8 @@ def _use_fused_attention(implementation: str | None) -> bool:
   """Whether to call `jax.nn.dot_product_attention` rather than the two einsums.
 
   Always when an implementation is named, and on GPU/TPU. On CPU its XLA path transposes Q, K,
-  V to heads-major [B, N, T, H] and back on every call; the einsums let XLA pick the layouts:
-  one self-attention layer at [64, 32, 4, 64] (forward + backward with its projections) took 54
-  ms with it against 40 ms with the einsums on the 2-core CPU. Decided at trace time from the
+  V to heads-major [B, N, T, H] and back on every call, while the einsums let XLA pick the
+  layouts, which is faster (BENCHMARKS.md, "Attention on CPU"). Decided at trace time from the
   platform traced for (`accelerators.traced_platform`).
   """
   return implementation is not None or accelerators.traced_platform() != "cpu"

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.config import ModelConfig
+from flax_transformer.model.config import ModelConfig
 
 Array = jax.Array
 
@@ -42,8 +42,8 @@ def batch_split(x: Array) -> Array:
 
   With FSDP the weights are split over the same mesh axis as the batch, and without this XLA
   may meet a [B, T, D] x [D, F] product by gathering every row's activations onto every chip
-  (all B rows of the [B, T, V] logits) instead of the weights: base on 8 v5e chips then needs
-  7.7 GiB per chip instead of 2.6 (BENCHMARKS.md, TPU plans).
+  (all B rows of the [B, T, V] logits) instead of the weights, which takes several times the
+  memory per chip (BENCHMARKS.md, "TPU plans").
   """
   split = _BATCH_SPLIT.get()
   if split is None:
@@ -87,12 +87,12 @@ def sinusoid_permutation(dim: int) -> np.ndarray:
 def keep_mask(rng: Array, shape: tuple[int, ...], keep_prob: float) -> tuple[Array, float]:
   """A Bernoulli(keep_prob) dropout mask from a counter hash keyed by two threefry words.
 
-  `jax.random.bernoulli` runs threefry (20 rounds) for every element: on the 2-core CPU that
-  was about a tenth of a train step (dropout on 8.4M elements: 80-98 ms with it, 10 ms here,
-  the cost of `x * 2`). Here threefry draws two 32-bit seeds per call, and each element hashes
-  its flat index with them through Wellons' `lowbias32` integer hash (a bijection of uint32 with
-  full avalanche), applied twice: masks of different calls use independent seeds, elements of
-  one call use distinct counters. Plenty for dropout; not a general-purpose PRNG.
+  `jax.random.bernoulli` runs threefry (20 rounds) for every element, about a tenth of a CPU
+  train step, where this costs about as much as `x * 2` (BENCHMARKS.md, "Training step").
+  Here threefry draws two 32-bit seeds per call, and each element hashes its flat index with
+  them through Wellons' `lowbias32` integer hash (a bijection of uint32 with full avalanche),
+  applied twice: masks of different calls use independent seeds, elements of one call use
+  distinct counters. Plenty for dropout; not a general-purpose PRNG.
 
   Args:
     rng: a PRNG key.

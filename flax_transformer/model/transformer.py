@@ -20,23 +20,23 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.config import ModelConfig
 from flax_transformer.model.attention import (
-    KeyValues,
-    MultiHeadAttention,
-    causal_mask,
-    combine_masks,
-    padding_mask,
-    segment_mask,
+  KeyValues,
+  MultiHeadAttention,
+  causal_mask,
+  combine_masks,
+  padding_mask,
+  segment_mask,
 )
+from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.layers import (
-    Dropout,
-    Embedder,
-    FeedForward,
-    PositionalEncoding,
-    SubLayer,
-    batch_split,
-    layer_norm,
+  Dropout,
+  Embedder,
+  FeedForward,
+  PositionalEncoding,
+  SubLayer,
+  batch_split,
+  layer_norm,
 )
 
 Array = jax.Array
@@ -97,7 +97,7 @@ def resize_cache(cache: DecoderCache, capacity: int) -> DecoderCache:
 
   Growing appends zeros; shrinking drops the last positions, which must not be written yet
   (capacity >= `cache.index`). Beam search calls this between loop segments so that early
-  steps reorder and attend over a short cache (`decode`'s "Growing state").
+  steps reorder and attend over a short cache (`decoding.search`'s "Growing state").
   """
   def resize(x: Array) -> Array:
     length = x.shape[2]

@@ -5,7 +5,7 @@ what the compiler says: memory per chip, FLOPs, and whether it fits.
 mesh of the topology's devices, built as `train.py` builds it (`sharding.make_mesh`,
 `state.state_shardings`, data parallel or FSDP as configured), on `jax.ShapeDtypeStruct`s of the
 train state and of one global batch: nothing is allocated. `plan_decode` does the same for the
-beam search `flax-transformer translate` runs (`translate.search_program`), at the largest
+beam search `flax-transformer translate` runs (`translator.search_program`), at the largest
 device batch of each length bucket. Tracing happens inside `accelerators.compiling_for("tpu")`,
 so every choice made at trace time (the fused attention call, the search's loop shape) is the
 one a TPU host makes.
@@ -27,12 +27,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from flax_transformer import accelerators, batching, predict, translate
 from flax_transformer import config as config_lib
 from flax_transformer.config import TranslateConfig
 from flax_transformer.data import pipeline
+from flax_transformer.decoding import bridge
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.planning.topology import PlanError, Topology, chip_of
+from flax_transformer.runtime import accelerators
+from flax_transformer.serving import batching, translator
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import optim, steps
 from flax_transformer.training import sharding as sharding_lib
@@ -137,8 +139,8 @@ def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
   search = settings.search
   grow = _grows_cache_on_tpu(search)
   search = search.replace(grow_cache="yes" if grow else "no")
-  mesh = translate.local_mesh(devices)
-  program = translate.search_program(exp.model, mesh)
+  mesh = translator.local_mesh(devices)
+  program = translator.search_program(exp.model, mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   rows_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
   boxed = state_lib.abstract_params(Transformer(exp.model), seed=0, max_length=8)
@@ -146,7 +148,7 @@ def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
                         nn.meta.unbox(boxed))
   plans = []
   for rows, length in batching.largest_shapes(settings.batch_tokens, exp.model.max_len):
-    decode_len = translate.decode_length(search, length, exp.model.max_len)
+    decode_len = translator.decode_length(search, length, exp.model.max_len)
     inputs = jax.ShapeDtypeStruct((rows * len(devices), length), jnp.int32,
                                   sharding=rows_sharding)
     rng = _rng(search.method, rows * len(devices), replicated, rows_sharding)
@@ -173,7 +175,7 @@ def load_experiment(config: ml_collections.ConfigDict, devices: list[jax.Device]
 def _grows_cache_on_tpu(search: config_lib.SearchConfig) -> bool:
   """config.search.grow_cache resolved as a TPU host resolves it ("auto": no)."""
   with accelerators.compiling_for("tpu"):
-    return predict.grows_cache(search.grow_cache, search.method)
+    return bridge.grows_cache(search.grow_cache, search.method)
 
 
 def _compile(program: str, lower, devices: list[jax.Device], topology: Topology, *,

@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from flax_transformer.accelerators import GIB
 from flax_transformer.planning.plans import Plan
+from flax_transformer.runtime.accelerators import GIB
 
 
 def describe(plan: Plan) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import jax
 from jax.experimental import topologies
 
-from flax_transformer import accelerators
+from flax_transformer.runtime import accelerators
 
 
 class PlanError(ValueError):
@@ -128,7 +128,7 @@ def chip_of(devices: list[jax.Device]) -> accelerators.Chip:
   known = accelerators.chip(devices[0].device_kind)
   if known is None:
     raise PlanError(f"Unknown TPU chip {devices[0].device_kind!r}: add it to "
-                    "flax_transformer.accelerators.CHIPS.")
+                    "flax_transformer.runtime.accelerators.CHIPS.")
   return known
 
 

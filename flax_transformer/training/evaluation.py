@@ -19,9 +19,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from flax_transformer.scoring import score_translations
+from flax_transformer.serving.translator import Translator
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import sharding as sharding_lib
-from flax_transformer.translate import Translator
 
 
 @dataclasses.dataclass
@@ -61,11 +61,7 @@ class SplitEvaluator:
 
   def translations(self, params: Any) -> list[str]:
     """The best translation of every source of the split, in the split's order."""
-    self.translator.params = params
-    try:
-      return self.translator.translate([source for source, _ in self.pairs])
-    finally:
-      self.translator.params = None  # Training donates the state; keep no reference to it.
+    return self.translator.translate([source for source, _ in self.pairs], params=params)
 
   def run(self, params: Any, step: int, writer: metrics_lib.MetricWriter,
           num_examples: int = 0) -> SplitResult:

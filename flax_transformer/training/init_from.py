@@ -37,15 +37,11 @@ from typing import Any
 import jax
 import ml_collections
 
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import (
-  ConfigError,
-  DataConfig,
-  TrainConfig,
-  model_config_from,
-  model_group,
-  parse_group,
-)
+from flax_transformer.config import DataConfig, TrainConfig
+from flax_transformer.model.config import model_config_from, model_group
+from flax_transformer.validation import ConfigError, parse_group
 
 # config.model fields that fine-tuning may change: they leave the parameters' function alone.
 TRAINING_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "param_dtype",
@@ -214,7 +210,7 @@ def copy_vocabulary(source: Source, workdir: Path) -> None:
   """Copies the source's vocabulary files into `workdir` (atomically; every process may)."""
   workdir.mkdir(parents=True, exist_ok=True)
   for file in workdir_lib.vocabulary_files(source.workdir):
-    workdir_lib.atomic_write(workdir / file.name, file.read_bytes())
+    files.atomic_write(workdir / file.name, file.read_bytes())
 
 
 def load_params(source: Source, abstract_params: Any, shardings: Any) -> Any:

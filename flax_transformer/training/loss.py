@@ -48,8 +48,8 @@ def is_top_prediction(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """bool [B, T]: the target's logit is the largest, i.e. argmax(logits) == target barring ties.
 
   Written as a max and a gather rather than `jnp.argmax`: XLA's CPU argmax is a variadic
-  (value, index) reduction that does not vectorise, about 25x slower than `max` over [B, T, V]
-  (measured 71 ms vs 3 ms at [64, 32, 8000] on the 2-core CPU, a few percent of a train step).
+  (value, index) reduction that does not vectorise, far slower than `max` over [B, T, V]
+  (BENCHMARKS.md, "Training step").
   An exact tie with another logit counts as correct, where argmax would pick the lower id.
   """
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]

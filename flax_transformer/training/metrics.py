@@ -12,10 +12,10 @@ from typing import Any
 
 import jax
 
-from flax_transformer import accelerators
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import ModelConfig
+from flax_transformer.model.config import ModelConfig
 from flax_transformer.progress import format_duration
+from flax_transformer.runtime import accelerators
 
 
 def peak_flops_per_device(device: jax.Device, configured: float = 0.0) -> float:

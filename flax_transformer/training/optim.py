@@ -64,7 +64,7 @@ def make_optimizer(train: Any, d_model: int) -> tuple[optax.GradientTransformati
   """Adam or AdamW with the configured schedule, after optional global-norm clipping.
 
   Args:
-    train: the validated `config.train` group (`flax_transformer.experiment.TrainConfig`).
+    train: the validated `config.train` group (`flax_transformer.config.TrainConfig`).
     d_model: the model's D, used by the `rsqrt` schedule.
 
   Returns:

@@ -24,15 +24,24 @@ import jax
 import ml_collections
 
 from flax_transformer import config as config_lib
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import TranslateConfig
 from flax_transformer.data import pipeline
 from flax_transformer.model.transformer import Transformer
-from flax_transformer.training import checkpoints, evaluation, init_from, loop, optim, steps
+from flax_transformer.serving.translator import Translator
+from flax_transformer.training import (
+  checkpoints,
+  evaluation,
+  init_from,
+  loop,
+  optim,
+  steps,
+  vocabulary,
+)
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
-from flax_transformer.translate import Translator
 
 
 @dataclasses.dataclass
@@ -128,7 +137,7 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
   if source is not None:
     init_from.copy_vocabulary(source, workdir)
   is_chief = jax.process_index() == 0
-  tokenizer = pipeline.train_or_load_tokenizer(exp.data, str(workdir))
+  tokenizer = vocabulary.train_or_load_tokenizer(exp.data, str(workdir))
   _keep_vocabulary(exp, workdir, is_chief)
   model = Transformer(exp.model_config(tokenizer.vocab_size))
   optimizer, schedule = optim.make_optimizer(exp.train, model.config.emb_dim)
@@ -144,7 +153,7 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
   state = _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter,
                            source)
   if is_chief:  # Only once the checkpoint is known to fit the config.
-    workdir_lib.write_json(workdir / workdir_lib.CONFIG_FILE, _json(config))
+    files.write_json(workdir / workdir_lib.CONFIG_FILE, _json(config))
   logging.info("Model: %s; %s parameters; mesh %s; fsdp=%s.", model.config,
                f"{_count(abstract.params):,}", dict(mesh.shape), exp.train.fsdp)
   return _Job(exp=exp, model=model, optimizer=optimizer, schedule=schedule, mesh=mesh,
@@ -167,7 +176,7 @@ def _keep_vocabulary(exp, workdir: Path, is_chief: bool) -> None:
   """Copies a given vocab_path into WORKDIR/vocab.model so the workdir restores on its own."""
   target = workdir / workdir_lib.VOCAB_FILE
   if is_chief and exp.data.vocab_path and not target.exists():
-    workdir_lib.atomic_write(target, Path(exp.data.vocab_path).read_bytes())
+    files.atomic_write(target, Path(exp.data.vocab_path).read_bytes())
 
 
 def _json(config: Mapping[str, Any]) -> dict[str, Any]:

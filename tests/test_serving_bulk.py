@@ -26,16 +26,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh
-from test_translate import WORDS, copy_translator, sentences
+from test_serving_translator import WORDS, copy_translator, sentences
 
-from flax_transformer import ModelConfig, Transformer, bulk, textfiles
-from flax_transformer import translate as translate_lib
+from flax_transformer import ModelConfig, Transformer, files
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.batching import group_steps, plan_batches
-from flax_transformer.chunk_tasks import TranslationTask
 from flax_transformer.cli import main
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
 from flax_transformer.progress import ProgressBar
+from flax_transformer.serving import bulk
+from flax_transformer.serving import translator as translate_lib
+from flax_transformer.serving.batching import group_steps, plan_batches
+from flax_transformer.serving.chunk_tasks import TranslationTask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,16 +109,16 @@ def test_device_batches_do_not_depend_on_the_number_of_devices():
 def test_streaming_readers_agree_with_read_lines(tmp_path):
   raw = b"first\r\n\nsecond line\nno newline at the end"
   (tmp_path / "a.txt").write_bytes(raw)
-  lines = textfiles.read_lines(str(tmp_path / "a.txt"))
+  lines = files.read_lines(str(tmp_path / "a.txt"))
   assert lines == ["first", "", "second line", "no newline at the end"]
-  assert textfiles.count_lines(str(tmp_path / "a.txt")) == 4
+  assert files.count_lines(str(tmp_path / "a.txt")) == 4
   assert list(bulk.record_chunks([str(tmp_path / "a.txt")], 3)) == [
       [("first",), ("",), ("second line",)], [("no newline at the end",)]]
   assert [c for _, c in bulk.read_chunks([str(tmp_path / "a.txt")], 2, [1])] == [
       [("second line",), ("no newline at the end",)]]
   (tmp_path / "bad.txt").write_bytes(b"ok\n" * 5000 + b"bad \xff\n")
   with pytest.raises(ValueError, match=r"bad\.txt:5001: invalid UTF-8"):
-    textfiles.count_lines(str(tmp_path / "bad.txt"))
+    files.count_lines(str(tmp_path / "bad.txt"))
 
 
 def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only():
@@ -185,7 +186,7 @@ def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkey
   lines = write_input(source, 120)
   expected = "".join(line + "\n" for line in translator.translate(lines))
   written = []
-  monkeypatch.setattr(textfiles.AtomicWriter, "write", lambda self, data: written.append(
+  monkeypatch.setattr(files.AtomicWriter, "write", lambda self, data: written.append(
       data) if len(written) < 1 else (_ for _ in ()).throw(RuntimeError("killed mid-merge")))
   with pytest.raises(RuntimeError, match="killed mid-merge"):
     bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
@@ -198,11 +199,11 @@ def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkey
   with pytest.raises(RuntimeError, match="killed while removing"):
     bulk.run_file_job(plan(source, output), rerun, params_sha256="p")
   assert rerun.chunks == []  # Every chunk was done: nothing translated again.
-  assert textfiles.read_lines(str(output)) == expected.splitlines()
+  assert files.read_lines(str(output)) == expected.splitlines()
   monkeypatch.undo()
   assert bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz"]
-  assert textfiles.read_lines(str(output)) == expected.splitlines()
+  assert files.read_lines(str(output)) == expected.splitlines()
 
 
 def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, monkeypatch,
@@ -236,7 +237,7 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
   source.write_text(source.read_text().rsplit("one more line\n", 1)[0])
   os.utime(source, ns=(json.loads((bulk.partial_dir(str(output)) / "manifest.json").read_text())[
       "inputs"][0]["mtime_ns"],) * 2)
-  assert main(args) == 0 and len(textfiles.read_lines(str(output))) == 40
+  assert main(args) == 0 and len(files.read_lines(str(output))) == 40
   assert "Translated 30 sentences in" in capsys.readouterr().err  # Chunk 0 was kept.
 
 
@@ -337,7 +338,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(workdir, tmp_p
 
 
 def test_stdin_lines_come_back_in_order_while_input_is_still_open(workdir, tmp_path):
-  from flax_transformer.translate import Translator, local_mesh
+  from flax_transformer.serving.translator import Translator, local_mesh
 
   run = cli("translate", "--workdir", str(workdir), "--input", "-", "--output", "-",
             "--method", "greedy", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -359,7 +360,7 @@ def test_stdin_lines_come_back_in_order_while_input_is_still_open(workdir, tmp_p
 
 # ------------------------------------------------------------------ n-best, sampling, score
 def test_nbest_writes_moses_entries_equal_to_translate_nbest(workdir, tmp_path, capsys):
-  from flax_transformer.translate import Translator, local_mesh
+  from flax_transformer.serving.translator import Translator, local_mesh
 
   source, output = tmp_path / "in.txt", tmp_path / "nbest.txt"
   lines = write_input(source, 14, seed=6, empty_every=4)
@@ -382,7 +383,7 @@ def test_nbest_writes_moses_entries_equal_to_translate_nbest(workdir, tmp_path, 
 
 
 def test_samples_depend_on_the_seed_and_line_not_on_batching(workdir, tmp_path):
-  from flax_transformer.translate import Translator, local_mesh
+  from flax_transformer.serving.translator import Translator, local_mesh
 
   source = tmp_path / "in.txt"
   lines = write_input(source, 60, seed=7)

@@ -1,17 +1,16 @@
-"""The bridge between the Transformer and `flax_transformer.search`.
+"""The bridge between the Transformer and `flax_transformer.decoding.search`.
 
 `prepare_search` does, once per batch of source ids, what every search needs: it encodes the
 batch, computes every decoder layer's cross-attention keys/values (the search's shared state,
 read by all K beams of a sentence without copies), builds an empty self-attention cache (the
-per-beam state) and the `tokens_to_logits` closure around `Transformer.decode_step`. Its
-`arguments` are the keyword arguments the search functions share, so callers call the search
-they want directly:
+per-beam state) and the `tokens_to_logits` closure around `Transformer.decode_step`, and
+returns them as one `SearchProblem`, so callers call the search they want directly:
 
-  prepared = prepare_search(model, variables, inputs, max_decode_len=64, max_len_a=1.0,
-                            max_len_b=50, grow_cache=grows_cache("auto", "beam"))
-  sequences, scores = search.beam_search(**prepared.arguments, beam_size=4, length_penalty=0.6)
-  sequences, scores = search.greedy_search(**prepared.arguments)
-  sequences, scores = search.sample(**prepared.arguments, rng=key, temperature=0.8)
+  problem = prepare_search(model, variables, inputs, max_decode_len=64, max_len_a=1.0,
+                           max_len_b=50, grow_cache=grows_cache("auto", "beam"))
+  sequences, scores = search.beam_search(problem, beam_size=4, ranking=search.Ranking(0.6))
+  sequences, scores = search.greedy_search(problem)
+  sequences, scores = search.sample(problem, key, temperature=0.8)
 
 `sequence_log_probs(model, variables, inputs, targets)` scores given translations by one
 teacher-forced pass (the `score` command). Everything here is a pure function of (variables,
@@ -20,21 +19,19 @@ inputs): call it inside `jax.jit`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from flax_transformer import accelerators, search
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
+from flax_transformer.decoding import search
 from flax_transformer.model.transformer import (
-    DECODER_START_ID,
-    CrossAttentionCache,
-    DecoderCache,
-    Transformer,
-    resize_cache,
+  DECODER_START_ID,
+  Transformer,
+  resize_cache,
 )
+from flax_transformer.runtime import accelerators
 
 Array = jax.Array
 GROW_CACHE_CHOICES = ("auto", "yes", "no")
@@ -73,12 +70,12 @@ def grows_cache(setting: str, method: str) -> bool:
   """Whether the search grows the self-attention cache (`search`'s "Growing state").
 
   `setting` is config.search.grow_cache: "yes", "no", or "auto", which grows it for beam search
-  on CPU only, decided at trace time. On the 2-core CPU a beam step is bound by memory traffic,
-  mostly the reorder of the whole cache by parent beam, so a cache grown by
-  `search.growth_schedule` (16, 32, 48, 64, then doubling) makes a 64-step beam search 14-25%
-  faster, for 2.2-2.3x its compile time (one loop body per segment; BENCHMARKS.md). Greedy
-  decoding and sampling reorder nothing and gain 2-4%, too little for the compile time. On a
-  GPU the step is bound by kernel launches rather than bytes, and there the cache stays fixed.
+  on CPU only, decided at trace time. On a CPU a beam step is bound by memory traffic, mostly
+  the reorder of the whole cache by parent beam, so a cache grown by `search.growth_schedule`
+  (16, 32, 48, 64, then doubling) makes beam search faster for a longer compile (one loop body
+  per segment); greedy decoding and sampling reorder nothing and gain too little for the
+  compile time. On a GPU the step is bound by kernel launches rather than bytes, and there the
+  cache stays fixed. The figures: BENCHMARKS.md, "Growing self-attention cache".
   """
   if setting not in GROW_CACHE_CHOICES:
     raise ValueError(f"grow_cache must be one of {GROW_CACHE_CHOICES}, got {setting!r}.")
@@ -87,30 +84,14 @@ def grows_cache(setting: str, method: str) -> bool:
   return setting == "yes"
 
 
-@dataclasses.dataclass(frozen=True)
-class PreparedSearch:
-  """One encoded batch, ready to search: the keyword arguments of every `search` function."""
-
-  tokens_to_logits: search.TokensToLogitsWithShared
-  initial_state: DecoderCache  # Empty self-attention K/V, leaves [B, N, L, H] (per beam).
-  shared_state: CrossAttentionCache  # Cross-attention K/V [B, N, S, H], shared by the beams.
-  batch_size: int  # B.
-  max_decode_len: int  # L: output tokens including EOS.
-  max_lengths: Array | None  # int32 [B]: tokens before EOS per sentence, or no cap.
-  resize_state: search.ResizeState | None  # Grows the cache between loop segments, or None.
-  eos_id: int = EOS_ID
-  bos_id: int = DECODER_START_ID
-
-  @property
-  def arguments(self) -> dict[str, Any]:
-    return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-
-
 def prepare_search(
     model: Transformer, variables: Any, inputs: Array, *, max_decode_len: int,
-    max_len_a: float = 0.0, max_len_b: int | None = None, grow_cache: bool = False,
-) -> PreparedSearch:
-  """Encodes `inputs` once and builds what a search of up to `max_decode_len` tokens needs.
+    max_len_a: float = 0.0, max_len_b: int | None = None, min_length: int = 0,
+    grow_cache: bool = False,
+) -> search.SearchProblem:
+  """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
+  decoder step, an empty self-attention cache [B, N, L, H] (per beam), the cross-attention K/V
+  [B, N, S, H] (shared by the beams), and the length limits.
 
   Args:
     model: the Transformer. variables: its variables ({"params": ...}).
@@ -118,6 +99,7 @@ def prepare_search(
     max_decode_len: L, output tokens including EOS.
     max_len_a, max_len_b: at most floor(a * source length + b) tokens before EOS per sentence
       (the paper used source length + 50); defaults: no cap beyond L.
+    min_length: fewest tokens before EOS.
     grow_cache: grow the self-attention cache in segments (see `grows_cache`).
   """
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
@@ -127,10 +109,11 @@ def prepare_search(
   encoded = model.apply(variables, inputs, method=Transformer.encode)  # [B, S, D]
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   cache = model.apply(variables, batch_size, max_decode_len, method=Transformer.init_cache)
-  return PreparedSearch(
+  return search.SearchProblem(
       tokens_to_logits=make_tokens_to_logits(model, variables), initial_state=cache,
-      shared_state=cross, batch_size=batch_size, max_decode_len=max_decode_len,
-      max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
+      batch_size=batch_size, max_decode_len=max_decode_len, eos_id=EOS_ID,
+      bos_id=DECODER_START_ID, shared_state=cross,
+      max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
       resize_state=resize_cache if grow_cache else None)
 
 

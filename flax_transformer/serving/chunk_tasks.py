@@ -1,15 +1,18 @@
 """What a bulk job does with one chunk of input lines: translate it (best or n-best) or score
-it, with a `Translator`, and format its output lines. `flax_transformer.bulk` runs these over
-files and streams; they are plain callables, so a test can swap in its own.
+it, with a `Translator`, and format its output lines. `flax_transformer.serving.bulk` runs these
+over files and streams; they are plain callables, so a test can swap in its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from flax_transformer.bulk import Progress
-from flax_transformer.textfiles import as_line
-from flax_transformer.translate import Translator
+import numpy as np
+
+from flax_transformer.files import as_line
+from flax_transformer.serving.batching import in_input_order
+from flax_transformer.serving.bulk import Progress
+from flax_transformer.serving.translator import Translator
 
 
 def format_score(value: float) -> str:
@@ -32,12 +35,14 @@ class TranslationTask:
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
                progress: Progress) -> str:
     lines = [record[0] for record in records]
-    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
-    for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line):
-      for index, hypotheses in zip(batch.indices, batch.hypotheses, strict=True):
-        results[index] = hypotheses
-      progress(len(batch.indices), batch.target_tokens)
-    self.truncated += self.translator.truncated
+
+    def batches() -> Iterator[tuple[np.ndarray, list[list[tuple[str, float]]]]]:
+      for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line):
+        self.truncated += batch.truncated
+        progress(len(batch.indices), batch.target_tokens)
+        yield batch.indices, batch.hypotheses
+
+    results = in_input_order(len(lines), batches(), [("", 0.0)])
     progress(sum(1 for line in lines if not line.strip()), 0)
     if self.nbest is None:
       return "".join(as_line(hypotheses[0][0]) for hypotheses in results)
@@ -59,13 +64,14 @@ class ScoringTask:
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
                progress: Progress) -> str:
     del first_line  # Scores need no key.
-    values = [0.0] * len(records)
     sources = [record[0] for record in records]
     targets = [record[1] for record in records]
-    for batch in self.translator.iter_score(sources, targets):
-      scores = batch.log_probs / (batch.target_tokens if self.normalize else 1)
-      for index, value in zip(batch.indices, scores, strict=True):
-        values[index] = float(value)
-      progress(len(batch.indices), int(batch.target_tokens.sum()))
-    self.truncated += self.translator.truncated
+
+    def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+      for batch in self.translator.iter_score(sources, targets):
+        self.truncated += batch.truncated
+        progress(len(batch.indices), int(batch.target_tokens.sum()))
+        yield batch.indices, batch.log_probs / (batch.target_tokens if self.normalize else 1)
+
+    values = [float(value) for value in in_input_order(len(records), batches(), 0.0)]
     return "".join(format_score(value) + "\n" for value in values)

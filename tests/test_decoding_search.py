@@ -1,4 +1,5 @@
-"""Tests for flax_transformer.search on toy step functions whose answers are known or enumerable.
+"""Tests for flax_transformer.decoding.search on toy step functions whose answers are known or
+enumerable.
 
 The references are independent: NumPy brute-force enumeration of every hypothesis, NumPy greedy
 decoding, analytic optima of a Markov chain, and binomial confidence bounds for sampling.
@@ -6,15 +7,21 @@ decoding, analytic optima of a Markov chain, and binomial confidence bounds for 
 
 import functools
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import search
-from flax_transformer.search import beam_search, greedy_search, sample
+from flax_transformer.decoding import loop, search, topk
+from flax_transformer.decoding.loop import LoopOptions
+from flax_transformer.decoding.search import (
+  Ranking,
+  SearchProblem,
+  beam_search,
+  greedy_search,
+  sample,
+)
 
 EOS = 1
 PAD = 0  # Also BOS.
@@ -114,16 +121,18 @@ def _assert_matches_brute_force(sequences, scores, toy, alpha, **limits):
     np.testing.assert_allclose(np.asarray(scores[b]), [h[1] for h in expected], rtol=2e-6)
 
 
-def _search(toy, beams, alpha, mode="closure", finish_rule="every_beam", **kwargs):
+def _search(toy, beams, alpha, mode="closure", finish_rule="every_beam",
+            length_normalization="gnmt", return_all=True, **limits):
   """beam_search on `toy`; by default with the rule whose large-K answer is brute force's."""
   step, state, shared = toy.step, toy.initial_state(), None
   if mode == "shared":
     shared = {"table": jnp.asarray(toy.table)}
   elif mode == "state":
     state = toy.initial_state(table_in_state=True)
-  return beam_search(step, state, batch_size=toy.batch, beam_size=beams,
-                     max_decode_len=toy.max_len, eos_id=EOS, length_penalty=alpha,
-                     shared_state=shared, finish_rule=finish_rule, **kwargs)
+  problem = SearchProblem(step, state, batch_size=toy.batch, max_decode_len=toy.max_len,
+                          eos_id=EOS, shared_state=shared, **limits)
+  return beam_search(problem, beam_size=beams, return_all=return_all,
+                     ranking=Ranking(alpha, length_normalization, finish_rule))
 
 
 # A first-order Markov chain (t5x decoding_test style) over PAD/BOS, EOS, A, B. Greedy takes A
@@ -146,8 +155,9 @@ def _markov_step(ids, state):
 def test_markov_chain_beam_two_finds_the_best_sequence_greedy_does_not():
   state = {"unused": jnp.zeros((1,), jnp.int32)}
   common = dict(batch_size=1, max_decode_len=3, eos_id=EOS)
-  greedy, greedy_score = greedy_search(_markov_step, state, **common)
-  beam, beam_scores = beam_search(_markov_step, state, beam_size=2, length_penalty=0.0, **common)
+  greedy, greedy_score = greedy_search(SearchProblem(_markov_step, state, **common))
+  beam, beam_scores = beam_search(SearchProblem(_markov_step, state, **common), beam_size=2,
+                                  ranking=Ranking(length_penalty=0.0))
   probs = {seq: np.prod([MARKOV[prev, t] for prev, t in zip((PAD, *seq), seq, strict=False)])
            for n in (1, 2, 3) for seq in itertools.product(range(4), repeat=n)
            if seq[-1] == EOS and EOS not in seq[:-1] and PAD not in seq}
@@ -226,8 +236,8 @@ def test_beam_one_equals_greedy(alpha):
   # the best answer on the greedy path (beam 1 keeps finished hypotheses apart).
   eos_logits = np.array([-np.inf] * 4 + [30.0] * 4, np.float32)
   toy = HashToy(seed=11, batch=3, max_len=8, vocab=7, eos_logits=eos_logits)
-  greedy, greedy_scores = greedy_search(toy.step, toy.initial_state(), batch_size=3,
-                                        max_decode_len=8, eos_id=EOS)
+  greedy, greedy_scores = greedy_search(SearchProblem(toy.step, toy.initial_state(),
+                                                      batch_size=3, max_decode_len=8, eos_id=EOS))
   beam, beam_scores = _search(toy, beams=1, alpha=alpha)
   np.testing.assert_array_equal(np.asarray(greedy)[:, 4], EOS)
   np.testing.assert_array_equal(beam[:, 0], greedy)
@@ -339,8 +349,8 @@ def test_top_k_rule_with_one_beam_is_greedy(seed, limits):
   kwargs = dict(limits)
   if "max_lengths" in kwargs:
     kwargs["max_lengths"] = jnp.asarray(kwargs["max_lengths"], jnp.int32)
-  greedy, greedy_scores = greedy_search(toy.step, toy.initial_state(), batch_size=5,
-                                        max_decode_len=8, eos_id=EOS, **kwargs)
+  greedy, greedy_scores = greedy_search(SearchProblem(
+      toy.step, toy.initial_state(), batch_size=5, max_decode_len=8, eos_id=EOS, **kwargs))
   for normalization in search.LENGTH_NORMALIZATIONS:
     beam, beam_scores = _search(toy, beams=1, alpha=0.6, finish_rule="top_k",
                                 length_normalization=normalization, **kwargs)
@@ -353,8 +363,8 @@ def test_top_k_rule_with_one_beam_is_greedy(seed, limits):
 
 def test_every_beam_rule_with_one_beam_is_not_greedy_where_eos_has_weight():
   toy = HashToy(seed=71, batch=5, max_len=8, vocab=9, eos_logits=0.5)
-  greedy, _ = greedy_search(toy.step, toy.initial_state(), batch_size=5, max_decode_len=8,
-                            eos_id=EOS)
+  greedy, _ = greedy_search(SearchProblem(toy.step, toy.initial_state(), batch_size=5,
+                                          max_decode_len=8, eos_id=EOS))
   beam, _ = _search(toy, beams=1, alpha=0.6, finish_rule="every_beam")
   assert not np.array_equal(np.asarray(beam[:, 0]), np.asarray(greedy))
 
@@ -368,8 +378,7 @@ def test_length_normalizations_follow_their_formulas():
   with pytest.raises(ValueError, match="length_normalization must be one of"):
     search.length_penalty_divisor(3, 0.6, "marian")
   with pytest.raises(ValueError, match="finish_rule must be one of"):
-    beam_search(_fixed_step, {}, batch_size=1, beam_size=2, max_decode_len=3, eos_id=EOS,
-                finish_rule="first")
+    Ranking(finish_rule="first")
 
 
 # Position-only next-token probabilities over PAD, EOS, A, B. Stopping after step 0 keeps [EOS]
@@ -386,9 +395,9 @@ def _positional_step(ids, state):
 
 
 def test_early_exit_bound_allows_for_the_length_penalty():
-  sequences, scores = beam_search(
-      _positional_step, {"index": jnp.zeros((), jnp.int32)}, batch_size=1, beam_size=1,
-      max_decode_len=6, eos_id=EOS, length_penalty=1.0, finish_rule="every_beam")
+  problem = SearchProblem(_positional_step, {"index": jnp.zeros((), jnp.int32)}, batch_size=1,
+                          max_decode_len=6, eos_id=EOS)
+  sequences, scores = beam_search(problem, beam_size=1, ranking=Ranking(1.0, "gnmt", "every_beam"))
   with np.errstate(divide="ignore"):
     table = np.log(POSITIONAL)
   best = brute_force(lambda prefix: table[len(prefix)], 4, 6, alpha=1.0)[0]
@@ -419,8 +428,8 @@ def test_greedy_equals_numpy_greedy(limits):
   kwargs = dict(limits)
   if "max_lengths" in kwargs:
     kwargs["max_lengths"] = jnp.asarray(kwargs["max_lengths"], jnp.int32)
-  sequences, scores = greedy_search(toy.step, toy.initial_state(), batch_size=3,
-                                    max_decode_len=6, eos_id=EOS, **kwargs)
+  sequences, scores = greedy_search(SearchProblem(
+      toy.step, toy.initial_state(), batch_size=3, max_decode_len=6, eos_id=EOS, **kwargs))
   for b in range(3):
     caps = limits.get("max_lengths", [None] * 3)
     expected, total = _numpy_greedy(toy, b, limits.get("min_length", 0), caps[b])
@@ -431,9 +440,9 @@ def test_greedy_equals_numpy_greedy(limits):
 def test_sampling_with_top_k_one_equals_greedy():
   toy = HashToy(seed=17, batch=4, max_len=6, eos_logits=0.5)
   common = dict(batch_size=4, max_decode_len=6, eos_id=EOS, min_length=1)
-  greedy = greedy_search(toy.step, toy.initial_state(), **common)
-  sampled = sample(toy.step, toy.initial_state(), jax.random.key(0), top_k=1,
-                   temperature=0.7, **common)
+  greedy = greedy_search(SearchProblem(toy.step, toy.initial_state(), **common))
+  sampled = sample(SearchProblem(toy.step, toy.initial_state(), **common), jax.random.key(0),
+                   top_k=1, temperature=0.7)
   np.testing.assert_array_equal(sampled[0], greedy[0])
   np.testing.assert_allclose(sampled[1], greedy[1], rtol=1e-6)
 
@@ -484,15 +493,21 @@ def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
   # L = 5 in segments of 2: capacities 2, 4, 5. K = 81 holds every alive prefix (3 ** 4), so
   # the search is exact, and beams are reordered across both resizes.
   toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
-  run = functools.partial(beam_search, toy.step, batch_size=2, max_decode_len=5, eos_id=EOS,
-                          length_penalty=alpha, finish_rule="every_beam")
+  ranking = Ranking(alpha, finish_rule="every_beam")
+
+  def run(state, beam_size, resize_state=None, segment_length=16):
+    problem = SearchProblem(toy.step, state, batch_size=2, max_decode_len=5, eos_id=EOS,
+                            resize_state=resize_state)
+    return beam_search(problem, beam_size=beam_size, ranking=ranking,
+                       loop_options=LoopOptions(segment_length=segment_length))
+
   sequences, scores = run(toy.initial_state(1), beam_size=81,
-                             resize_state=HistoryToy.resize, segment_length=2)
+                          resize_state=HistoryToy.resize, segment_length=2)
   assert sorted(set(toy.capacities)) == [2, 4, 5]
   _assert_matches_brute_force(sequences, scores, toy, alpha)
   # With pruning (K = 3), growing the buffer must not change what a full-size buffer finds.
   grown = run(toy.initial_state(1), beam_size=3, resize_state=HistoryToy.resize,
-                 segment_length=2)
+              segment_length=2)
   full_size = run(toy.initial_state(5), beam_size=3)
   np.testing.assert_array_equal(grown[0], full_size[0])
   np.testing.assert_allclose(grown[1], full_size[1], rtol=1e-6)
@@ -502,10 +517,11 @@ def test_history_toy_catches_a_segment_that_ends_mid_iteration(monkeypatch):
   # The control for the test above: an odd capacity before L makes the two-step beam loop
   # write past it (clamped onto the last slot), and the toy must then disagree.
   toy = HistoryToy(seed=31, batch=2, max_len=5, eos_logits=-1.0)
-  monkeypatch.setattr(search, "growth_schedule", lambda max_len, segment, steps: (3, max_len))
-  sequences, scores = beam_search(
-      toy.step, toy.initial_state(1), batch_size=2, beam_size=81, max_decode_len=5, eos_id=EOS,
-      length_penalty=0.6, finish_rule="every_beam", resize_state=HistoryToy.resize)
+  monkeypatch.setattr(loop, "growth_schedule", lambda max_len, segment, steps: (3, max_len))
+  problem = SearchProblem(toy.step, toy.initial_state(1), batch_size=2, max_decode_len=5,
+                          eos_id=EOS, resize_state=HistoryToy.resize)
+  sequences, scores = beam_search(problem, beam_size=81,
+                                  ranking=Ranking(0.6, finish_rule="every_beam"))
   with pytest.raises(AssertionError):
     _assert_matches_brute_force(sequences, scores, toy, 0.6)
 
@@ -514,16 +530,18 @@ def test_a_resize_that_changes_a_leaf_rank_is_a_clear_error():
   toy = HistoryToy(seed=31, batch=2, max_len=5)
   flatten = lambda state, capacity: {**state, "tokens": state["tokens"].reshape(-1)}
   with pytest.raises(ValueError, match=r"resize_state\(state, 2\) must keep the state's"):
-    beam_search(toy.step, toy.initial_state(5), batch_size=2, beam_size=2, max_decode_len=5,
-                eos_id=EOS, resize_state=flatten, segment_length=2)
+    beam_search(SearchProblem(toy.step, toy.initial_state(5), batch_size=2, max_decode_len=5,
+                              eos_id=EOS, resize_state=flatten),
+                beam_size=2, loop_options=LoopOptions(segment_length=2))
 
 
 def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
   toy = HistoryToy(seed=37, batch=3, max_len=6, eos_logits=-0.5)
-  common = dict(batch_size=3, max_decode_len=6, eos_id=EOS, min_length=2,
-                resize_state=HistoryToy.resize, segment_length=2)
-  greedy = greedy_search(toy.step, toy.initial_state(6), **common)
-  sampled = sample(toy.step, toy.initial_state(6), jax.random.key(1), top_k=1, **common)
+  problem = SearchProblem(toy.step, toy.initial_state(6), batch_size=3, max_decode_len=6,
+                          eos_id=EOS, min_length=2, resize_state=HistoryToy.resize)
+  options = LoopOptions(segment_length=2)
+  greedy = greedy_search(problem, loop_options=options)
+  sampled = sample(problem, jax.random.key(1), top_k=1, loop_options=options)
   assert sorted(set(toy.capacities)) == [2, 4, 6]
   for b in range(3):
     expected, total = _numpy_greedy(toy, b, min_length=2)
@@ -536,10 +554,9 @@ def test_greedy_and_sampling_with_a_growing_state_equal_numpy_greedy():
 @pytest.mark.parametrize("segment_length", [1, 2, 7, 16])
 def test_growth_schedule_steps_by_segments_then_doubles(segment_length, steps_per_iteration):
   k = steps_per_iteration
-  multiple = 2 * k // math.gcd(2, k)  # Capacities before L are multiples of k (k steps a loop)
-  step = -(-segment_length // multiple) * multiple  # and, as before k existed, even.
+  step = -(-segment_length // k) * k  # Capacities before L are multiples of k (k steps a loop).
   for max_len in range(1, 600):
-    capacities = search.growth_schedule(max_len, segment_length, k)
+    capacities = loop.growth_schedule(max_len, segment_length, k)
     assert capacities[-1] == max_len
     assert all(c % k == 0 for c in capacities[:-1])
     assert list(capacities) == sorted(set(capacities))
@@ -550,13 +567,13 @@ def test_growth_schedule_steps_by_segments_then_doubles(segment_length, steps_pe
     following = step * (len(inner) + 1) if len(inner) < 4 else 2 * inner[-1]
     assert following >= max_len or max_len - following < step // 2
     assert not inner or max_len - inner[-1] >= step // 2
-  assert search.growth_schedule(64) == (16, 32, 48, 64)
-  assert search.growth_schedule(300) == (16, 32, 48, 64, 128, 256, 300)
-  assert search.growth_schedule(64, 16, 3) == (18, 36, 54, 64)
+  assert loop.growth_schedule(64) == (16, 32, 48, 64)
+  assert loop.growth_schedule(300) == (16, 32, 48, 64, 128, 256, 300)
+  assert loop.growth_schedule(64, 16, 3) == (18, 36, 54, 64)
   with pytest.raises(ValueError, match="segment_length must be a positive int"):
-    search.growth_schedule(10, 0)
+    loop.growth_schedule(10, 0)
   with pytest.raises(ValueError, match="steps_per_iteration must be a positive int"):
-    search.growth_schedule(10, 2, 0)
+    loop.growth_schedule(10, 2, 0)
 
 
 STEPS_PER_ITERATION = (1, 2, 3, 4, 8)
@@ -572,15 +589,17 @@ def _recording_positions(step, positions):
   return recorded
 
 
-def _search_with(method, toy, step, state, **kwargs):
-  common = dict(batch_size=toy.batch, max_decode_len=toy.max_len, eos_id=EOS, min_length=2)
+def _search_with(method, toy, step, state, resize_state=None, **loop_options):
+  problem = SearchProblem(step, state, batch_size=toy.batch, max_decode_len=toy.max_len,
+                          eos_id=EOS, min_length=2, resize_state=resize_state)
+  options = LoopOptions(**loop_options)
   if method.startswith("beam"):
     rule = "every_beam" if method == "beam_every_beam" else "top_k"
-    return beam_search(step, state, beam_size=3, length_penalty=0.6, finish_rule=rule,
-                       **common, **kwargs)
+    return beam_search(problem, beam_size=3, ranking=Ranking(0.6, finish_rule=rule),
+                       loop_options=options)
   if method == "greedy":
-    return greedy_search(step, state, **common, **kwargs)
-  return sample(step, state, jax.random.key(5), temperature=2.0, **common, **kwargs)
+    return greedy_search(problem, loop_options=options)
+  return sample(problem, jax.random.key(5), temperature=2.0, loop_options=options)
 
 
 @pytest.mark.parametrize("growing", [False, True], ids=["fixed_state", "growing_state"])
@@ -614,17 +633,17 @@ def test_outputs_are_the_same_for_every_steps_per_iteration(method, early_exit, 
 
 
 def test_default_steps_per_iteration_follows_the_backend(monkeypatch):
-  table = search.STEPS_PER_ITERATION
-  assert search.default_steps_per_iteration(beam=True) == (
+  table = loop.STEPS_PER_ITERATION
+  assert loop.default_steps_per_iteration(beam=True) == (
       table.get(jax.default_backend(), table["cpu"])[0])
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert search.default_steps_per_iteration(beam=True) == 2
-  assert search.default_steps_per_iteration(beam=False) == 1
+  assert loop.default_steps_per_iteration(beam=True) == 2
+  assert loop.default_steps_per_iteration(beam=False) == 1
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # Unlisted: the CPU's settings.
-  assert search.default_steps_per_iteration(beam=True) == 2
+  assert loop.default_steps_per_iteration(beam=True) == 2
   with pytest.raises(ValueError, match="steps_per_iteration must be a positive int"):
-    greedy_search(_fixed_step, {}, batch_size=1, max_decode_len=3, eos_id=EOS,
-                  steps_per_iteration=0)
+    greedy_search(SearchProblem(_fixed_step, {}, batch_size=1, max_decode_len=3, eos_id=EOS),
+                  loop_options=LoopOptions(steps_per_iteration=0))
 
 
 FIXED_LOGITS = np.log(np.array([0.1, 0.05, 0.5, 0.3, 0.15, 0.0 + 1e-30]))  # PAD never emitted.
@@ -634,10 +653,10 @@ def _fixed_step(ids, state):
   return jnp.broadcast_to(jnp.asarray(FIXED_LOGITS, jnp.float32), (ids.shape[0], 6)), state
 
 
-def _first_token_counts(rows, **kwargs):
+def _first_token_counts(rows, **settings):
   state = {"unused": jnp.zeros((rows,), jnp.int32)}
-  sequences, scores = sample(_fixed_step, state, jax.random.key(42), batch_size=rows,
-                             max_decode_len=1, eos_id=EOS, **kwargs)
+  problem = SearchProblem(_fixed_step, state, batch_size=rows, max_decode_len=1, eos_id=EOS)
+  sequences, scores = sample(problem, jax.random.key(42), **settings)
   first = np.asarray(sequences[:, 0])
   np.testing.assert_allclose(scores, _log_softmax(FIXED_LOGITS)[first], rtol=1e-5)
   return np.bincount(first, minlength=6)
@@ -669,12 +688,14 @@ def test_top_p_and_top_k_restrict_the_support():
 
 def test_beam_search_is_jittable_and_return_all_false_gives_the_best():
   toy = HashToy(seed=19, batch=2, max_len=4)
-  run = jax.jit(functools.partial(
-      beam_search, toy.step, batch_size=2, beam_size=3, max_decode_len=4, eos_id=EOS,
-      length_penalty=0.6, finish_rule="every_beam"))
+  # The problem's arrays are the jitted function's arguments; its settings are static.
+  run = jax.jit(lambda state, shared, caps: beam_search(
+      SearchProblem(toy.step, state, batch_size=2, max_decode_len=4, eos_id=EOS,
+                    shared_state=shared, max_lengths=caps),
+      beam_size=3, ranking=Ranking(0.6, finish_rule="every_beam")))
   shared = {"table": jnp.asarray(toy.table)}
   caps = jnp.asarray([2, 9], jnp.int32)
-  jitted = run(toy.initial_state(), shared_state=shared, max_lengths=caps)
+  jitted = run(toy.initial_state(), shared, caps)
   eager = _search(toy, beams=3, alpha=0.6, mode="shared", max_lengths=caps)
   np.testing.assert_array_equal(jitted[0], eager[0])
   np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
@@ -688,17 +709,16 @@ def test_bad_arguments_raise_clear_errors():
   toy = HashToy(seed=23, batch=2, max_len=3)
   state = {**toy.initial_state(), "hash": jnp.zeros((3,), jnp.int32)}
   with pytest.raises(ValueError, match=r"initial_state\['hash'\].*batch_size=2"):
-    beam_search(toy.step, state, batch_size=2, beam_size=2, max_decode_len=3, eos_id=EOS)
+    SearchProblem(toy.step, state, batch_size=2, max_decode_len=3, eos_id=EOS)
   with pytest.raises(ValueError, match="eos_id must be a positive int"):
-    beam_search(toy.step, toy.initial_state(), batch_size=2, beam_size=2, max_decode_len=3,
-                eos_id=0)
+    SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=3, eos_id=0)
   with pytest.raises(ValueError, match="same structure, shapes and dtypes"):
     bad_step = lambda ids, s: (toy.step(ids, s)[0], {**s, "index": s["index"] + 0.5})
-    beam_search(bad_step, toy.initial_state(), batch_size=2, beam_size=2, max_decode_len=3,
-                eos_id=EOS)
+    beam_search(SearchProblem(bad_step, toy.initial_state(), batch_size=2, max_decode_len=3,
+                              eos_id=EOS), beam_size=2)
   with pytest.raises(ValueError, match="top_p must lie in"):
-    sample(toy.step, toy.initial_state(), jax.random.key(0), batch_size=2, max_decode_len=3,
-           eos_id=EOS, top_p=0.0)
+    sample(SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=3,
+                         eos_id=EOS), jax.random.key(0), top_p=0.0)
 
 
 @pytest.mark.parametrize("vocab", [1000, 1009, 8000])
@@ -709,7 +729,7 @@ def test_blocked_top_k_equals_a_full_sort(vocab, k):
   x[0, :] = -np.inf  # A fully masked row.
   x[1, 3::5] = 9.0  # Many ties above everything else.
   x[2, -4:] = 50.0 + np.arange(4)  # The best values in the tail.
-  values, indices = jax.jit(search._top_k, static_argnums=1)(jnp.asarray(x), k)
+  values, indices = jax.jit(topk.top_k, static_argnums=1)(jnp.asarray(x), k)
   np.testing.assert_array_equal(values, -np.sort(-x, axis=1)[:, :k])
   np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(indices), axis=1), values)
   assert all(len(set(row)) == k for row in np.asarray(indices).tolist())
@@ -739,8 +759,8 @@ class _SharedTableToy:
 
 def _sample_rows(toy, hashes, keys, **kwargs):
   state = {"hash": jnp.asarray(hashes, jnp.int32)}
-  return sample(toy.step, state, keys, batch_size=len(hashes), max_decode_len=8, eos_id=EOS,
-                **kwargs)
+  return sample(SearchProblem(toy.step, state, batch_size=len(hashes), max_decode_len=8,
+                              eos_id=EOS), keys, **kwargs)
 
 
 def test_per_row_keys_make_each_rows_sample_independent_of_the_other_rows():
@@ -772,8 +792,8 @@ def test_per_row_keys_sample_the_tempered_distribution():
   rows = 20000
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(4), i))(jnp.arange(rows))
   state = {"unused": jnp.zeros((rows,), jnp.int32)}
-  sequences, _ = sample(_fixed_step, state, keys, batch_size=rows, max_decode_len=1,
-                        eos_id=EOS, temperature=0.5)
+  problem = SearchProblem(_fixed_step, state, batch_size=rows, max_decode_len=1, eos_id=EOS)
+  sequences, _ = sample(problem, keys, temperature=0.5)
   counts = np.bincount(np.asarray(sequences[:, 0]), minlength=6)
   tempered = np.where(np.arange(6) == PAD, 0.0, np.exp(FIXED_LOGITS / 0.5))
   _assert_frequencies(counts, tempered / tempered.sum())

@@ -13,18 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import ModelConfig, Transformer, predict
+from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import ConfigError, TranslateConfig
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
-from flax_transformer.predict import output_length_caps
-from flax_transformer.textfiles import read_lines, write_lines_atomically
-from flax_transformer.translate import (
-    Batch,
-    Translator,
-    bucket_length,
-    plan_batches,
-    translate_lines,
-)
+from flax_transformer.decoding import bridge
+from flax_transformer.decoding.bridge import output_length_caps
+from flax_transformer.files import read_lines, write_lines_atomically
+from flax_transformer.serving.batching import Batch, bucket_length, plan_batches
+from flax_transformer.serving.translator import Translator, translate_lines
 
 WORDS = [
     "a", "man", "is", "riding", "a", "red", "bike", "down", "the", "street", "while", "two",
@@ -64,21 +60,20 @@ def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=max_len)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
-  translator = Translator(config, params, tokenizer, TranslateConfig().replace(**settings))
-  translator._search = copy_search
-  return translator
+  return Translator(config, params, tokenizer, TranslateConfig().replace(**settings),
+                    search_fn=copy_search)
 
 
 def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokenizer,
                                                                          monkeypatch):
-  # tests/test_predict.py checks long searches with both caches; here: the setting's route.
+  # tests/test_decoding_bridge.py checks long searches with both caches; here: the setting's route.
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=64, dropout_rate=0.0,
                             attention_dropout_rate=0.0)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = Transformer(config).init(jax.random.key(1), tokens, tokens)["params"]
   seen = []
-  prepare = predict.prepare_search
-  monkeypatch.setattr(predict, "prepare_search",
+  prepare = bridge.prepare_search
+  monkeypatch.setattr(bridge, "prepare_search",
                       lambda *args, **kwargs: seen.append(kwargs["grow_cache"])
                       or prepare(*args, **kwargs))
   texts = sentences(6, seed=3)
@@ -136,7 +131,10 @@ def test_long_lines_are_truncated_and_counted(tokenizer):
   translator = copy_translator(tokenizer, max_len=16)
   long_line = " ".join(["street"] * 40)
   outputs = translator.translate(["a man", long_line])
-  assert translator.truncated == 1
+  assert sum(batch.truncated for batch in translator.iter_nbest(["a man", long_line])) == 1
+  assert translate_lines(translator, ["a man", long_line, "", long_line])[1] == 2
+  assert sum(batch.truncated for batch in translator.iter_score(["a man", "a"],
+                                                                ["a", long_line])) == 1
   assert outputs[0] == "a man"
   assert len(tokenizer.tokenize(outputs[1])) <= 15
 
@@ -145,30 +143,6 @@ def test_output_length_is_capped_relative_to_the_source(tokenizer):
   translator = copy_translator(tokenizer, max_len_a=0.0, max_len_b=3)
   output = translator.translate(["a man is riding a red bike"])[0]
   assert len(tokenizer.tokenize(output)) == 3  # 3 tokens, then EOS
-
-
-def test_read_lines_reports_invalid_utf8_with_file_and_line(tmp_path):
-  path = tmp_path / "input.txt"
-  path.write_bytes(b"ok line\nsecond\n" + b"bad \xff byte\n")
-  with pytest.raises(ValueError, match=r"input.txt:3: invalid UTF-8"):
-    read_lines(str(path))
-  with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
-    read_lines(str(tmp_path / "missing.txt"))
-
-
-def test_read_lines_reads_gzip_and_reports_a_corrupt_one(tmp_path):
-  lines = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen."]
-  path = tmp_path / "test.de.gz"
-  path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
-  assert read_lines(str(path)) == lines
-  corrupt = tmp_path / "corrupt.de.gz"
-  corrupt.write_bytes(b"plain text, not gzip\n")
-  with pytest.raises(ValueError, match=r"corrupt\.de\.gz: not a valid gzip file"):
-    read_lines(str(corrupt))
-  bad_utf8 = tmp_path / "bad.en.gz"
-  bad_utf8.write_bytes(gzip.compress(b"fine\nbad \xff\n"))
-  with pytest.raises(ValueError, match=r"bad\.en\.gz:2: invalid UTF-8"):
-    read_lines(str(bad_utf8))
 
 
 def test_write_lines_compresses_a_gz_output_and_round_trips(tmp_path):
@@ -196,9 +170,9 @@ def test_failure_leaves_no_partial_output(tokenizer, tmp_path):
 
   with pytest.raises(RuntimeError):
     write_lines_atomically(str(output), translate_lines(
-        translator, sentences(30), progress=failing_progress))
+        translator, sentences(30), progress=failing_progress)[0])
   assert output.read_text() == "previous complete file\n"
   assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
   lines = sentences(7) + [""]
-  write_lines_atomically(str(output), translate_lines(translator, lines))
+  write_lines_atomically(str(output), translate_lines(translator, lines)[0])
   assert len(read_lines(str(output))) == len(lines)

@@ -1,13 +1,20 @@
-"""Line files for the command line: UTF-8 text, one sentence a line, '-' for stdin/stdout, gzip
-when the name ends in .gz. Errors name the file and line; outputs appear atomically.
+"""Files the product writes and reads, with no project imports (the bottom of the floor plan).
 
-Whole files (`read_lines`, `write_lines_atomically`) for jobs that need every line at once, and
-streams (`iter_lines`, `count_lines`, `AtomicWriter`) for files of any size in bounded memory.
+Atomic files (`atomic_write`, `write_json`, `AtomicWriter`): written to a temporary file in the
+same folder, fsync'd and renamed, so a crash never leaves a partial file under the real name;
+the file gets the mode `open()` would give a new file under the process's umask (0644 under
+umask 022), not `tempfile.mkstemp`'s 0600, so a teammate or a server can read what was written.
+
+Line files for the command line: UTF-8 text, one sentence a line, '-' for stdin/stdout, gzip
+when the name ends in .gz. Errors name the file and line. Whole files (`read_lines`,
+`write_lines_atomically`) for jobs that need every line at once, and streams (`iter_lines`,
+`count_lines`, `AtomicWriter`) for files of any size in bounded memory.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import queue
 import sys
@@ -15,11 +22,56 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
-
-from flax_transformer.workdir import atomic_write
+from typing import Any, BinaryIO
 
 _BLOCK = 1 << 20  # Bytes read at a time by count_lines.
+
+
+# ----------------------------------------------------------------------------- files, atomically
+def new_file_mode() -> int:
+  """The mode `open(path, "w")` gives a new file: 0o666 less the process's umask."""
+  try:  # Linux >= 4.7 says it without changing it (os.umask would, for every thread).
+    for line in Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("Umask:"):
+        return 0o666 & ~int(line.split()[1], 8)
+  except OSError:
+    pass
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return 0o666 & ~mask
+
+
+def _temporary(path: Path) -> tuple[int, str]:
+  """A new temporary file beside `path` (fd, name), with a new file's mode."""
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  os.fchmod(fd, new_file_mode())  # mkstemp makes it 0600.
+  return fd, tmp
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+  """Writes `data` (str as UTF-8) to `path` through a temporary file in the same folder and a
+  rename, so a crash never leaves a partial file under the real name. The data is fsync'd
+  before the rename, so a machine that goes down does not leave an empty file under the name
+  either. The file gets a new file's mode (`new_file_mode`). The folder must exist."""
+  path = Path(path)
+  fd, tmp = _temporary(path)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data.encode("utf-8") if isinstance(data, str) else data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+  """Writes `value` as indented, key-sorted JSON, atomically."""
+  atomic_write(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------------------ line files
 
 
 def read_lines(path: str) -> list[str]:
@@ -197,12 +249,6 @@ def as_line(text: str) -> str:
   return text.replace("\r", " ").replace("\n", " ") + "\n"
 
 
-def _umask() -> int:
-  mask = os.umask(0)
-  os.umask(mask)
-  return mask
-
-
 class AtomicWriter:
   """Streams text into `path` through a temporary file in its folder, renamed onto `path` by
   `commit` (gzip-compressed when it ends in .gz); '-' writes to stdout, flushed by `flush`.
@@ -214,9 +260,7 @@ class AtomicWriter:
     if path == "-":
       self._tmp, self._raw, self._stream = None, None, sys.stdout.buffer
       return
-    target = Path(path)
-    fd, self._tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                     suffix=".tmp")
+    fd, self._tmp = _temporary(Path(path))
     self._raw = os.fdopen(fd, "wb")
     self._stream = (gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
                     if path.endswith(".gz") else self._raw)
@@ -238,7 +282,6 @@ class AtomicWriter:
     self._raw.flush()
     os.fsync(self._raw.fileno())
     self._raw.close()
-    os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it a new file's mode.
     os.replace(self._tmp, self.path)
     self._tmp = None
 

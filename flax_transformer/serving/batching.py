@@ -1,4 +1,5 @@
-"""Planning search batches: length buckets, row counts, and steps over the devices (NumPy only).
+"""Planning search batches: length buckets, row counts, steps over the devices, and the results
+put back in input order (NumPy only).
 
 A *device batch* is what one device searches at a time: `rows` sentences (some rows may be
 padding) padded to one bucket length. `plan_batches` makes them from the sentences' lengths and
@@ -15,10 +16,12 @@ batch and give the same bytes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 MIN_BUCKET = 8  # Shortest padded length; buckets double from here up to max_len.
 
 
@@ -126,6 +129,17 @@ def fill_rows(step: Step, token_ids: Sequence[Sequence[int]], length: int) -> np
     ids = token_ids[index]
     array[row, : len(ids)] = ids
   return array
+
+
+def in_input_order(count: int, batches: Iterable[tuple[Sequence[int], Sequence[T]]],
+                   fill: T) -> list[T]:
+  """The values of `batches` ((input indices, values) in plan order) put back in input order,
+  `count` of them; `fill` where no batch gave a value (blank lines, which are never searched)."""
+  results = [fill] * count
+  for indices, values in batches:
+    for index, value in zip(indices, values, strict=True):
+      results[index] = value
+  return results
 
 
 def _floor_power_of_two(n: int) -> int:

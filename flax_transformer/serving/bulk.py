@@ -20,7 +20,7 @@ jax.distributed; else the last to finish, under the lock) concatenates them in o
 temporary file, renames it onto OUT, and removes OUT.partial. A kill at any moment (kill -9
 included) loses at most the chunks in flight: rerunning the same command redoes only the missing
 chunks, and the output is byte-identical to an uninterrupted run (the search plan never depends
-on the device count; `flax_transformer.batching`).
+on the device count; `flax_transformer.serving.batching`).
 
 Standard input cannot be resumed: `run_stream_job` translates it chunk by chunk (a chunk ends
 when it is full or input stalls briefly) and writes each chunk's lines as soon as they are done.
@@ -39,9 +39,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from flax_transformer import textfiles
+from flax_transformer import files
+from flax_transformer.files import atomic_write
 from flax_transformer.progress import ProgressBar
-from flax_transformer.workdir import atomic_write
+from flax_transformer.runtime.processes import Processes
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -68,15 +69,6 @@ class ChunkTask(Protocol):
                progress: Progress) -> str:
     """The chunk's output text, one '\\n'-terminated line per output line."""
     ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Processes:
-  """Which share of the chunks this process does, and how it waits for the others."""
-
-  index: int = 0
-  count: int = 1
-  barrier: Callable[[str], None] | None = None  # jax.distributed: blocks until all arrive.
 
 
 # ------------------------------------------------------------------------------------ identity
@@ -202,7 +194,7 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   if existing is not None and existing.get("inputs") == identities:
     num_lines = existing["lines"]  # The same files: no need to count (and check) again.
   else:
-    counts = [textfiles.count_lines(path) for path in inputs]
+    counts = [files.count_lines(path) for path in inputs]
     if len(set(counts)) > 1:
       raise ValueError(" but ".join(f"{p} has {n} lines" for p, n in zip(inputs, counts,
                                                                           strict=True))
@@ -213,6 +205,30 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   if existing is not None:
     check_manifest(partial, existing, manifest, ignore=("checkpoint.params_sha256",))
   return FileJob(tuple(inputs), output, chunk_lines, num_lines, manifest)
+
+
+def checkpoint_identity(workdir: str, output: str, step: int | None,
+                        checkpoint: str | None) -> tuple[dict[str, Any], int | None]:
+  """The checkpoint part of a bulk job's manifest (workdir, step or averaged checkpoint,
+  SHA-256 of the vocabulary files, the model config), and the step to restore: `step`, else
+  the step a partial run of `output` used (if it is still saved), else the latest; None for an
+  averaged `checkpoint`."""
+  from flax_transformer import workdir as workdir_lib  # JAX and orbax: only when restoring.
+
+  if step is None and checkpoint is None:
+    saved = workdir_lib.saved_steps(workdir)
+    previous = (read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}
+    step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
+  opened = workdir_lib.open_workdir(workdir)
+  vocab = hashlib.sha256()
+  for path in workdir_lib.vocabulary_files(workdir):  # vocab.model, or Marian's three.
+    vocab.update(path.read_bytes())
+  identity = {
+      "workdir": str(Path(workdir).resolve()), "step": step,
+      "averaged": str(Path(checkpoint).resolve()) if checkpoint else None,
+      "vocab_sha256": vocab.hexdigest(),
+      "model": dataclasses.asdict(opened.model_config)}
+  return identity, None if checkpoint else step
 
 
 def params_fingerprint(params: Any) -> str:
@@ -230,11 +246,13 @@ def params_fingerprint(params: Any) -> str:
 
 # ------------------------------------------------------------------------------------- the run
 def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
-                 processes: Processes = Processes()) -> bool:
+                 processes: Processes | None = None) -> bool:
   """Does this process's missing chunks, then assembles the output if every chunk is done.
+  `processes`: this process's share (`runtime.processes.join`); default: the only one.
 
   Returns whether the output is complete (False: other processes still have chunks to do).
   """
+  processes = processes or Processes()
   manifest = {**job.manifest,
               "checkpoint": {**job.manifest["checkpoint"], "params_sha256": params_sha256}}
   publish_manifest(job.partial, manifest)
@@ -251,9 +269,9 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
     return merge_chunks(job, task, report=report)
-  processes.barrier("flax_transformer.bulk: chunks done")
+  processes.barrier("flax_transformer.serving.bulk: chunks done")
   complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
-  processes.barrier("flax_transformer.bulk: merged")
+  processes.barrier("flax_transformer.serving.bulk: merged")
   return complete or not job.partial.exists()
 
 
@@ -283,13 +301,13 @@ def read_chunks(inputs: Sequence[str], chunk_lines: int, chunks: Sequence[int]
   wanted = sorted(chunks)
   if not wanted:
     return
-  streams = [textfiles.iter_raw_lines(path) for path in inputs]
+  streams = [files.iter_raw_lines(path) for path in inputs]
   position, records = 0, []
   for number, raws in enumerate(zip(*streams, strict=True)):
     chunk = number // chunk_lines
     if chunk < wanted[position]:
       continue
-    records.append(tuple(textfiles.decode_line(raw, path, number + 1)
+    records.append(tuple(files.decode_line(raw, path, number + 1)
                          for raw, path in zip(raws, inputs, strict=True)))
     if len(records) == chunk_lines:
       yield chunk, records
@@ -323,7 +341,7 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
     output_path = Path(job.output)
     for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
       stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
-    with textfiles.AtomicWriter(job.output) as output:
+    with files.AtomicWriter(job.output) as output:
       for chunk in range(job.num_chunks):
         output.write(_checked_chunk(job, chunk, task.line_per_record))
     _remove(job.partial)
@@ -358,7 +376,7 @@ def record_chunks(inputs: Sequence[str], chunk_lines: int
                   ) -> Iterator[list[tuple[str, ...]]]:
   """The records (one line of each line-aligned input) in lists of `chunk_lines`."""
   records: list[tuple[str, ...]] = []
-  for record in zip(*(textfiles.iter_lines(path) for path in inputs), strict=True):
+  for record in zip(*(files.iter_lines(path) for path in inputs), strict=True):
     records.append(record)
     if len(records) == chunk_lines:
       yield records
@@ -375,7 +393,7 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
   bar = ProgressBar(None, unit="sentences")
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   first_line = 0
-  with textfiles.AtomicWriter(output) as writer:
+  with files.AtomicWriter(output) as writer:
     for records in chunks:
       writer.write(task(first_line, records, advance))
       writer.flush()

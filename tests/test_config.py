@@ -62,19 +62,21 @@ def test_bad_values_name_the_key(group, key, value, message):
   assert message in str(error.value)
 
 
-def test_a_config_with_the_old_decode_group_is_told_its_new_name():
+def test_a_config_with_the_old_decode_group_names_the_unknown_and_missing_groups():
   config = _config().to_dict()
   config["decode"] = config.pop("search")
-  with pytest.raises(ConfigError, match=r"unknown: \['decode'\], missing: \['search'\]\. "
-                     r"config\.decode is now config\.search\."):
+  with pytest.raises(ConfigError, match=r"unknown: \['decode'\], missing: \['search'\]\.$"):
     _load(config)
 
 
-def test_search_group_of_an_older_workdir_config_json_is_read():
-  old = {"decode": {"beam_size": 3, "length_penalty": 1.0, "max_decode_len": 40,
-                    "grow_cache": "no"}}
-  assert config_lib.search_config_from(old) == config_lib.SearchConfig(
+def test_search_group_of_a_workdir_config_json_is_read_and_an_old_one_is_told_to_rename():
+  saved = {"search": {"beam_size": 3, "length_penalty": 1.0, "grow_cache": "no"}}
+  assert config_lib.search_config_from(saved) == config_lib.SearchConfig(
       beam_size=3, length_penalty=1.0, grow_cache="no")
+  with pytest.raises(ConfigError, match=r'under "decode", .*: rename "decode" to "search"\.'):
+    config_lib.search_config_from({"decode": saved["search"]})
+  with pytest.raises(ConfigError, match=r"it has no search group"):
+    config_lib.search_config_from({"model": {}})
   with pytest.raises(ConfigError, match=r"config\.search\.beam_size must be > 0"):
     config_lib.search_config_from({"search": {"beam_size": 0}})
 

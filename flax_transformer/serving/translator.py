@@ -3,15 +3,19 @@
     tr = Translator.from_workdir("workdirs/multi30k")          # latest checkpoint
     tr.translate(["A man is riding a bike."], beam_size=4)    # -> ["Ein Mann fährt Fahrrad."]
     tr.score(["A man is riding a bike."], ["Ein Mann fährt Fahrrad."])  # -> [log p], nats
+    tr.translate(sentences, params=other_params)               # other weights, same shapes
+
+A `Translator` is immutable: every call takes its settings (and optionally its params) as
+arguments, and what a call found (sentences cut to max_len) comes back with its batches.
 
 Sentences are tokenized once, sorted by length, grouped into a few padded bucket shapes (so the
-search compiles a handful of times, not once per batch; `flax_transformer.batching`), encoded
-once per batch, searched with the cached beam search (or greedy decoding, or sampling:
+search compiles a handful of times, not once per batch; `flax_transformer.serving.batching`),
+encoded once per batch, searched with the cached beam search (or greedy decoding, or sampling:
 `config.search.method`), and returned in the input order. With a `mesh`, every step searches
 one device batch per device of the mesh's first axis; a device batch's shape never depends on
 the number of devices, so the output does not either. Sampling draws each sentence's noise from
 `fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
-(files of any size, several processes, resuming) are `flax_transformer.bulk`.
+(files of any size, several processes, resuming) are `flax_transformer.serving.bulk`.
 """
 
 from __future__ import annotations
@@ -30,20 +34,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flax_transformer import predict, search
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.batching import (  # noqa: F401  (re-exported: the planner's old home)
-    MIN_BUCKET,
-    Batch,
-    Step,
-    bucket_length,
-    fill_rows,
-    group_steps,
-    plan_batches,
-)
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig, search_config_from
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
+from flax_transformer.decoding import bridge, search
 from flax_transformer.model.transformer import Transformer
+from flax_transformer.serving.batching import (
+  Step,
+  fill_rows,
+  group_steps,
+  in_input_order,
+  plan_batches,
+)
 
 Array = jax.Array
 MESH_AXIS = "data"  # The axis of `local_mesh`, as training's mesh names it.
@@ -57,25 +59,21 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
   Jit it with `settings` and `max_decode_len` static. Scores: beam search's are
   length-normalized log-probabilities, the others' summed log-probabilities.
   """
-  prepared = predict.prepare_search(
+  problem = bridge.prepare_search(
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
       max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
-      grow_cache=predict.grows_cache(settings.grow_cache, settings.method))
+      min_length=settings.min_length,
+      grow_cache=bridge.grows_cache(settings.grow_cache, settings.method))
   if settings.method == "beam":
-    return search.beam_search(
-        **prepared.arguments, beam_size=settings.beam_size,
-        length_penalty=settings.length_penalty,
-        length_normalization=settings.length_normalization, finish_rule=settings.finish_rule,
-        min_length=settings.min_length)
+    ranking = search.Ranking(settings.length_penalty, settings.length_normalization,
+                             settings.finish_rule)
+    return search.beam_search(problem, beam_size=settings.beam_size, ranking=ranking)
   if settings.method == "greedy":
-    sequences, scores = search.greedy_search(**prepared.arguments,
-                                             min_length=settings.min_length)
+    sequences, scores = search.greedy_search(problem)
   else:
-    sequences, scores = search.sample(
-        **prepared.arguments, rng=rng, temperature=settings.temperature, top_k=settings.top_k,
-        top_p=settings.top_p, min_length=settings.min_length)
+    sequences, scores = search.sample(problem, rng, temperature=settings.temperature,
+                                      top_k=settings.top_k, top_p=settings.top_p)
   return sequences[:, None], scores[:, None]
-
 
 
 def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
@@ -93,12 +91,15 @@ def search_program(model_config: ModelConfig, mesh: Mesh | None) -> Callable:
 
 def score_batch(model: Transformer, params: Any, inputs: Array, targets: Array) -> Array:
   """float32 [B]: log p(targets [B, T] | inputs [B, S]), summed over target tokens with EOS."""
-  return predict.sequence_log_probs(model, {"params": params}, inputs, targets)
+  return bridge.sequence_log_probs(model, {"params": params}, inputs, targets)
 
 
 def _row_keys(key: Array, line_numbers: Array) -> Array:
   """[B] keys: `key` folded with each row's line number (uint32 [B])."""
   return jax.vmap(lambda number: jax.random.fold_in(key, number))(line_numbers)
+
+
+_row_keys_jit = jax.jit(_row_keys)
 
 
 @functools.cache
@@ -131,6 +132,7 @@ class Translated:
   indices: np.ndarray  # int [n]: positions in the input list
   hypotheses: list[list[tuple[str, float]]]  # [n][n-best], best first
   target_tokens: int  # tokens of the best hypotheses, EOS included
+  truncated: int  # sentences of this step cut to the model's max_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,43 +142,62 @@ class Scored:
   indices: np.ndarray  # int [n]: positions in the input lists
   log_probs: np.ndarray  # float32 [n]: summed over target tokens, EOS included
   target_tokens: np.ndarray  # int [n]: target tokens scored per pair, EOS included
+  truncated: int  # pairs of this step whose source or target was cut to the model's max_len
 
 
+@dataclasses.dataclass(frozen=True)
 class Translator:
-  """Parameters + vocabulary + model config, ready to translate (or score) lists of sentences.
+  """Model config + vocabulary + settings (+ default params), ready to translate (or score)
+  lists of sentences. Immutable: nothing a call does changes it.
 
   Args:
-    model_config: the architecture. params: its parameters (variables['params']).
+    model_config: the architecture. params: its parameters (variables['params']), used by calls
+      that pass none; None for a translator that is always given them (training's evaluation).
     tokenizer: the shared vocabulary. settings: how to search and batch (default: defaults).
     step: the checkpoint step the parameters come from (for reports).
     mesh: search one device batch per device of this mesh's first axis at every step;
       parameters stay where they are (`from_workdir(mesh=...)` replicates them on it). With
       several processes, every process passes the same sentences. None: one device.
+    search_fn, score_fn: the batched search (params, inputs [B, S], rng, *, settings,
+      max_decode_len) -> (sequences [B, K, L], scores [B, K]) and scoring (params, inputs,
+      targets) -> log p [B]; default: `search_batch` and `score_batch` of the model, jitted
+      once per model config and mesh.
   """
 
-  def __init__(self, model_config: ModelConfig, params: Any, tokenizer: TextTokenizer,
-               settings: TranslateConfig | None = None, *, step: int | None = None,
-               mesh: Mesh | None = None):
-    if tokenizer.vocab_size != model_config.vocab_size:
+  model_config: ModelConfig
+  params: Any
+  tokenizer: TextTokenizer
+  settings: TranslateConfig = dataclasses.field(default_factory=TranslateConfig)
+  step: int | None = dataclasses.field(default=None, kw_only=True)
+  mesh: Mesh | None = dataclasses.field(default=None, kw_only=True)
+  search_fn: Callable[..., tuple[Array, Array]] | None = dataclasses.field(
+      default=None, kw_only=True, repr=False)
+  score_fn: Callable[[Any, Array, Array], Array] | None = dataclasses.field(
+      default=None, kw_only=True, repr=False)
+
+  def __post_init__(self):
+    if self.tokenizer.vocab_size != self.model_config.vocab_size:
       raise ValueError(
-          f"The vocabulary {tokenizer.path} has {tokenizer.vocab_size} pieces but the model "
-          f"expects {model_config.vocab_size}.")
-    self.model_config = model_config
-    self.model = Transformer(model_config)
-    self.params = params
-    self.tokenizer = tokenizer
-    self.settings = settings or TranslateConfig()
-    self.step = step
-    self.mesh = mesh
-    self._search, self._score = _jitted(model_config, mesh)
-    self._row_keys = jax.jit(_row_keys)
-    self.truncated = 0  # Sentences cut to the model's max_len in the last call.
+          f"The vocabulary {self.tokenizer.path} has {self.tokenizer.vocab_size} pieces but the "
+          f"model expects {self.model_config.vocab_size}.")
+    if self.settings is None:
+      object.__setattr__(self, "settings", TranslateConfig())
+    search_fn, score_fn = _jitted(self.model_config, self.mesh)
+    if self.search_fn is None:
+      object.__setattr__(self, "search_fn", search_fn)
+    if self.score_fn is None:
+      object.__setattr__(self, "score_fn", score_fn)
+
+  @functools.cached_property
+  def model(self) -> Transformer:
+    """The Flax module of `model_config`."""
+    return Transformer(self.model_config)
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, step: int | None = None, *,
                    checkpoint: str | os.PathLike | None = None, mesh: Mesh | None = None,
                    **settings: Any) -> Translator:
-    """Restores a training workdir: its config.json, vocab.model and a checkpoint's params.
+    """Restores a training workdir: its config.json, vocabulary and a checkpoint's params.
 
     Args:
       workdir: the training workdir.
@@ -186,57 +207,52 @@ class Translator:
       **settings: `TranslateConfig` fields, its search group's included (beam_size,
         length_penalty, batch_tokens, ...); the defaults come from the workdir's config.search.
     """
-    config = workdir_lib.read_config(workdir)
-    tokenizer = workdir_lib.load_tokenizer(workdir)
-    model_config = workdir_lib.model_config(config, tokenizer)
-    translate_config = translate_config_from(config, workdir, **settings)  # Before the params.
+    opened = workdir_lib.open_workdir(workdir)
+    translate_config = translate_config_from(opened.config, workdir, **settings)  # Before params.
     params, step = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
     if mesh is not None:
       params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
-    return cls(model_config, params, tokenizer, translate_config, step=step, mesh=mesh)
+    return cls(opened.model_config, params, opened.tokenizer, translate_config, step=step,
+               mesh=mesh)
 
   @property
   def num_devices(self) -> int:
     """Device batches per step: the size of the mesh's first axis, or 1."""
     return 1 if self.mesh is None else self.mesh.shape[self.mesh.axis_names[0]]
 
-  def translate(self, sentences: Sequence[str], **settings: Any) -> list[str]:
-    """One translation per sentence, in input order; empty sentences give empty strings."""
-    return [hyps[0][0] for hyps in self.translate_nbest(sentences, n=1, **settings)]
+  def translate(self, sentences: Sequence[str], *, params: Any = None,
+                **settings: Any) -> list[str]:
+    """One translation per sentence, in input order; empty sentences give empty strings.
+    `params`: these weights instead of the translator's; `settings`: `TranslateConfig` fields."""
+    return [hyps[0][0] for hyps in self.translate_nbest(sentences, n=1, params=params,
+                                                         **settings)]
 
-  def translate_nbest(self, sentences: Sequence[str], n: int | None = None,
-                      **settings: Any) -> list[list[tuple[str, float]]]:
+  def translate_nbest(self, sentences: Sequence[str], n: int | None = None, *,
+                      params: Any = None, **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
     Beam scores are length-normalised log-probabilities, sum of log p / divisor(m) for m tokens
     with EOS (`search.length_normalization`: ((5 + m) / 6) ** alpha or m ** alpha); greedy
     decoding and sampling give one hypothesis with its summed log-probability.
     """
-    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
-    for batch in self.iter_nbest(sentences, n, **settings):
-      for index, hypotheses in zip(batch.indices, batch.hypotheses, strict=True):
-        results[index] = hypotheses
-    return results
-
-  def iter_translate(self, sentences: Sequence[str],
-                     **settings: Any) -> Iterator[tuple[np.ndarray, list[str]]]:
-    """Yields (input indices, best translations) batch by batch, for progress reporting."""
-    for batch in self.iter_nbest(sentences, 1, **settings):
-      yield batch.indices, [hypotheses[0][0] for hypotheses in batch.hypotheses]
+    batches = self.iter_nbest(sentences, n, params=params, **settings)
+    return in_input_order(len(sentences), ((b.indices, b.hypotheses) for b in batches),
+                          [("", 0.0)])
 
   def iter_nbest(self, sentences: Sequence[str], n: int | None = None, *, first_index: int = 0,
-                 **settings: Any) -> Iterator[Translated]:
+                 params: Any = None, **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
     sampling derives each sentence's key."""
     options = self.settings.replace(**settings)
-    token_ids = self._tokenize(sentences)
+    params = self._params(params)
+    token_ids, cut = self._tokenize(sentences)
     real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
     batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
                            self.model_config.max_len)
     batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
     steps = group_steps(batches, self.num_devices)
-    call = lambda step: self._search_step(step, token_ids, first_index, options)
+    call = lambda step: self._search_step(params, step, token_ids, first_index, options)
     for step, (sequences, scores) in self._pipelined(steps, call):
       rows = step.row_positions()
       sequences, scores = sequences[rows], scores[rows]  # [n, K, L], [n, K]
@@ -244,69 +260,77 @@ class Translator:
       hypotheses = [[(self.tokenizer.detokenize(row[k]), float(row_scores[k]))
                      for k in range(take)]
                     for row, row_scores in zip(sequences, scores, strict=True)]
-      yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != 0)))
+      yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != 0)),
+                       int(cut[step.indices].sum()))
 
-  def score(self, sources: Sequence[str], targets: Sequence[str], *,
-            normalize: bool = False) -> list[float]:
+  def score(self, sources: Sequence[str], targets: Sequence[str], *, normalize: bool = False,
+            params: Any = None) -> list[float]:
     """log p(target | source) per pair, natural log, summed over the target's tokens with EOS
     (`normalize`: divided by that number of tokens). Empty lines score as EOS alone."""
-    results = [0.0] * len(sources)
-    for batch in self.iter_score(sources, targets):
-      values = batch.log_probs / (batch.target_tokens if normalize else 1)
-      for index, value in zip(batch.indices, values, strict=True):
-        results[index] = float(value)
-    return results
+    batches = ((b.indices, [float(v) for v in b.log_probs / (b.target_tokens if normalize
+                                                              else 1)])
+               for b in self.iter_score(sources, targets, params=params))
+    return in_input_order(len(sources), batches, 0.0)
 
-  def iter_score(self, sources: Sequence[str], targets: Sequence[str]) -> Iterator[Scored]:
+  def iter_score(self, sources: Sequence[str], targets: Sequence[str], *,
+                 params: Any = None) -> Iterator[Scored]:
     """Yields the scores of `score` step by step, in plan order."""
     if len(sources) != len(targets):
       raise ValueError(f"{len(sources)} sources but {len(targets)} targets; they must be "
                        "line-aligned.")
-    source_ids = self._tokenize(sources, keep_empty=True)
-    truncated = self.truncated
-    target_ids = self._tokenize(targets, keep_empty=True, side="target")
-    self.truncated += truncated
+    params = self._params(params)
+    source_ids, source_cut = self._tokenize(sources, keep_empty=True)
+    target_ids, target_cut = self._tokenize(targets, keep_empty=True, side="target")
+    cut = source_cut | target_cut
     batches = plan_batches([len(ids) for ids in source_ids], self.settings.batch_tokens,
                            self.model_config.max_len, [len(ids) for ids in target_ids])
     steps = group_steps(batches, self.num_devices)
-    call = lambda step: self._score(
-        self.params, self._place(fill_rows(step, source_ids, step.length)),
+    call = lambda step: self.score_fn(
+        params, self._place(fill_rows(step, source_ids, step.length)),
         self._place(fill_rows(step, target_ids, step.target_length)))
     for step, log_probs in self._pipelined(steps, call):
       lengths = np.asarray([len(target_ids[i]) for i in step.indices], np.int64)
-      yield Scored(step.indices, log_probs[step.row_positions()], lengths)
+      yield Scored(step.indices, log_probs[step.row_positions()], lengths,
+                   int(cut[step.indices].sum()))
+
+  def _params(self, params: Any) -> Any:
+    """The call's params, else the translator's."""
+    params = self.params if params is None else params
+    if params is None:
+      raise ValueError("This Translator has no params of its own: pass params=.")
+    return params
 
   def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False,
-                side: str = "source") -> list[list[int]]:
-    """Ids + EOS per sentence, cut to the model's max_len; blank sentences give [] (or [EOS]
-    with `keep_empty`). `side`: "source", or "target" (a Marian vocabulary has one of each)."""
+                side: str = "source") -> tuple[list[list[int]], np.ndarray]:
+    """Ids + EOS per sentence, cut to the model's max_len, and which were cut (bool [n]); blank
+    sentences give [] (or [EOS] with `keep_empty`). `side`: "source", or "target" (a Marian
+    vocabulary has one of each)."""
     tokenize = (self.tokenizer.tokenize if side == "source" else
                 self.tokenizer.tokenize_target)
     limit = self.model_config.max_len - 1  # Room for EOS.
-    token_ids = []
-    self.truncated = 0
-    for sentence in sentences:
+    token_ids, cut = [], np.zeros(len(sentences), bool)
+    for i, sentence in enumerate(sentences):
       ids = tokenize(sentence) if sentence.strip() else []
       if len(ids) > limit:
-        self.truncated += 1
+        cut[i] = True
         ids = ids[:limit]
       token_ids.append(ids + [EOS_ID] if ids or keep_empty else [])
-    if self.truncated:
+    if cut.any():
       logging.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
-                      "and were truncated.", self.truncated, len(sentences), limit + 1)
-    return token_ids
+                      "and were truncated.", cut.sum(), len(sentences), limit + 1)
+    return token_ids, cut
 
-  def _search_step(self, step: Step, token_ids: Sequence[Sequence[int]], first_index: int,
-                   options: TranslateConfig) -> tuple[Array, Array]:
+  def _search_step(self, params: Any, step: Step, token_ids: Sequence[Sequence[int]],
+                   first_index: int, options: TranslateConfig) -> tuple[Array, Array]:
     """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]."""
     inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
     rng = jax.random.key(options.seed)
     if options.search.method == "sample":
       line_numbers = np.zeros(len(inputs), np.uint32)
       line_numbers[step.row_positions()] = first_index + step.indices
-      rng = self._row_keys(rng, self._place(line_numbers))
-    return self._search(
-        self.params, self._place(inputs), rng, settings=options.search,
+      rng = _row_keys_jit(rng, self._place(line_numbers))
+    return self.search_fn(
+        params, self._place(inputs), rng, settings=options.search,
         max_decode_len=decode_length(options.search, step.length, self.model_config.max_len))
 
   def _pipelined(self, steps: Sequence[Step], call: Callable[[Step], Any]
@@ -344,12 +368,17 @@ def translate_config_from(config: dict[str, Any], workdir: str | os.PathLike,
 
 def translate_lines(translator: Translator, lines: Sequence[str], *,
                     progress: Callable[[int], None] | None = None,
-                    **settings: Any) -> list[str]:
-  """Translations of `lines` in order, one per line; `progress(n)` after each batch of n."""
-  outputs = [""] * len(lines)
-  for indices, texts in translator.iter_translate(lines, **settings):
-    for index, text in zip(indices, texts, strict=True):
-      outputs[index] = text
-    if progress:
-      progress(len(indices))
-  return outputs
+                    **settings: Any) -> tuple[list[str], int]:
+  """(translations of `lines` in order, one per line; how many lines were cut to the model's
+  max_len). `progress(n)` after each batch of n."""
+  truncated = 0
+
+  def batches() -> Iterator[tuple[np.ndarray, list[str]]]:
+    nonlocal truncated
+    for batch in translator.iter_nbest(lines, 1, **settings):
+      truncated += batch.truncated
+      if progress:
+        progress(len(batch.indices))
+      yield batch.indices, [hypotheses[0][0] for hypotheses in batch.hypotheses]
+
+  return in_input_order(len(lines), batches(), ""), truncated

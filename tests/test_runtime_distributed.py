@@ -1,5 +1,5 @@
-"""flax_transformer.distributed: which launcher the environment describes, and the checks that
-stop a job at once when JAX would not see the tasks the launcher started. (Two processes that
+"""flax_transformer.runtime.distributed: which launcher the environment describes, and the checks
+that stop a job at once when JAX would not see the tasks the launcher started. (Two processes that
 start from SLURM's variables alone, as under srun, are in test_training_multihost.py.)"""
 
 import os
@@ -11,8 +11,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from flax_transformer import distributed
-from flax_transformer.distributed import DistributedError, Launcher
+from flax_transformer.runtime import distributed
+from flax_transformer.runtime.distributed import DistributedError, Launcher
 
 REPO = Path(__file__).resolve().parents[1]
 # What srun sets for task 1 of 2 on one node (the variables JAX's SLURM detection reads).
@@ -80,7 +80,7 @@ def test_a_launcher_of_two_tasks_and_jax_with_one_process_stop(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   script = ("import jax; jax.config.update('jax_cpu_collectives_implementation', 'gloo')\n"
-            "from flax_transformer import distributed\n"
+            "from flax_transformer.runtime import distributed\n"
             f"distributed.initialize('127.0.0.1:{port}', num_processes=1, process_id=0)\n")
   env = {**os.environ, **SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "JAX_PLATFORMS": "cpu"}
   result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,

@@ -1,28 +1,6 @@
-"""The training workdir: its layout, restoring parameters for serving, checkpoint averaging, and
-the one atomic-write helper. Training writes the workdir; serving reads it through this module
-alone, so nothing here imports the training code (or grain).
-
-  WORKDIR/
-    config.json        the resolved experiment config (`ConfigDict.to_json_best_effort`), written
-                       atomically by process 0 once the checkpoint is known to fit it; groups
-                       model/data/train/checkpoint/eval/search (`flax_transformer.config`).
-                       The model is `model_config_from(config['model'], vocab_size)` with
-                       vocab_size = the SentencePiece model's piece count.
-    vocab.model        the SentencePiece model shared by source and target; or, in a workdir
-                       imported from Marian (or fine-tuned from one), source.spm, target.spm and
-                       vocab.json instead (`flax_transformer.data.marian_tokenizer`). The files
-                       present say which; `load_tokenizer` reads either.
-    checkpoints/       an orbax `CheckpointManager` directory:
-      <step>/          one finished checkpoint per saved step (integer name, no prefix);
-                       unfinished saves live under temporary names and are never listed.
-        params/        the model's params pytree (variables['params'], float32), StandardSave.
-        train_state/   {'step': int32 [], 'opt_state': optax state, 'rng': uint32 [2]}.
-        data_iter/     the grain iterator position, one process_<i>-of-<n>.json per process.
-    averaged/          step_<S>_last_<K>/: the mean params of the K checkpoints up to step S.
-    metrics.jsonl      {"step", "split", "name", "value"} per line (process 0).
-    tensorboard/       TensorBoard event files (process 0).
-    .lock              "HOST PID" of the trainer that holds the workdir (`lock`); serving never
-                       takes it.
+"""The workdir's checkpoints for serving and export: the orbax manager of WORKDIR/checkpoints,
+restoring params alone onto any device (whatever wrote them), saving params alone, averaging the
+last K, and one `UnreadableCheckpointError` naming a damaged checkpoint.
 
 `restore_params` restores the params item alone onto one device, whatever the number of devices
 or processes the checkpoint was written from. `read_checkpoint` turns any failure to read a
@@ -32,15 +10,11 @@ checkpoint into one `UnreadableCheckpointError` naming it, for serving and train
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
-import json
 import logging
 import os
 import re
-import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -50,159 +24,15 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from flax_transformer.config import ModelConfig, model_config_from
-from flax_transformer.data import marian_tokenizer
-from flax_transformer.data.marian_tokenizer import MarianTokenizer
-from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
+from flax_transformer.workdir.layout import AVERAGED_DIR, CHECKPOINT_DIR
 
-CONFIG_FILE = "config.json"
-VOCAB_FILE = "vocab.model"
-CHECKPOINT_DIR = "checkpoints"
-AVERAGED_DIR = "averaged"
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 PARAMS_ITEM = "params"  # The checkpoint item serving reads; training adds its own items.
-LOCK_FILE = ".lock"
 _AVERAGED_NAME = re.compile(r"step_(\d+)_last_(\d+)$")
 T = TypeVar("T")
 
 
 class UnreadableCheckpointError(ValueError):
   """A checkpoint that exists but cannot be read (a damaged or truncated file)."""
-
-
-class WorkdirInUseError(RuntimeError):
-  """Another trainer holds the workdir's lock."""
-
-
-# ------------------------------------------------------------------------------ one trainer only
-class WorkdirLock:
-  """The trainer's exclusive hold on a workdir, until `release` (or `with` ends) or the process
-  ends. It is `fcntl.flock` on WORKDIR/.lock: the kernel drops it with the process, so a
-  `kill -9` never leaves a stale lock behind."""
-
-  def __init__(self, path: Path, fd: int | None):
-    self.path, self._fd = path, fd
-
-  def release(self) -> None:
-    if self._fd is not None:
-      fcntl.flock(self._fd, fcntl.LOCK_UN)
-      os.close(self._fd)
-      self._fd = None
-
-  def __enter__(self) -> WorkdirLock:
-    return self
-
-  def __exit__(self, *exc_info: Any) -> None:
-    self.release()
-
-
-def lock(workdir: str | os.PathLike) -> WorkdirLock:
-  """Takes WORKDIR's trainer lock (creating the folder) and writes "HOST PID" into WORKDIR/.lock.
-
-  Raises:
-    WorkdirInUseError: another process holds it, naming its host and pid. Nothing in the
-      workdir is changed.
-  """
-  path = Path(workdir) / LOCK_FILE
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # Not O_TRUNC: the holder's name is in it.
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    holder = os.pread(fd, 256, 0).decode("utf-8", "replace").split()
-    os.close(fd)
-    who = (f"host {holder[0]} pid {holder[1]}" if len(holder) == 2
-           else "a process that has not written its host and pid yet")
-    raise WorkdirInUseError(
-        f"{workdir} is in use by {who} (it holds {path}): another trainer is running in it, "
-        "and two would interleave their checkpoints and metrics. Wait for it to end, stop it, "
-        "or use another --workdir.") from None
-  except OSError as error:  # A file system without flock (some NFS or Lustre mounts).
-    os.close(fd)
-    logging.warning("Cannot lock %s (%s): nothing stops a second trainer from using this "
-                    "workdir at the same time.", path, error)
-    return WorkdirLock(path, None)
-  os.ftruncate(fd, 0)
-  os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
-  return WorkdirLock(path, fd)
-
-
-# ----------------------------------------------------------------------------- files, atomically
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-  """Writes `data` to `path` through a temporary file in the same folder and a rename, so a
-  crash never leaves a partial file under the real name. The data is fsync'd before the
-  rename, so a machine that goes down does not leave an empty file under the name either. The
-  folder must exist."""
-  path = Path(path)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data.encode("utf-8") if isinstance(data, str) else data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
-
-
-def write_json(path: str | os.PathLike, value: Any) -> None:
-  """Writes `value` as indented, key-sorted JSON, atomically."""
-  atomic_write(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
-# ----------------------------------------------------------------------------- config and vocab
-def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
-  """WORKDIR/config.json as a dict; FileNotFoundError naming it when `workdir` is no workdir."""
-  path = Path(workdir) / CONFIG_FILE
-  if not path.is_file():
-    raise FileNotFoundError(
-        f"{path} not found: is {workdir} a training workdir (train.py --workdir)?")
-  try:
-    return json.loads(path.read_text())
-  except ValueError as error:
-    raise ValueError(f"{path}: not valid JSON ({error}).") from None
-
-
-def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
-  """The workdir's vocabulary files: [vocab.model], or Marian's three; [] when it has none.
-
-  Raises:
-    ValueError: the workdir holds both kinds, or only some of Marian's files.
-  """
-  workdir = Path(workdir)
-  marian = [workdir / name for name in marian_tokenizer.FILES]
-  present = [path for path in marian if path.is_file()]
-  shared = workdir / VOCAB_FILE
-  if shared.is_file():
-    if present:
-      raise ValueError(f"{workdir} holds both {VOCAB_FILE} and Marian vocabulary files "
-                       f"({', '.join(p.name for p in present)}); keep one kind.")
-    return [shared]
-  if present and len(present) < len(marian):
-    missing = sorted({p.name for p in marian} - {p.name for p in present})
-    raise ValueError(f"{workdir} has an incomplete Marian vocabulary: {', '.join(missing)} "
-                     "missing.")
-  return present
-
-
-def load_tokenizer(workdir: str | os.PathLike) -> TextTokenizer:
-  """The workdir's vocabulary: the shared SentencePiece `Tokenizer` (vocab.model) or, for a
-  workdir from Marian, a `MarianTokenizer` (source.spm, target.spm, vocab.json)."""
-  files = vocabulary_files(workdir)
-  if not files:
-    raise FileNotFoundError(
-        f"No vocabulary in {workdir}: expected {VOCAB_FILE}, or "
-        f"{', '.join(marian_tokenizer.FILES)} for a model imported from Marian.")
-  if files[0].name == VOCAB_FILE:
-    return Tokenizer.load(files[0])
-  return MarianTokenizer.load(workdir)
-
-
-def model_config(config: dict[str, Any], tokenizer: TextTokenizer) -> ModelConfig:
-  """The architecture a workdir's config.json describes, for its vocabulary."""
-  return model_config_from(config["model"], tokenizer.vocab_size)
 
 
 # ----------------------------------------------------------------------------------- checkpoints

@@ -1,8 +1,10 @@
 """Beam search, greedy decoding and sampling over an explicit decoding state.
 
-This module knows the model only through one callable (`TokensToLogits`) and the state that
-callable carries; it imports no model code. Shape letters: B batch, K beams, L max decode
-length, V vocabulary.
+Each search takes a `SearchProblem` (the step function, its state and the output limits) and
+its own few settings. This module knows the model only through one callable (`TokensToLogits`)
+and the state that callable carries; it imports no model code. The loop machinery (segments of
+a growing state, steps per iteration) is `decoding.loop`, the top-k `decoding.topk`. Shape
+letters: B batch, K beams, L max decode length, V vocabulary.
 
 State protocol
   `initial_state` is a pytree whose leaves lead with B. `beam_search` repeats every leaf for the
@@ -38,13 +40,14 @@ Steps per loop iteration
   last iteration runs past its capacity. None picks `default_steps_per_iteration` for the
   backend at trace time.
 
-How the Transformer plugs in (`flax_transformer.predict` does exactly this):
+How the Transformer plugs in (`flax_transformer.decoding.bridge` does exactly this):
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   cache = model.apply(variables, B, L, method=Transformer.init_cache)
   step = lambda ids, cache, cross: model.apply(variables, ids, cache, cross,
                                                method=Transformer.decode_step)
-  sequences, scores = beam_search(step, cache, shared_state=cross, batch_size=B,
-                                  resize_state=resize_cache, ...)
+  problem = SearchProblem(step, cache, batch_size=B, max_decode_len=L, eos_id=EOS,
+                          shared_state=cross, resize_state=resize_cache)
+  sequences, scores = beam_search(problem, beam_size=4, ranking=Ranking(0.6))
   The self-attention cache is per-beam state; the cross-attention keys/values, computed once per
   sentence, are shared state that the K beams of a sentence read without copies.
   `transformer.resize_cache` grows the cache along its position axis.
@@ -79,7 +82,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -88,7 +90,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flax_transformer import accelerators
+from flax_transformer.decoding import loop
+from flax_transformer.decoding.loop import LoopOptions, ResizeState
+from flax_transformer.decoding.topk import top_k as _top_k
 
 Array = jax.Array
 PyTree = Any
@@ -96,13 +100,6 @@ PyTree = Any
 # The id that pads outputs after EOS ("zeros after EOS"); the same id as data.tokenizer.PAD_ID.
 OUTPUT_PADDING_ID = 0
 _NEG_INF = -jnp.inf
-# Growing state: positions added per loop segment (the first four; then capacities double).
-DEFAULT_SEGMENT_LENGTH = 16
-# Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling);
-# other backends (TPU, whose loops run on the device) take the CPU's. CPU: the settings of
-# earlier sessions. GPU: on an H100, k = 8 was no faster than k = 2 for beam search at the
-# small size and took twice the compile time (BENCHMARKS.md, "On an H100"), so the same.
-STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
 FINISH_RULES = ("top_k", "every_beam")
 LENGTH_NORMALIZATIONS = ("gnmt", "fairseq")
 
@@ -124,12 +121,68 @@ class TokensToLogitsWithShared(Protocol):
     ...
 
 
-class ResizeState(Protocol):
-  """Returns `state` with room for `capacity` positions, keeping the ones written so far."""
+@dataclasses.dataclass(frozen=True)
+class SearchProblem:
+  """What every search decodes: the step function and its state (module docstring, "State
+  protocol"), and the limits on the outputs. Checked when built (ValueError naming the field).
 
-  def __call__(self, state: PyTree, capacity: int, /) -> PyTree:
-    """Leaves keep their structure, dtypes, ranks and leading dimensions; sizes may change."""
-    ...
+  Attributes:
+    tokens_to_logits: the step function; called with `shared_state` when that is given.
+    initial_state: pytree, leaves [B, ...] (repeated for the K beams) or 0-d (carried as is).
+    batch_size: B. max_decode_len: L, output tokens including EOS.
+    eos_id: ends a hypothesis (must not be 0, the output padding). bos_id: the first input id.
+    shared_state: optional pytree, leaves [B, ...], passed to every call, never reordered.
+    max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
+    min_length: fewest tokens before EOS (EOS forbidden earlier).
+    resize_state: optional; grows the state in segments (module docstring, "Growing state").
+  """
+
+  tokens_to_logits: TokensToLogits | TokensToLogitsWithShared
+  initial_state: PyTree
+  batch_size: int
+  max_decode_len: int
+  eos_id: int
+  bos_id: int = 0
+  shared_state: PyTree | None = None
+  max_lengths: Array | None = None
+  min_length: int = 0
+  resize_state: ResizeState | None = None
+
+  def __post_init__(self):
+    for name in ("batch_size", "max_decode_len"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"SearchProblem: {name} must be a positive int, got {value!r}.")
+    if not isinstance(self.eos_id, int) or self.eos_id <= OUTPUT_PADDING_ID:
+      raise ValueError(
+          f"SearchProblem: eos_id must be a positive int (id {OUTPUT_PADDING_ID} pads the "
+          f"output), got {self.eos_id!r}.")
+    if not isinstance(self.min_length, int) or self.min_length < 0:
+      raise ValueError(f"SearchProblem: min_length must be an int >= 0, got "
+                       f"{self.min_length!r}.")
+    _check_leading_dim("initial_state", self.initial_state, self.batch_size)
+    if self.shared_state is not None:
+      _check_leading_dim("shared_state", self.shared_state, self.batch_size)
+    if self.max_lengths is not None and jnp.shape(self.max_lengths) != (self.batch_size,):
+      raise ValueError(
+          f"SearchProblem: max_lengths must have shape (batch_size,) = ({self.batch_size},), "
+          f"got {jnp.shape(self.max_lengths)}.")
+
+  def step_fn(self) -> TokensToLogits:
+    """The (ids, state) step function, `shared_state` bound."""
+    if self.shared_state is None:
+      return self.tokens_to_logits
+    return lambda ids, state: self.tokens_to_logits(ids, state, self.shared_state)
+
+  def length_caps(self) -> Array:
+    """int32 [B]: the per-sentence cap, or L (never reached) when there is none."""
+    if self.max_lengths is None:
+      return jnp.full((self.batch_size,), self.max_decode_len, jnp.int32)
+    return jnp.asarray(self.max_lengths, jnp.int32)
+
+  def replace(self, **changes: Any) -> SearchProblem:
+    """A copy with `changes` applied (checked again)."""
+    return dataclasses.replace(self, **changes)
 
 
 @flax.struct.dataclass
@@ -155,6 +208,16 @@ class Ranking:
   length_normalization: str = "gnmt"
   finish_rule: str = "top_k"
 
+  def __post_init__(self):
+    if not self.length_penalty >= 0:
+      raise ValueError(f"Ranking: length_penalty must be >= 0, got {self.length_penalty!r}.")
+    if self.length_normalization not in LENGTH_NORMALIZATIONS:
+      raise ValueError(f"Ranking: length_normalization must be one of {LENGTH_NORMALIZATIONS}, "
+                       f"got {self.length_normalization!r}.")
+    if self.finish_rule not in FINISH_RULES:
+      raise ValueError(f"Ranking: finish_rule must be one of {FINISH_RULES}, got "
+                       f"{self.finish_rule!r}.")
+
   def divisor(self, num_tokens: Array | int) -> Array:
     """float32: the length divisor of a hypothesis of `num_tokens` tokens (EOS included)."""
     n = jnp.asarray(num_tokens, jnp.float32)
@@ -166,30 +229,12 @@ class Ranking:
 def length_penalty_divisor(num_tokens: Array | int, alpha: float,
                            normalization: str = "gnmt") -> Array:
   """The length divisor of n tokens under `normalization` (module docstring), float32."""
-  _check_ranking("length_penalty_divisor", alpha, normalization, "top_k")
   return Ranking(alpha, normalization).divisor(num_tokens)
 
 
-def beam_search(
-    tokens_to_logits: TokensToLogits | TokensToLogitsWithShared,
-    initial_state: PyTree,
-    *,
-    batch_size: int,
-    beam_size: int,
-    max_decode_len: int,
-    eos_id: int,
-    bos_id: int = 0,
-    length_penalty: float = 0.6,
-    length_normalization: str = "gnmt",
-    finish_rule: str = "top_k",
-    shared_state: PyTree | None = None,
-    max_lengths: Array | None = None,
-    min_length: int = 0,
-    return_all: bool = True,
-    resize_state: ResizeState | None = None,
-    segment_length: int = DEFAULT_SEGMENT_LENGTH,
-    steps_per_iteration: int | None = None,
-) -> tuple[Array, Array]:
+def beam_search(problem: SearchProblem, *, beam_size: int, ranking: Ranking = Ranking(),
+                return_all: bool = True, loop_options: LoopOptions = loop.DEFAULT_OPTIONS,
+                ) -> tuple[Array, Array]:
   """Beam search with finished hypotheses kept apart from the K alive beams.
 
   Every step extends each alive beam by its best tokens (one log-sum-exp and one small top-k
@@ -201,21 +246,14 @@ def beam_search(
   bound divides them by the largest length divisor they could still reach).
 
   Args:
-    tokens_to_logits: the step function; see the module docstring for the state protocol.
-    initial_state: pytree, leaves [B, ...] (repeated for the K beams) or 0-d (carried as is).
-    batch_size: B. beam_size: K. max_decode_len: L, output tokens including EOS.
-    eos_id: ends a hypothesis (must not be 0, the output padding). bos_id: the first input id.
-    length_penalty: alpha of the length normalization; 0 ranks by summed log-probability.
-    length_normalization: "gnmt" or "fairseq" (module docstring).
-    finish_rule: "top_k" (the field's; K = 1 is greedy) or "every_beam" (module docstring).
-    shared_state: optional pytree, leaves [B, ...], passed to every call, never reordered.
-    max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
-    min_length: fewest tokens before EOS (EOS forbidden earlier).
+    problem: the step function, its state and the output limits (`SearchProblem`).
+    beam_size: K.
+    ranking: alpha (`length_penalty`; 0 ranks by summed log-probability), the length
+      normalization ("gnmt" or "fairseq") and the finish rule ("top_k", the field's, where
+      K = 1 is greedy; or "every_beam"), as the module docstring says.
     return_all: True gives all K hypotheses; False only the best one.
-    resize_state: optional; grows the state in segments (module docstring, "Growing state").
-    segment_length: the step s of `growth_schedule` (capacities s, 2s, 3s, 4s, then doubling).
-    steps_per_iteration: k steps per while-loop iteration (module docstring); None: the
-      backend's default (`default_steps_per_iteration`). The outputs do not depend on it.
+    loop_options: the growing state's segment length and the steps per loop iteration
+      (`decoding.loop`); the outputs do not depend on them.
 
   Returns:
     (sequences int32 [B, K, L], scores float32 [B, K]), best first; with return_all=False
@@ -224,126 +262,25 @@ def beam_search(
     (sum of log-probs) / ((5 + L) / 6) ** alpha; slots with no hypothesis at all (tiny
     vocabularies or limits) hold zeros and score -inf.
   """
-  _check_search_args("beam_search", batch_size, max_decode_len, eos_id, min_length)
-  _check_ranking("beam_search", length_penalty, length_normalization, finish_rule)
-  ranking = Ranking(length_penalty, length_normalization, finish_rule)
   if not isinstance(beam_size, int) or beam_size < 1:
     raise ValueError(f"beam_search: beam_size must be a positive int, got {beam_size!r}.")
-  steps = _steps_per_iteration("beam_search", steps_per_iteration, beam=True)
-  step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
-  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length, steps,
-                                      initial_state)
-  state = _initial_beam_state(initial_state, batch_size, beam_size, max_decode_len, bos_id)
-  _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, eos_id)
-  step = functools.partial(_beam_step, step_fn, eos_id, ranking, max_lengths, min_length)
+  steps = loop.resolved_steps("beam_search", loop_options.steps_per_iteration, beam=True)
+  step_fn = problem.step_fn()
+  capacities, initial_state = loop.capacities(problem.max_decode_len, problem.resize_state,
+                                              loop_options.segment_length, steps,
+                                              problem.initial_state)
+  state = _initial_beam_state(initial_state, problem.batch_size, beam_size,
+                              problem.max_decode_len, problem.bos_id)
+  _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, problem.eos_id)
+  step = functools.partial(_beam_step, step_fn, problem.eos_id, ranking, problem.length_caps(),
+                           problem.min_length)
   grow = lambda s, capacity: s.replace(
-      alive_state=_resized(resize_state, s.alive_state, capacity))
-  final = _segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
+      alive_state=loop.resized(problem.resize_state, s.alive_state, capacity))
+  final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
   sequences, scores = _ranked_hypotheses(final, ranking)
   if return_all:
     return sequences, scores
   return sequences[:, 0], scores[:, 0]
-
-
-def growth_schedule(max_decode_len: int, segment_length: int = DEFAULT_SEGMENT_LENGTH,
-                    steps_per_iteration: int = 2) -> tuple[int, ...]:
-  """Capacities of a growing state, one per loop segment, the last one L.
-
-  With s = `segment_length` rounded up to a multiple of k = `steps_per_iteration` (a loop
-  iteration runs k steps, so every segment but the last must end on an iteration's end) and
-  of 2 (the schedule of earlier versions, whose beam loop ran two steps per iteration):
-  s, 2s, 3s, 4s, then doubling (8s, 16s, ...), below L, then L. Each segment is compiled
-  separately, so doubling keeps long caches to a few segments, while the short outputs where
-  most decoding time goes get fine steps. A last segment shorter than s / 2 is merged into the
-  one before. E.g. L = 64: (16, 32, 48, 64); L = 115: (16, 32, 48, 64, 115); L = 300: (16, 32,
-  48, 64, 128, 256, 300); with k = 3, L = 64: (18, 36, 54, 64).
-  """
-  for name, value in (("segment_length", segment_length),
-                      ("steps_per_iteration", steps_per_iteration)):
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name} must be a positive int, got {value!r}.")
-  multiple = math.lcm(2, steps_per_iteration)
-  segment = -(-segment_length // multiple) * multiple
-  capacities = [segment * i for i in range(1, 5)]
-  while capacities[-1] * 2 < max_decode_len:
-    capacities.append(capacities[-1] * 2)
-  capacities = [c for c in capacities if c < max_decode_len]
-  if capacities and max_decode_len - capacities[-1] < segment // 2:
-    capacities.pop()
-  return (*capacities, max_decode_len)
-
-
-def default_steps_per_iteration(beam: bool) -> int:
-  """The backend's steps per loop iteration (`STEPS_PER_ITERATION`), read at trace time."""
-  beam_steps, sequential_steps = STEPS_PER_ITERATION.get(accelerators.traced_platform(),
-                                                         STEPS_PER_ITERATION["cpu"])
-  return beam_steps if beam else sequential_steps
-
-
-def _steps_per_iteration(name: str, steps_per_iteration: int | None, beam: bool) -> int:
-  """`steps_per_iteration`, checked, or the backend's default when None."""
-  if steps_per_iteration is None:
-    return default_steps_per_iteration(beam)
-  if not isinstance(steps_per_iteration, int) or steps_per_iteration < 1:
-    raise ValueError(
-        f"{name}: steps_per_iteration must be a positive int, got {steps_per_iteration!r}.")
-  return steps_per_iteration
-
-
-def _growth(max_decode_len: int, resize_state: ResizeState | None, segment_length: int,
-            steps_per_iteration: int, initial_state: PyTree) -> tuple[tuple[int, ...], PyTree]:
-  """The loop's capacities, and the initial state sized for the first of them."""
-  if resize_state is None:
-    return (max_decode_len,), initial_state
-  capacities = growth_schedule(max_decode_len, segment_length, steps_per_iteration)
-  return capacities, _resized(resize_state, initial_state, capacities[0])
-
-
-def _resized(resize_state: ResizeState, state: PyTree, capacity: int) -> PyTree:
-  """`resize_state(state, capacity)`, checked to keep every leaf's form but its sizes."""
-  resized = resize_state(state, capacity)
-  form = lambda tree: [(jnp.ndim(x), jnp.result_type(x), jnp.shape(x)[:1])
-                       for x in jax.tree.leaves(tree)]
-  if jax.tree.structure(resized) != jax.tree.structure(state) or form(resized) != form(state):
-    raise ValueError(
-        f"resize_state(state, {capacity}) must keep the state's structure and every leaf's "
-        f"rank, dtype and leading dimension; got {form(resized)}, expected {form(state)} "
-        "(rank, dtype, leading dimension).")
-  return resized
-
-
-Loop = Any  # BeamState or _SequentialState.
-
-
-def _segmented_loop(capacities: tuple[int, ...], grow: Callable[[Loop, int], Loop],
-                    keep_going: Callable[[Loop], Array], step: Callable[[Loop], Loop],
-                    steps_per_iteration: int, loop_state: Loop) -> Loop:
-  """One while loop per capacity, each iteration `steps_per_iteration` calls of `step`.
-
-  A segment's loop runs while step < capacity and `keep_going`, both tested once per
-  iteration. Between segments, `grow` gives the callable's state room for the next capacity.
-  (It runs even after an early exit: a copy of the state per remaining segment, no steps.)
-  """
-  body = functools.partial(_run_steps, step, steps_per_iteration)
-  for number, capacity in enumerate(capacities):
-    if number:
-      loop_state = grow(loop_state, capacity)
-    loop_state = lax.while_loop(
-        lambda s, capacity=capacity: (s.step < capacity) & keep_going(s), body, loop_state)
-  return loop_state
-
-
-def _run_steps(step: Callable[[Loop], Loop], steps: int, loop_state: Loop) -> Loop:
-  """`steps` calls of `step`, unrolled: k copies in one loop body, no inner loop of their own.
-
-  An inner `lax.fori_loop` with the same static trip count is the alternative (a smaller
-  program, but a loop XLA runs on its own); `benchmarks/decode_loop_variants.py` times both
-  (variant `loop=fori`).
-  """
-  for _ in range(steps):
-    loop_state = step(loop_state)
-  return loop_state
 
 
 def _initial_beam_state(initial_state: PyTree, batch_size: int, beam_size: int,
@@ -368,7 +305,7 @@ def _beam_step(step_fn: TokensToLogits, eos_id: int, ranking: Ranking, max_lengt
                min_length: int, state: BeamState) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
-  A loop iteration runs k steps (`_segmented_loop`), so steps can follow the last position or
+  A loop iteration runs k steps (`loop.segmented_loop`), so steps can follow the last position or
   the early exit. A step past L (`valid` false) changes nothing but the state. A step after a
   sentence is `done` changes none of its outputs: its EOS candidates are dropped, and
   `_ranked_hypotheses` reads its alive beams only when it is not done ("top_k") or has fewer
@@ -445,39 +382,6 @@ def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array
   return eos_log_probs, token_log_probs, top_ids
 
 
-def _top_k(x: Array, k: int) -> tuple[Array, Array]:
-  """The k largest values of every row of x [R, V] and their int32 indices, largest first.
-
-  Same result as `lax.top_k` (up to the order of ties), several times faster on CPU for small k
-  and large V: XLA's top-k and argmax are scalar loops there, while max-reductions vectorize. The
-  k best values lie in the k blocks (of about 64 columns) with the largest maxima, so one max
-  per block, a top-k over the block maxima and a top-k over those k blocks suffice.
-  """
-  rows, size = x.shape
-  block = _block_size(size)
-  blocks = size // block
-  if blocks <= 2 * k:
-    values, indices = lax.top_k(x, k)
-    return values, indices.astype(jnp.int32)
-  main = blocks * block  # Columns past `main` (fewer than one block) are always candidates.
-  grouped = x[:, :main].reshape(rows, blocks, block)
-  _, best_blocks = lax.top_k(jnp.max(grouped, axis=-1), k)  # [R, k]
-  candidates = jnp.take_along_axis(grouped, best_blocks[..., None], axis=1).reshape(rows, -1)
-  candidate_ids = (best_blocks[..., None] * block + jnp.arange(block)).reshape(rows, -1)
-  if main < size:
-    candidates = jnp.concatenate([candidates, x[:, main:]], axis=1)
-    tail_ids = jnp.broadcast_to(jnp.arange(main, size), (rows, size - main))
-    candidate_ids = jnp.concatenate([candidate_ids, tail_ids], axis=1)
-  values, picked = lax.top_k(candidates, k)
-  return values, jnp.take_along_axis(candidate_ids, picked, axis=1).astype(jnp.int32)
-
-
-def _block_size(size: int) -> int:
-  """A block length near 64 that divides `size` when one in [48, 96] does, else 64."""
-  divisors = [b for b in range(48, 97) if size % b == 0]
-  return min(divisors, key=lambda b: abs(b - 64)) if divisors else 64
-
-
 def _gather_beams(state: PyTree, parent: Array) -> PyTree:
   """Rows of every leaf [B*K, ...] reordered by parent beam int [B, K]; 0-d leaves as given."""
   batch, beams = parent.shape
@@ -543,25 +447,12 @@ class _SequentialState:
 TokenChooser = Callable[[Array, Array, Array], Array]
 
 
-def greedy_search(
-    tokens_to_logits: TokensToLogits | TokensToLogitsWithShared,
-    initial_state: PyTree,
-    *,
-    batch_size: int,
-    max_decode_len: int,
-    eos_id: int,
-    bos_id: int = 0,
-    shared_state: PyTree | None = None,
-    max_lengths: Array | None = None,
-    min_length: int = 0,
-    resize_state: ResizeState | None = None,
-    segment_length: int = DEFAULT_SEGMENT_LENGTH,
-    steps_per_iteration: int | None = None,
-) -> tuple[Array, Array]:
+def greedy_search(problem: SearchProblem, *, loop_options: LoopOptions = loop.DEFAULT_OPTIONS
+                  ) -> tuple[Array, Array]:
   """Greedy decoding: the most probable emittable token at every step.
 
-  Same state protocol, length options, growing state and `steps_per_iteration` as
-  `beam_search` (K = 1, so `initial_state` leaves [B, ...] are used as they are).
+  The same `SearchProblem` and `loop_options` as `beam_search` (K = 1, so `initial_state`
+  leaves [B, ...] are used as they are).
 
   Returns:
     (sequences int32 [B, L], scores float32 [B]): tokens up to and including EOS, zeros after;
@@ -570,41 +461,20 @@ def greedy_search(
   def best(logits: Array, eos_allowed: Array, step: Array) -> Array:
     # Padding and a forbidden EOS can take two of the three best places.
     _, ids = _top_k(logits, min(3, logits.shape[-1]))  # [B, 3]
-    allowed = (ids != OUTPUT_PADDING_ID) & ((ids != eos_id) | eos_allowed[:, None])
+    allowed = (ids != OUTPUT_PADDING_ID) & ((ids != problem.eos_id) | eos_allowed[:, None])
     return jnp.take_along_axis(ids, jnp.argmax(allowed, axis=1)[:, None], axis=1)[:, 0]
 
-  return _sequential_search(
-      "greedy_search", tokens_to_logits, initial_state, best, batch_size=batch_size,
-      max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
-      max_lengths=max_lengths, min_length=min_length, resize_state=resize_state,
-      segment_length=segment_length, steps_per_iteration=steps_per_iteration)
+  return _sequential_search("greedy_search", problem, best, loop_options)
 
 
-def sample(
-    tokens_to_logits: TokensToLogits | TokensToLogitsWithShared,
-    initial_state: PyTree,
-    rng: Array,
-    *,
-    batch_size: int,
-    max_decode_len: int,
-    eos_id: int,
-    bos_id: int = 0,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    shared_state: PyTree | None = None,
-    max_lengths: Array | None = None,
-    min_length: int = 0,
-    resize_state: ResizeState | None = None,
-    segment_length: int = DEFAULT_SEGMENT_LENGTH,
-    steps_per_iteration: int | None = None,
-) -> tuple[Array, Array]:
+def sample(problem: SearchProblem, rng: Array, *, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, loop_options: LoopOptions = loop.DEFAULT_OPTIONS
+           ) -> tuple[Array, Array]:
   """Ancestral sampling from softmax(logits / temperature), optionally top-k and nucleus (top-p).
 
   Filters apply in the order temperature, top-k (keep the k most probable tokens; 0 = all),
   top-p (keep the smallest most-probable set whose probability reaches `top_p`; 1 = all).
-  Same state protocol, length options, growing state and `steps_per_iteration` as
-  `beam_search` with K = 1.
+  The same `SearchProblem` and `loop_options` as `beam_search` with K = 1.
 
   `rng` is one key for the batch, or one key per row ([B] keys, e.g. `jax.random.fold_in(key,
   line_index)` for each row): then every row draws its noise from its own key folded with the
@@ -623,9 +493,10 @@ def sample(
     raise ValueError(f"sample: top_p must lie in (0, 1], got {top_p!r}.")
   if not jax.dtypes.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
     rng = jax.random.wrap_key_data(rng)  # Raw uint32 key data: [2] or [B, 2] (threefry).
-  if rng.shape not in ((), (batch_size,)):
-    raise ValueError(f"sample: rng must be one key or one key per row ({batch_size},), got "
-                     f"keys of shape {rng.shape}.")
+  if rng.shape not in ((), (problem.batch_size,)):
+    raise ValueError(f"sample: rng must be one key or one key per row ({problem.batch_size},), "
+                     f"got keys of shape {rng.shape}.")
+  eos_id = problem.eos_id
 
   def draw(logits: Array, eos_allowed: Array, step: Array) -> Array:
     logits = logits.at[:, OUTPUT_PADDING_ID].set(_NEG_INF)
@@ -644,11 +515,7 @@ def sample(
       noise = jax.random.gumbel(jax.random.fold_in(rng, step), logits.shape, jnp.float32)
     return _top_k(logits + noise, 1)[1][:, 0]
 
-  return _sequential_search(
-      "sample", tokens_to_logits, initial_state, draw, batch_size=batch_size,
-      max_decode_len=max_decode_len, eos_id=eos_id, bos_id=bos_id, shared_state=shared_state,
-      max_lengths=max_lengths, min_length=min_length, resize_state=resize_state,
-      segment_length=segment_length, steps_per_iteration=steps_per_iteration)
+  return _sequential_search("sample", problem, draw, loop_options)
 
 
 def _top_k_filter(logits: Array, k: int) -> Array:
@@ -667,26 +534,24 @@ def _top_p_filter(logits: Array, top_p: float) -> Array:
   return jnp.where(logits < threshold, _NEG_INF, logits)
 
 
-def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_state: PyTree,
-                       choose: TokenChooser, *, batch_size: int, max_decode_len: int,
-                       eos_id: int, bos_id: int, shared_state: PyTree | None,
-                       max_lengths: Array | None, min_length: int,
-                       resize_state: ResizeState | None, segment_length: int,
-                       steps_per_iteration: int | None) -> tuple[Array, Array]:
+def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
+                       loop_options: LoopOptions) -> tuple[Array, Array]:
   """The loop shared by greedy decoding and sampling; `choose` picks each next token.
 
   A row that has finished, or a step past L (the last iteration may run up to k - 1 of them),
   emits padding and adds nothing to the score, so steps after the early exit or after L
   change no output.
   """
-  _check_search_args(name, batch_size, max_decode_len, eos_id, min_length)
-  steps = _steps_per_iteration(name, steps_per_iteration, beam=False)
-  step_fn = _bind_shared(tokens_to_logits, initial_state, shared_state, batch_size)
-  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  capacities, initial_state = _growth(max_decode_len, resize_state, segment_length, steps,
-                                      initial_state)
+  steps = loop.resolved_steps(name, loop_options.steps_per_iteration, beam=False)
+  step_fn = problem.step_fn()
+  batch_size, max_decode_len, eos_id = problem.batch_size, problem.max_decode_len, problem.eos_id
+  min_length, max_lengths = problem.min_length, problem.length_caps()
+  capacities, initial_state = loop.capacities(max_decode_len, problem.resize_state,
+                                              loop_options.segment_length, steps,
+                                              problem.initial_state)
   start = _SequentialState(
-      step=jnp.zeros((), jnp.int32), last_ids=jnp.full((batch_size,), bos_id, jnp.int32),
+      step=jnp.zeros((), jnp.int32),
+      last_ids=jnp.full((batch_size,), problem.bos_id, jnp.int32),
       sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
       log_probs=jnp.zeros((batch_size,), jnp.float32),
       finished=jnp.zeros((batch_size,), bool), state=initial_state)
@@ -707,43 +572,11 @@ def _sequential_search(name: str, tokens_to_logits: Callable[..., Any], initial_
         log_probs=s.log_probs + jnp.where(silent, 0.0, log_probs),
         finished=s.finished | (tokens == eos_id), state=new_state)
 
-  grow = lambda s, capacity: s.replace(state=_resized(resize_state, s.state, capacity))
-  final = _segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished), step, steps, start)
+  grow = lambda s, capacity: s.replace(
+      state=loop.resized(problem.resize_state, s.state, capacity))
+  final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished), step, steps,
+                              start)
   return final.sequences, final.log_probs
-
-
-def _bind_shared(tokens_to_logits: Callable[..., Any], initial_state: PyTree,
-                 shared_state: PyTree | None, batch_size: int) -> TokensToLogits:
-  """Checks leading dimensions and returns a (ids, state) step function."""
-  _check_leading_dim("initial_state", initial_state, batch_size)
-  if shared_state is None:
-    return tokens_to_logits
-  _check_leading_dim("shared_state", shared_state, batch_size)
-  return lambda ids, state: tokens_to_logits(ids, state, shared_state)
-
-
-def _check_search_args(name: str, batch_size: int, max_decode_len: int, eos_id: int,
-                       min_length: int) -> None:
-  for arg, value in (("batch_size", batch_size), ("max_decode_len", max_decode_len)):
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}.")
-  if not isinstance(eos_id, int) or eos_id <= OUTPUT_PADDING_ID:
-    raise ValueError(
-        f"{name}: eos_id must be a positive int (id {OUTPUT_PADDING_ID} pads the output), "
-        f"got {eos_id!r}.")
-  if not isinstance(min_length, int) or min_length < 0:
-    raise ValueError(f"{name}: min_length must be an int >= 0, got {min_length!r}.")
-
-
-def _check_ranking(name: str, length_penalty: float, length_normalization: str,
-                   finish_rule: str) -> None:
-  if not length_penalty >= 0:
-    raise ValueError(f"{name}: length_penalty must be >= 0, got {length_penalty!r}.")
-  if length_normalization not in LENGTH_NORMALIZATIONS:
-    raise ValueError(f"{name}: length_normalization must be one of {LENGTH_NORMALIZATIONS}, "
-                     f"got {length_normalization!r}.")
-  if finish_rule not in FINISH_RULES:
-    raise ValueError(f"{name}: finish_rule must be one of {FINISH_RULES}, got {finish_rule!r}.")
 
 
 def _check_leading_dim(what: str, tree: PyTree, batch_size: int) -> None:
@@ -754,17 +587,6 @@ def _check_leading_dim(what: str, tree: PyTree, batch_size: int) -> None:
       raise ValueError(
           f"{what}{jax.tree_util.keystr(path)} has shape {shape}; leaves must lead with "
           f"batch_size={batch_size} (or be 0-d).")
-
-
-def _max_lengths(max_lengths: Array | None, batch_size: int, max_decode_len: int) -> Array:
-  """int32 [B]: the per-sentence cap, or `max_decode_len` (never reached) when absent."""
-  if max_lengths is None:
-    return jnp.full((batch_size,), max_decode_len, jnp.int32)
-  if jnp.shape(max_lengths) != (batch_size,):
-    raise ValueError(
-        f"max_lengths must have shape (batch_size,) = ({batch_size},), got "
-        f"{jnp.shape(max_lengths)}.")
-  return jnp.asarray(max_lengths, jnp.int32)
 
 
 def _check_step_fn(step_fn: TokensToLogits, ids: Array, state: PyTree, eos_id: int) -> None:

@@ -1,0 +1,150 @@
+"""The architecture's config: `ModelConfig` (the paper's base and big, and small and tiny
+presets), and the `config.model` group it is read from and written back to."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+from flax_transformer.validation import (
+    FRACTION,
+    POSITIVE,
+    ConfigError,
+    check_fields,
+    checked_field,
+    fail,
+    group_dict,
+    unknown_key_message,
+)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+PRESETS = ("base", "big", "small", "tiny")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+  """Architecture of the encoder-decoder Transformer (Vaswani et al., 2017).
+
+  Shape letters (B, S, T, L, D, N, H, F, V, K): see the one legend in
+  `flax_transformer.model.attention`; fields name their letter (D `emb_dim`, N `num_heads`,
+  F `mlp_dim`, V `vocab_size`).
+  """
+
+  GROUP: typing.ClassVar[str] = "model"
+
+  # V: one vocabulary for source and target (id 0 is padding).
+  vocab_size: int = dataclasses.field(metadata={"check": POSITIVE})
+  emb_dim: int = checked_field(512, POSITIVE)  # D, the paper's d_model.
+  num_heads: int = checked_field(8, POSITIVE)  # N; head dim H = D / N.
+  mlp_dim: int = checked_field(2048, POSITIVE)  # F, the paper's d_ff.
+  num_encoder_layers: int = checked_field(6, POSITIVE)
+  num_decoder_layers: int = checked_field(6, POSITIVE)
+  dropout_rate: float = checked_field(0.1, FRACTION)  # Embeddings (+ positions), sub-layers.
+  attention_dropout_rate: float = checked_field(0.1, FRACTION)  # Attention weights; 0: fused.
+  max_len: int = checked_field(256, POSITIVE)  # Longest source or target the positions cover.
+  positional_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
+  norm_placement: Literal["post", "pre"] = "post"  # "post": LayerNorm(x + f(x)) as in the paper.
+  layer_norm_epsilon: float = checked_field(1e-6, POSITIVE)  # Marian (Hugging Face) uses 1e-5.
+  # Options that Marian (OPUS-MT) and fairseq checkpoints need; the defaults are the paper's.
+  attention_bias: bool = False  # Biases on the attention's Q, K, V and output projections.
+  activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN; gelu is exact (erf), swish = SiLU.
+  # Sinusoid features: "interleaved" sin/cos (the paper) or "halves" [sin..., cos...] (t2t,
+  # fairseq, Marian); the same values, permuted.
+  sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
+  scale_embeddings: bool = True  # Token embeddings times sqrt(D), as in the paper.
+  logits_bias: bool = False  # A learned bias [V] added to the logits (Marian's final_logits_bias).
+  share_embeddings: bool = True  # One embedding table for source and target tokens.
+  tie_output_projection: bool = True  # Logits = decoder output @ target embedding^T.
+  share_layer_weights: bool = False  # One layer's weights reused at every depth (Universal T.).
+  dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Compute dtype.
+  param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Master weights.
+  # jax.nn.dot_product_attention's implementation; None lets the package decide per backend.
+  attention_implementation: Literal["xla", "cudnn", None] = None
+
+  def __post_init__(self):
+    check_fields(self)
+    if self.emb_dim % self.num_heads:
+      raise ConfigError(f"config.model.emb_dim ({self.emb_dim}) must be divisible by "
+                        f"config.model.num_heads ({self.num_heads}).")
+
+  @property
+  def head_dim(self) -> int:
+    """H, the size of one attention head."""
+    return self.emb_dim // self.num_heads
+
+  @property
+  def pre_norm(self) -> bool:
+    """LayerNorm before each sub-layer (and after each stack) instead of after the residual."""
+    return self.norm_placement == "pre"
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return DTYPES[self.dtype]
+
+  @property
+  def parameter_dtype(self) -> jnp.dtype:
+    return DTYPES[self.param_dtype]
+
+  def replace(self, **changes: Any) -> ModelConfig:
+    """A copy with `changes` applied (validated again)."""
+    return dataclasses.replace(self, **changes)
+
+  # Named presets. Base and big are the paper's Table 3 models.
+  @classmethod
+  def base(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
+    """The paper's base model: D 512, 8 heads, F 2048, 6+6 layers, dropout 0.1."""
+    return cls(vocab_size=vocab_size, **overrides)
+
+  @classmethod
+  def big(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
+    """The paper's big model: D 1024, 16 heads, F 4096, 6+6 layers, dropout 0.3."""
+    settings = dict(emb_dim=1024, num_heads=16, mlp_dim=4096, dropout_rate=0.3,
+                    attention_dropout_rate=0.1)
+    return cls(vocab_size=vocab_size, **{**settings, **overrides})
+
+  @classmethod
+  def small(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
+    """A small model for Multi30k-sized data and benchmarks: D 256, 4 heads, F 1024, 3+3."""
+    settings = dict(emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3,
+                    num_decoder_layers=3)
+    return cls(vocab_size=vocab_size, **{**settings, **overrides})
+
+  @classmethod
+  def tiny(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
+    """A model for tests and the CPU quick start: D 32, 4 heads, F 64, 2+2 layers."""
+    settings = dict(emb_dim=32, num_heads=4, mlp_dim=64, num_encoder_layers=2,
+                    num_decoder_layers=2, max_len=64)
+    return cls(vocab_size=vocab_size, **{**settings, **overrides})
+
+
+def model_config_from(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
+  """Builds the `ModelConfig` from the experiment config's `model` group.
+
+  `model.preset` names a preset ("base", "big", "small", "tiny", or "" for none); every other
+  field of the group overrides it.
+  """
+  fields = dict(model)
+  preset = fields.pop("preset", "") or ""
+  if preset not in ("", *PRESETS):
+    fail("model", "preset", preset, f"one of {('', *PRESETS)}")
+  allowed = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"]
+  unknown = sorted(set(fields) - set(allowed))
+  if unknown:
+    raise ConfigError(unknown_key_message(f"config.model.{unknown[0]}", ["preset", *allowed],
+                                          "config.model"))
+  if preset:
+    return getattr(ModelConfig, preset)(vocab_size, **fields)
+  return ModelConfig(vocab_size=vocab_size, **fields)
+
+
+def model_group(config: ModelConfig) -> dict[str, Any]:
+  """The `config.model` group that `model_config_from` turns back into `config` (every field
+  but vocab_size, which the vocabulary gives, and no preset): what a workdir's config.json holds
+  for a model that no config file describes (an imported one, or a fine-tuned one)."""
+  fields = group_dict(config)
+  del fields["vocab_size"]
+  return {"preset": "", **fields}

@@ -1,0 +1,40 @@
+"""The training workdir, as serving, export and training read it: `layout` (names, config.json,
+vocabulary, `open_workdir`), `checkpoints` (restore, save and average params; unreadable
+checkpoints named) and `trainer_lock` (one trainer per workdir). Nothing here imports the
+training code (or grain); the names below are the package's interface."""
+
+from flax_transformer.workdir.checkpoints import (
+    PARAMS_ITEM,
+    UnreadableCheckpointError,
+    average_checkpoints,
+    checkpoint_manager,
+    read_checkpoint,
+    restore_params,
+    save_params,
+    saved_steps,
+    shape_differences,
+)
+from flax_transformer.workdir.layout import (
+    AVERAGED_DIR,
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    LOCK_FILE,
+    METRICS_FILE,
+    TENSORBOARD_DIR,
+    VOCAB_FILE,
+    Workdir,
+    load_tokenizer,
+    model_config,
+    open_workdir,
+    read_config,
+    vocabulary_files,
+)
+from flax_transformer.workdir.trainer_lock import WorkdirInUseError, WorkdirLock, lock
+
+__all__ = [
+    "AVERAGED_DIR", "CHECKPOINT_DIR", "CONFIG_FILE", "LOCK_FILE", "METRICS_FILE", "PARAMS_ITEM",
+    "TENSORBOARD_DIR", "VOCAB_FILE", "UnreadableCheckpointError", "Workdir", "WorkdirInUseError",
+    "WorkdirLock", "average_checkpoints", "checkpoint_manager", "load_tokenizer", "lock",
+    "model_config", "open_workdir", "read_checkpoint", "read_config", "restore_params",
+    "save_params", "saved_steps", "shape_differences", "vocabulary_files",
+]

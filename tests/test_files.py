@@ -1,0 +1,96 @@
+"""flax_transformer.files: atomic files (a new file's mode, nothing partial under the real name)
+and line files (UTF-8, gzip, errors naming file and line)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+
+import pytest
+
+from flax_transformer import files
+from flax_transformer.files import read_lines
+
+
+@pytest.fixture(params=[0o022, 0o027, 0o002])
+def umask(request):
+  previous = os.umask(request.param)
+  yield request.param
+  os.umask(previous)
+
+
+def _mode(path) -> int:
+  return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _created_by_open(path, umask: int) -> int:
+  """The mode open() gives a new file under this umask, as the kernel says."""
+  with open(path, "w"):
+    pass
+  return _mode(path)
+
+
+def test_every_writer_gives_a_new_file_s_mode(tmp_path, umask):
+  expected = _created_by_open(tmp_path / "reference", umask)
+  assert expected == 0o666 & ~umask and files.new_file_mode() == expected
+  files.atomic_write(tmp_path / "a.bin", b"bytes")
+  files.write_json(tmp_path / "b.json", {"x": 1})
+  files.write_lines_atomically(str(tmp_path / "c.txt.gz"), ["one", "two"])
+  with files.AtomicWriter(str(tmp_path / "d.txt")) as writer:
+    writer.write("streamed\n")
+  for name in ("a.bin", "b.json", "c.txt.gz", "d.txt"):
+    assert _mode(tmp_path / name) == expected, name
+  assert read_lines(str(tmp_path / "c.txt.gz")) == ["one", "two"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      "a.bin", "b.json", "c.txt.gz", "d.txt", "reference"]  # No temporary file is left.
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+  target = tmp_path / "config.json"
+  files.write_json(target, {"version": 1})
+
+  def crash(fd):
+    raise OSError("disk gone")
+
+  monkeypatch.setattr(os, "fsync", crash)
+  with pytest.raises(OSError, match="disk gone"):
+    files.write_json(target, {"version": 2})
+  with pytest.raises(RuntimeError), files.AtomicWriter(str(target)) as writer:
+    writer.write("half")
+    raise RuntimeError("killed mid-file")
+  assert target.read_text() == '{\n  "version": 1\n}\n'
+  assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_check_writable_names_the_problem(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"the folder .*missing does not exist"):
+    files.check_writable(str(tmp_path / "missing" / "out.txt"))
+  with pytest.raises(ValueError, match="it is a folder"):
+    files.check_writable(str(tmp_path))
+  files.check_writable(str(tmp_path / "fine.txt"))
+  files.check_writable("-")
+
+
+def test_read_lines_reports_invalid_utf8_with_file_and_line(tmp_path):
+  path = tmp_path / "input.txt"
+  path.write_bytes(b"ok line\nsecond\n" + b"bad \xff byte\n")
+  with pytest.raises(ValueError, match=r"input.txt:3: invalid UTF-8"):
+    read_lines(str(path))
+  with pytest.raises(FileNotFoundError, match=r"missing\.txt"):
+    read_lines(str(tmp_path / "missing.txt"))
+
+
+def test_read_lines_reads_gzip_and_reports_a_corrupt_one(tmp_path):
+  lines = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen."]
+  path = tmp_path / "test.de.gz"
+  path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode("utf-8")))
+  assert read_lines(str(path)) == lines
+  corrupt = tmp_path / "corrupt.de.gz"
+  corrupt.write_bytes(b"plain text, not gzip\n")
+  with pytest.raises(ValueError, match=r"corrupt\.de\.gz: not a valid gzip file"):
+    read_lines(str(corrupt))
+  bad_utf8 = tmp_path / "bad.en.gz"
+  bad_utf8.write_bytes(gzip.compress(b"fine\nbad \xff\n"))
+  with pytest.raises(ValueError, match=r"bad\.en\.gz:2: invalid UTF-8"):
+    read_lines(str(bad_utf8))

@@ -1,0 +1,171 @@
+"""The floor plan, read from the code: every import between the package's modules (those inside
+functions included) is parsed with `ast`, and the test fails on an arrow that points up or on a
+cycle, so the layout in the README stays true as the code changes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
+
+# Each room (a subpackage or a top-level module) and the rooms it may import. Lower rooms never
+# name higher ones: cli -> serving / training / interop / planning -> decoding + workdir ->
+# model + data -> files, config, validation.
+ALLOWED = {
+    "files": set(),
+    "validation": set(),
+    "progress": set(),
+    "scoring": set(),
+    "runtime": set(),
+    "model": {"validation", "runtime"},
+    "config": {"model", "validation"},
+    "experiment_flags": {"config", "validation"},
+    "data": {"config", "validation", "files"},
+    "decoding": {"model", "data", "config", "runtime"},
+    "workdir": {"model", "data", "config", "validation", "files"},
+    "visualize": {"workdir", "data", "files"},
+    "serving": {"decoding", "workdir", "model", "data", "config", "validation", "files",
+                "progress", "runtime"},
+    "interop": {"workdir", "model", "data", "config", "validation", "files"},
+    "training": {"serving", "decoding", "workdir", "model", "data", "config", "validation",
+                 "files", "progress", "scoring", "runtime"},
+    "planning": {"training", "serving", "decoding", "workdir", "model", "data", "config",
+                 "experiment_flags", "runtime"},
+    "cli": {"serving", "training", "interop", "planning", "workdir", "visualize", "scoring",
+            "files", "progress", "config", "experiment_flags", "runtime"},
+    "__init__": {"config", "model", "decoding", "serving"},
+}
+# Modules that must not import some rooms even where their room may: the search core works on
+# any step function (the bridge, decoding/bridge.py, is where the model plugs in).
+MODULE_LIMITS = {
+    "decoding.search": {"model", "data", "config"},
+}
+
+
+def _modules() -> dict[str, Path]:
+  """'serving.translator' -> path, for every module of the package ('x' for x/__init__.py)."""
+  names = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    if parts[-1] == "__init__" and len(parts) > 1:
+      parts = parts[:-1]
+    names[".".join(parts)] = path
+  return names
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+  """The package's modules that `name` imports, anywhere in its file."""
+  package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        base = ".".join(["flax_transformer", *package[:len(package) - node.level + 1]])
+        module = f"{base}.{node.module}" if node.module else base
+      else:
+        module = node.module or ""
+      # `from X import Y`: the module X.Y when Y is one, else X (Y is a name in it).
+      targets = [f"{module}.{alias.name}" for alias in node.names]
+    else:
+      continue
+    for target in targets:
+      if not target.startswith("flax_transformer."):
+        continue
+      inner = target.removeprefix("flax_transformer.")
+      while inner and inner not in modules:  # 'workdir.lock' (a function) -> 'workdir'.
+        inner = inner.rpartition(".")[0]
+      inner = inner or "__init__"  # `from flax_transformer import Translator`.
+      if inner != name:
+        found.add(inner)
+  return found
+
+
+def _room(module: str) -> str:
+  return module.split(".")[0]
+
+
+def import_graph() -> dict[str, set[str]]:
+  modules = _modules()
+  return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_every_room_is_in_the_plan():
+  rooms = {_room(name) for name in import_graph()}
+  assert rooms == set(ALLOWED), f"rooms not in ALLOWED: {rooms ^ set(ALLOWED)}"
+
+
+def test_arrows_point_down():
+  upward = []
+  for module, targets in sorted(import_graph().items()):
+    room = _room(module)
+    for target in sorted(targets):
+      other = _room(target)
+      if other != room and other not in ALLOWED[room]:
+        upward.append(f"{module} -> {target}")
+      if other in MODULE_LIMITS.get(module, ()):
+        upward.append(f"{module} -> {target} (limited)")
+  assert not upward, "imports against the floor plan:\n" + "\n".join(upward)
+
+
+def test_no_cycles_between_rooms():
+  rooms: dict[str, set[str]] = {}
+  for module, targets in import_graph().items():
+    rooms.setdefault(_room(module), set()).update(_room(t) for t in targets)
+  for room in rooms:
+    rooms[room].discard(room)
+  assert _cycle(rooms) is None, f"a cycle between rooms: {_cycle(rooms)}"
+
+
+def test_no_cycles_between_modules():
+  graph = import_graph()
+  assert _cycle(graph) is None, f"a cycle between modules: {_cycle(graph)}"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One cycle of `graph` as a path, or None (depth-first search, three colours)."""
+  state: dict[str, int] = {}
+  stack: list[str] = []
+
+  def visit(node: str) -> list[str] | None:
+    state[node] = 1
+    stack.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state and (found := visit(nxt)):
+        return found
+    stack.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state and (found := visit(node)):
+      return found
+  return None
+
+
+@pytest.mark.parametrize("edge", [("model.layers", "workdir"), ("data.pipeline", "training.loop"),
+                                  ("decoding.search", "model.transformer"),
+                                  ("serving.translator", "training.steps")])
+def test_an_upward_arrow_is_caught(edge, monkeypatch):
+  """The checks can fail: one added upward import is reported."""
+  graph = import_graph()
+  graph[edge[0]] = graph[edge[0]] | {edge[1]}
+  monkeypatch.setattr(__import__(__name__), "import_graph", lambda: graph)
+  with pytest.raises(AssertionError, match=edge[0].replace(".", r"\.")):
+    test_arrows_point_down()
+
+
+def test_a_cycle_is_caught():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_files_and_validation_import_nothing_of_the_package():
+  graph = import_graph()
+  assert graph["files"] == set() and graph["validation"] == set()
