@@ -200,9 +200,8 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
   except ImportError:
     raise ValueError("Exporting to CTranslate2 needs the ctranslate2 package: pip install "
                      "'flax-transformer[export]'.") from None
-  config = workdir_lib.read_config(workdir)
-  tokenizer = workdir_lib.load_tokenizer(workdir)
-  model_config = workdir_lib.model_config(config, tokenizer)
+  opened = workdir_lib.open_workdir(workdir)
+  tokenizer, model_config = opened.tokenizer, opened.model_config
   output = Path(output)
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
     raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder.")

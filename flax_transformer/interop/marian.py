@@ -411,9 +411,8 @@ def marian_config(config: ModelConfig, vocabulary: MarianTokenizer) -> dict[str,
 def export_marian(workdir: str | os.PathLike, output: str | os.PathLike, *,
                   step: int | None = None, checkpoint: str | os.PathLike | None = None) -> Path:
   """Writes a workdir's model as a Hugging Face Marian folder (module docstring); returns it."""
-  config = workdir_lib.read_config(workdir)
-  tokenizer = workdir_lib.load_tokenizer(workdir)
-  model_config = workdir_lib.model_config(config, tokenizer)
+  opened = workdir_lib.open_workdir(workdir)
+  config, tokenizer, model_config = opened.config, opened.tokenizer, opened.model_config
   check_exportable(model_config)
   vocabulary = marian_vocabulary(tokenizer)
   params, _ = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
