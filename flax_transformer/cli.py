@@ -169,6 +169,7 @@ def _run_bulk(args: argparse.Namespace, inputs: list[str], make_task, settings: 
 
 
 def run_translate(args: argparse.Namespace) -> int:
+  """`translate`: a file (or stdin) to one translation, or --nbest, per line; resumable."""
   from flax_transformer.files import check_writable
   from flax_transformer.serving.chunk_tasks import TranslationTask
 
@@ -181,6 +182,7 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def run_score(args: argparse.Namespace) -> int:
+  """`score`: log p(target | source) of each line pair of --src and --tgt; resumable."""
   from flax_transformer.files import check_writable
   from flax_transformer.serving.chunk_tasks import ScoringTask
 
@@ -207,6 +209,7 @@ def _translate_file(translator, path: str) -> list[str]:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+  """`evaluate`: BLEU and chrF of a checkpoint's translations against references."""
   from flax_transformer.files import check_writable, read_lines, write_lines_atomically
   from flax_transformer.scoring import score_translations
 
@@ -237,6 +240,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_average(args: argparse.Namespace) -> int:
+  """`average`: the mean params of the last --last checkpoints, written as a checkpoint."""
   from flax_transformer.workdir import average_checkpoints
 
   path = average_checkpoints(args.workdir, args.last)
@@ -245,6 +249,7 @@ def run_average(args: argparse.Namespace) -> int:
 
 
 def run_attention(args: argparse.Namespace) -> int:
+  """`attention`: attention maps of one sentence drawn to a PNG file."""
   from flax_transformer.serving.translator import Translator
   from flax_transformer.visualize import plot_attention
 
@@ -256,6 +261,7 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_curves(args: argparse.Namespace) -> int:
+  """`curves`: the workdir's training curves drawn to a PNG file."""
   from flax_transformer.visualize import plot_training_curves
 
   plot_training_curves(args.workdir, args.output)
@@ -264,6 +270,7 @@ def run_curves(args: argparse.Namespace) -> int:
 
 
 def run_import_marian(args: argparse.Namespace) -> int:
+  """`import-marian`: a Hugging Face Marian folder written as a workdir."""
   from flax_transformer.interop.marian import import_marian
 
   print(import_marian(args.model_dir, args.workdir))
@@ -271,6 +278,7 @@ def run_import_marian(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+  """`export`: a workdir's checkpoint as a CTranslate2 or Marian folder."""
   if args.format == "ctranslate2":
     from flax_transformer.interop.ctranslate2 import export_ctranslate2
 

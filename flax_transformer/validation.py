@@ -26,6 +26,8 @@ FRACTION: Check = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 
 def checked_field(default: Any, check: Check | None = None) -> Any:
+  """A config dataclass field with `default` whose value `check_fields` tests with `check`
+  (e.g. POSITIVE)."""
   return dataclasses.field(default=default, metadata={"check": check} if check else {})
 
 
@@ -59,6 +61,7 @@ def _check_type(key: str, value: Any, hint: Any) -> None:
 
 
 def fail(group: str, name: str, value: Any, allowed: str) -> typing.NoReturn:
+  """Raises the one-line ConfigError naming config.GROUP.NAME, what is allowed and the value."""
   raise ConfigError(f"config.{group}.{name} must be {allowed}, got {value!r}.")
 
 

@@ -51,6 +51,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The sharding that keeps a full copy on every device of `mesh`."""
   return NamedSharding(mesh, PartitionSpec())
 
 
