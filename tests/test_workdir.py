@@ -4,6 +4,7 @@ once for serving and export, naming what is missing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -13,8 +14,11 @@ import pytest
 
 from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
+from flax_transformer.cli import main as cli_main
 from flax_transformer.interop.ctranslate2 import export_ctranslate2
 from flax_transformer.interop.marian import export_marian
+
+import random_workdir
 
 
 def _modes(root: Path) -> dict[str, int]:
@@ -76,3 +80,19 @@ def test_open_workdir_names_what_is_missing(trained_workdir, tmp_path):
   (copy / "config.json").write_text("{not json")
   with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
     workdir_lib.open_workdir(copy)
+
+
+def test_translate_tells_a_workdir_with_the_old_decode_group_to_rename_it(tmp_path, capsys):
+  """One line on stderr, naming the file and the fix, before any checkpoint is restored."""
+  workdir = random_workdir.write_random_workdir(tmp_path / "old")
+  config_path = workdir / workdir_lib.CONFIG_FILE
+  config = json.loads(config_path.read_text())
+  config["decode"] = config.pop("search")
+  config_path.write_text(json.dumps(config))
+  (tmp_path / "in.txt").write_text("a b c\n")
+  code = cli_main(["translate", "--workdir", str(workdir), "--input", str(tmp_path / "in.txt"),
+                   "--output", str(tmp_path / "out.txt")])
+  error = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(error) == 1, error
+  assert str(config_path) in error[0] and 'rename "decode" to "search"' in error[0]
+  assert not (tmp_path / "out.txt").exists()
