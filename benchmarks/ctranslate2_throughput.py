@@ -10,7 +10,10 @@ give the same ids. Any failure raises.
 Workload (as benchmarks/decode_throughput.py): 32 sentences of 32 source tokens, beam 4, 64
 output tokens forced (EOS forbidden until then, so no early exit), all sentences in one batch.
 The two decoders alternate round by round after a warm-up call each; prints one JSON line per
-config with the median times, sentences/s of each and ours_over_ct2 (> 1: ours faster).
+config with the median times, sentences/s of each and ours_over_ct2 (> 1: ours faster), the
+ratio of the medians. The machine's speed drifts by up to 20% over minutes on a shared VM, so it
+also gives the ratio within each round (the two calls of a round run back to back) and their
+median, ours_over_ct2_paired, which drift moves less.
 
   python benchmarks/ctranslate2_throughput.py [--configs small base] [--repeats 5]
       [--ct2_threads 2]
@@ -225,12 +228,15 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
       times[decoder].append(_timed(run[decoder])[0])
   median = {decoder: statistics.median(times[decoder]) for decoder in run}
   speed = {decoder: args.sentences / median[decoder] for decoder in run}
+  paired = [ct2 / ours for ours, ct2 in zip(times["ours"], times["ct2"], strict=True)]
   return dict(
       benchmark="ctranslate2_throughput", config=name, beam_size=args.beam_size,
       dtype=args.our_dtype, sentences=args.sentences, source_len=args.source_len, steps=args.steps,
       vocab_size=config.vocab_size, repeats=args.repeats,
       ours_sentences_per_s=round(speed["ours"], 2), ct2_sentences_per_s=round(speed["ct2"], 2),
       ours_over_ct2=round(speed["ours"] / speed["ct2"], 3),
+      ours_over_ct2_paired=round(statistics.median(paired), 3),
+      ours_over_ct2_rounds=[round(r, 3) for r in paired],
       ours_run_s=round(median["ours"], 4), ct2_run_s=round(median["ct2"], 4),
       ours_run_s_all=[round(t, 4) for t in times["ours"]],
       ct2_run_s_all=[round(t, 4) for t in times["ct2"]],
