@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT = str(REPO / "configs" / "default.py")
 
 if importlib.util.find_spec("libtpu") is None and not os.environ.get("CI"):
-  pytest.skip('libtpu is not installed: pip install -e ".[test]"', allow_module_level=True)
+  pytest.skip('libtpu is not installed: pip install -e ".[test]" on Linux x86-64',
+              allow_module_level=True)
 
 
 def _gib(size: int) -> str:

@@ -100,7 +100,7 @@ def topology_devices(topology: Topology) -> list[jax.Device]:
   """The compile-only devices of every slice of `topology`, slice by slice."""
   if importlib.util.find_spec("libtpu") is None:
     raise PlanError('plan needs the TPU compiler, libtpu: pip install "flax-transformer[tpu]" '
-                    f"(jax {jax.__version__}'s matching libtpu).")
+                    f"(jax {jax.__version__}'s matching libtpu; Linux x86-64 only).")
   options = {"num_slices": topology.num_slices} if topology.num_slices > 1 else {}
   if topology.family.megacore:
     options["chip_config_name"] = "megacore"
