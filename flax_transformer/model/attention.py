@@ -180,8 +180,11 @@ def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
   if dropout_rate > 0.0:
     keep, keep_prob = keep_mask(dropout_rng, weights.shape, 1.0 - dropout_rate)
     weights = jnp.where(keep, weights / keep_prob, 0.0)
-  # [B, T, N, H]
-  return jnp.einsum(f"bnts,{kv_layout}->btnh", weights.astype(value.dtype), value)
+  # [B, N, T, H], the dot's own output order: asking the einsum for [B, T, N, H] makes XLA:CPU
+  # swap the operands (values first, contracting over their rows), a dot its YNNPACK path
+  # rejects and its fallback runs on one thread (decoding's cross-attention, T = K beams).
+  attended = jnp.einsum(f"bnts,{kv_layout}->bnth", weights.astype(value.dtype), value)
+  return attended.transpose(0, 2, 1, 3)  # [B, T, N, H]
 
 
 def attention_weights(query: Array, key: Array, mask: Array | None, *,
