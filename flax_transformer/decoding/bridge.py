@@ -29,6 +29,8 @@ from flax_transformer.decoding import search
 from flax_transformer.model.transformer import (
   DECODER_START_ID,
   Transformer,
+  expand_cache,
+  reorder_cache,
   resize_cache,
 )
 from flax_transformer.runtime import accelerators
@@ -90,7 +92,8 @@ def prepare_search(
     grow_cache: bool = False,
 ) -> search.SearchProblem:
   """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
-  decoder step, an empty self-attention cache [B, N, L, H] (per beam), the cross-attention K/V
+  decoder step, an empty self-attention cache of one slot per sentence (K slots in beam
+  search, reordered through its slot table), the cross-attention K/V
   [B, N, S, H] (shared by the beams), and the length limits.
 
   Args:
@@ -114,7 +117,8 @@ def prepare_search(
       batch_size=batch_size, max_decode_len=max_decode_len, eos_id=EOS_ID,
       bos_id=DECODER_START_ID, shared_state=cross,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
-      resize_state=resize_cache if grow_cache else None)
+      resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,
+      reorder_state=reorder_cache)
 
 
 def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, targets: Array

@@ -17,6 +17,13 @@ State protocol
   state)`. `ids` is int32 [B*K, 1]: the last token of every beam, `bos_id` at the first step.
   Greedy decoding and sampling use the same protocol with K = 1.
 
+  A state that knows its beams replaces the repeat and the reorder (both optional, given
+  together): `expand_state(state, K)` returns the state for K beams per sentence, and
+  `reorder_state(state, parent)` the state after beam k of sentence b took over the prefix of
+  beam parent[b, k] (int32 [B, K]). The callable's rows stay b*K + k. The Transformer's cache
+  does this to avoid moving its keys/values (`model.transformer`, "Beam search and the
+  self-attention cache").
+
 Growing state (optional)
   A state that holds one entry per decoded position (the Transformer's self-attention cache)
   costs every step in proportion to the positions it has room for: the beam reorder moves all
@@ -46,11 +53,13 @@ How the Transformer plugs in (`flax_transformer.decoding.bridge` does exactly th
   step = lambda ids, cache, cross: model.apply(variables, ids, cache, cross,
                                                method=Transformer.decode_step)
   problem = SearchProblem(step, cache, batch_size=B, max_decode_len=L, eos_id=EOS,
-                          shared_state=cross, resize_state=resize_cache)
+                          shared_state=cross, resize_state=resize_cache,
+                          expand_state=expand_cache, reorder_state=reorder_cache)
   sequences, scores = beam_search(problem, beam_size=4, ranking=Ranking(0.6))
-  The self-attention cache is per-beam state; the cross-attention keys/values, computed once per
-  sentence, are shared state that the K beams of a sentence read without copies.
-  `transformer.resize_cache` grows the cache along its position axis.
+  The self-attention cache is per-beam state, reordered through its slot table; the
+  cross-attention keys/values, computed once per sentence, are shared state that the K beams of
+  a sentence read without copies. `transformer.resize_cache` grows the cache along its position
+  axis.
 
 Finishing rules (`finish_rule`)
   "top_k", the rule of CTranslate2, fairseq, Hugging Face and Flax's examples/wmt: every step
@@ -121,6 +130,12 @@ class TokensToLogitsWithShared(Protocol):
     ...
 
 
+# (state for one beam per sentence, K) -> the state for K beams per sentence.
+ExpandState = Callable[[PyTree, int], PyTree]
+# (state, parent int32 [B, K]) -> the state in which beam k continues beam parent[b, k].
+ReorderState = Callable[[PyTree, Array], PyTree]
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchProblem:
   """What every search decodes: the step function and its state (module docstring, "State
@@ -135,6 +150,8 @@ class SearchProblem:
     max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
     min_length: fewest tokens before EOS (EOS forbidden earlier).
     resize_state: optional; grows the state in segments (module docstring, "Growing state").
+    expand_state, reorder_state: optional, together; replace beam search's repeat and reorder
+      of the state's rows (module docstring, "State protocol").
   """
 
   tokens_to_logits: TokensToLogits | TokensToLogitsWithShared
@@ -147,8 +164,13 @@ class SearchProblem:
   max_lengths: Array | None = None
   min_length: int = 0
   resize_state: ResizeState | None = None
+  expand_state: ExpandState | None = None
+  reorder_state: ReorderState | None = None
 
   def __post_init__(self):
+    if (self.expand_state is None) != (self.reorder_state is None):
+      raise ValueError("SearchProblem: expand_state and reorder_state go together; got only "
+                       f"{'expand_state' if self.reorder_state is None else 'reorder_state'}.")
     for name in ("batch_size", "max_decode_len"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
@@ -269,11 +291,14 @@ def beam_search(problem: SearchProblem, *, beam_size: int, ranking: Ranking = Ra
   capacities, initial_state = loop.capacities(problem.max_decode_len, problem.resize_state,
                                               loop_options.segment_length, steps,
                                               problem.initial_state)
-  state = _initial_beam_state(initial_state, problem.batch_size, beam_size,
+  expand, reorder = problem.expand_state, problem.reorder_state
+  if expand is None:
+    expand, reorder = _repeat_rows, _gather_beams
+  state = _initial_beam_state(expand(initial_state, beam_size), problem.batch_size, beam_size,
                               problem.max_decode_len, problem.bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, problem.eos_id)
-  step = functools.partial(_beam_step, step_fn, problem.eos_id, ranking, problem.length_caps(),
-                           problem.min_length)
+  step = functools.partial(_beam_step, step_fn, reorder, problem.eos_id, ranking,
+                           problem.length_caps(), problem.min_length)
   grow = lambda s, capacity: s.replace(
       alive_state=loop.resized(problem.resize_state, s.alive_state, capacity))
   final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
@@ -283,26 +308,31 @@ def beam_search(problem: SearchProblem, *, beam_size: int, ranking: Ranking = Ra
   return sequences[:, 0], scores[:, 0]
 
 
-def _initial_beam_state(initial_state: PyTree, batch_size: int, beam_size: int,
+def _repeat_rows(state: PyTree, beams: int) -> PyTree:
+  """K copies of every sentence's rows: leaves [B, ...] -> [B*K, ...]; 0-d leaves as given."""
+  return jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else jnp.repeat(x, beams, axis=0), state)
+
+
+def _initial_beam_state(beams_state: PyTree, batch_size: int, beam_size: int,
                         max_decode_len: int, bos_id: int) -> BeamState:
-  """K copies of every sentence's state; only beam 0 is alive, so step 0 has no duplicates."""
+  """The loop's start from the state for K beams; only beam 0 is alive, so step 0 has no
+  duplicates."""
   shape = (batch_size, beam_size)
   first_beam_only = jnp.where(jnp.arange(beam_size) == 0, 0.0, _NEG_INF).astype(jnp.float32)
-  repeat = lambda x: x if jnp.ndim(x) == 0 else jnp.repeat(x, beam_size, axis=0)
   return BeamState(
       step=jnp.zeros((), jnp.int32),
       last_ids=jnp.full(shape, bos_id, jnp.int32),
       alive_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
       alive_log_probs=jnp.broadcast_to(first_beam_only, shape),
-      alive_state=jax.tree.map(repeat, initial_state),
+      alive_state=beams_state,
       finished_seqs=jnp.zeros((*shape, max_decode_len), jnp.int32),
       finished_scores=jnp.full(shape, _NEG_INF, jnp.float32),
       num_finished=jnp.zeros((batch_size,), jnp.int32),
       done=jnp.zeros((batch_size,), bool))
 
 
-def _beam_step(step_fn: TokensToLogits, eos_id: int, ranking: Ranking, max_lengths: Array,
-               min_length: int, state: BeamState) -> BeamState:
+def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, ranking: Ranking,
+               max_lengths: Array, min_length: int, state: BeamState) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
   A loop iteration runs k steps (`loop.segmented_loop`), so steps can follow the last position or
@@ -357,7 +387,7 @@ def _beam_step(step_fn: TokensToLogits, eos_id: int, ranking: Ranking, max_lengt
   return BeamState(
       step=state.step + valid.astype(jnp.int32), last_ids=keep(tokens, state.last_ids),
       alive_seqs=keep(alive_seqs, state.alive_seqs), alive_log_probs=alive_log_probs,
-      alive_state=_gather_beams(new_state, parent),
+      alive_state=reorder(new_state, parent),
       finished_seqs=finished_seqs, finished_scores=finished_scores, num_finished=num_finished,
       done=state.done | done | (alive_log_probs[:, 0] == _NEG_INF))
 

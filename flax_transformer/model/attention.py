@@ -24,8 +24,9 @@ from flax_transformer.model.layers import keep_mask
 from flax_transformer.runtime import accelerators
 
 Array = jax.Array
-# Keys and values [B, S, N, H] as projected, or heads-major [B, N, S, H] as a decoding cache.
-KVLayout = Literal["bsnh", "bnsh"]
+# Keys and values [B, S, N, H] as projected, heads-major [B, N, S, H] (the cross-attention
+# cache), or heads-major and transposed, [B, N, H, S] (the self-attention cache's keys).
+KVLayout = Literal["bsnh", "bnsh", "bnhs"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,26 +294,46 @@ class MultiHeadAttention(nn.Module):
     attended = attended.reshape(rows, 1, self.num_heads, self.head_dim)
     return self.output(attended)  # [B*K, 1, D]
 
-  def attend_cached(self, queries_from: Array, cache: KeyValues,
-                    index: Array) -> tuple[Array, KeyValues]:
+  def attend_cached(self, queries_from: Array, cache: KeyValues, index: Array,
+                    mask: Array) -> tuple[Array, KeyValues]:
     """Causal self-attention for one decoding step, writing this step into the cache in place.
 
+    The cache holds K slots per sentence (`transformer`'s module docstring, "Beam search and
+    the self-attention cache"), position-major: entry l*K + j is position l of slot j. Row
+    b*K + k writes its keys/values into slot k at `index` (the K slots of a position are one
+    contiguous write), and attends, as query k of sentence b, over the L*K entries that `mask`
+    allows. Keys are stored transposed, so that both products are plain batched matmuls,
+    [K, H] x [H, L*K] and [K, L*K] x [L*K, H], that read the cache where it lies.
+
     Args:
-      queries_from: [B, 1, D], the current position of every row.
-      cache: keys/values [B, N, L, H]; positions >= `index` are not yet written.
+      queries_from: [B*K, 1, D], the current position of every row.
+      cache: keys [B, N, H, L*K], values [B, N, L*K, H]; positions >= `index` are not yet
+        written.
       index: int32 scalar, the position being decoded (the same for all rows).
+      mask: bool [B, 1, K, L*K], True at the entries on each row's prefix up to and including
+        `index`.
     Returns:
-      ([B, 1, D], the cache with position `index` written).
+      ([B*K, 1, D], the cache with position `index` written).
     """
-    new = self.cache_key_values(queries_from)  # [B, N, 1, H]
-    start = (0, 0, index, 0)
+    batch, heads, head_dim, _ = cache.keys.shape
+    rows = queries_from.shape[0]
+    beams = rows // batch
+    new = self.cache_key_values(queries_from)  # [B*K, N, 1, H]
+    # Row b*K + k -> slot k of sentence b: [B*K, N, 1, H] -> [B, K, N, H].
+    by_slot = lambda x: x.reshape(batch, beams, heads, head_dim)
+    new_keys = by_slot(new.keys).transpose(0, 2, 3, 1)  # [B, N, H, K]
+    new_values = by_slot(new.values).transpose(0, 2, 1, 3)  # [B, N, K, H]
+    start = index * beams
     cache = KeyValues(
-        keys=jax.lax.dynamic_update_slice(cache.keys, new.keys.astype(cache.keys.dtype), start),
+        keys=jax.lax.dynamic_update_slice(
+            cache.keys, new_keys.astype(cache.keys.dtype), (0, 0, 0, start)),
         values=jax.lax.dynamic_update_slice(
-            cache.values, new.values.astype(cache.values.dtype), start))
-    cache_length = cache.keys.shape[2]
-    mask = (jnp.arange(cache_length) <= index)[None, None, None, :]  # [1, 1, 1, L]
-    query = self.query(queries_from)  # [B, 1, N, H]
-    attended = attend(query, cache.keys.astype(query.dtype), cache.values.astype(query.dtype),
-                      mask, kv_layout="bnsh")  # [B, 1, N, H]
-    return self.output(attended), cache  # [B, 1, D]
+            cache.values, new_values.astype(cache.values.dtype), (0, 0, start, 0)))
+    # The K beams of a sentence become K query positions of that sentence: [B, K, N, H].
+    query = self.query(queries_from).reshape(batch, beams, heads, head_dim)
+    weights = attention_weights(query, cache.keys.astype(query.dtype), mask,
+                                kv_layout="bnhs")  # f32 [B, N, K, L*K]
+    attended = jnp.einsum("bnts,bnsh->bnth", weights.astype(query.dtype),
+                          cache.values.astype(query.dtype))  # [B, N, K, H]
+    attended = attended.transpose(0, 2, 1, 3).reshape(rows, 1, heads, head_dim)
+    return self.output(attended), cache  # [B*K, 1, D]

@@ -7,8 +7,21 @@ four calls, each a method of `Transformer` run through `model.apply`:
   cross = precompute_cross_attention(encoded, inputs)       # cross-attention K/V, once per batch
   cache = init_cache(batch_size, max_decode_len)            # empty self-attention K/V
   logits, cache = decode_step(ids, cache, cross)            # once per output position
-`cross` leads with B and is shared by all K beams of a sentence; `cache` leads with B*K. The
-module-level `resize_cache` changes the number of positions the cache has room for.
+`cross` leads with B and is shared by all K beams of a sentence. The module-level `resize_cache`
+changes the number of positions the cache has room for.
+
+Beam search and the self-attention cache. Every decoded position's keys/values are written
+once, into the cache slot of the beam that decoded it, and never move: K slots per sentence,
+position-major (entry l*K + j holds position l of slot j), keys transposed [B, N, H, L*K] and
+values [B, N, L*K, H]; `DecoderCache.slots` [B, K, L] says which slot holds position l of beam
+k's prefix. When the search reorders its beams (beam k now extends beam parent[k]),
+`reorder_cache` reorders that small table, not the keys/values: the cache indirection of
+FasterTransformer's beam search, where other engines copy the whole cache by parent beam at
+every step. Each beam then attends over the L*K entries of its sentence with a mask that
+allows, at every position, the one slot on its own prefix: K times the attention's
+multiply-adds, in batched matmuls that read the cache in place. `init_cache` gives one slot per
+row (K = 1: greedy decoding, sampling, or beams as independent rows); `expand_cache` gives K
+slots per sentence.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from flax_transformer.model.attention import (
   KeyValues,
@@ -47,9 +61,12 @@ DECODER_START_ID = 0
 
 @flax.struct.dataclass
 class DecoderCache:
-  """Self-attention keys/values of the tokens decoded so far."""
+  """Self-attention keys/values of the tokens decoded so far, K slots per sentence (module
+  docstring): row b*K + k of the decoder's input is beam k of sentence b."""
 
-  self_attention: tuple[KeyValues, ...]  # one per decoder layer, [B, N, L, H]
+  # One per decoder layer: keys [B, N, H, L*K] (transposed), values [B, N, L*K, H].
+  self_attention: tuple[KeyValues, ...]
+  slots: Array  # int32 [B, K, L]: the slot that holds position l of beam k's prefix
   index: Array  # int32 []: the next position to decode, the same for all rows
 
 
@@ -80,33 +97,75 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_decode_len: int) -> DecoderCache:
-  """An empty decoder cache for `batch_size` rows and up to `max_decode_len` positions."""
+  """An empty decoder cache for `batch_size` rows of one slot each, up to `max_decode_len`
+  positions."""
   if max_decode_len > config.max_len:
     raise ValueError(
         f"max_decode_len ({max_decode_len}) exceeds the model's max_len ({config.max_len}).")
-  shape = (batch_size, config.num_heads, max_decode_len, config.head_dim)  # [B, N, L, H]
-  empty = KeyValues(keys=jnp.zeros(shape, config.compute_dtype),
-                    values=jnp.zeros(shape, config.compute_dtype))
+  heads, head_dim = config.num_heads, config.head_dim
+  empty = KeyValues(
+      keys=jnp.zeros((batch_size, heads, head_dim, max_decode_len),  # [B, N, H, L*1]
+                     config.compute_dtype),
+      values=jnp.zeros((batch_size, heads, max_decode_len, head_dim),  # [B, N, L*1, H]
+                       config.compute_dtype))
   return DecoderCache(
       self_attention=tuple(empty for _ in range(config.num_decoder_layers)),
+      slots=jnp.zeros((batch_size, 1, max_decode_len), jnp.int32),
       index=jnp.zeros((), jnp.int32))
 
 
 def resize_cache(cache: DecoderCache, capacity: int) -> DecoderCache:
-  """The cache with room for `capacity` positions: [B, N, L, H] -> [B, N, capacity, H].
+  """The cache with room for `capacity` positions: slots [B, K, L] -> [B, K, capacity], keys
+  [B, N, H, L*K] -> [B, N, H, capacity*K], values [B, N, L*K, H] -> [B, N, capacity*K, H].
 
   Growing appends zeros; shrinking drops the last positions, which must not be written yet
   (capacity >= `cache.index`). Beam search calls this between loop segments so that early
-  steps reorder and attend over a short cache (`decoding.search`'s "Growing state").
+  steps attend over a short cache (`decoding.search`'s "Growing state").
   """
-  def resize(x: Array) -> Array:
-    length = x.shape[2]
-    if capacity <= length:
-      return x[:, :, :capacity]
-    return jnp.pad(x, ((0, 0), (0, 0), (0, capacity - length), (0, 0)))
+  beams = cache.slots.shape[1]
 
-  return DecoderCache(self_attention=jax.tree.map(resize, cache.self_attention),
-                      index=cache.index)
+  def resize(x: Array, axis: int, size: int) -> Array:
+    length = x.shape[axis]
+    if size <= length:
+      return lax.slice_in_dim(x, 0, size, axis=axis)
+    padding = [(0, 0)] * x.ndim
+    padding[axis] = (0, size - length)
+    return jnp.pad(x, padding)
+
+  return DecoderCache(
+      self_attention=tuple(KeyValues(keys=resize(kv.keys, 3, capacity * beams),
+                                     values=resize(kv.values, 2, capacity * beams))
+                           for kv in cache.self_attention),
+      slots=resize(cache.slots, 2, capacity), index=cache.index)
+
+
+def expand_cache(cache: DecoderCache, beams: int) -> DecoderCache:
+  """A cache of one slot per sentence as K = `beams` slots, every beam's prefix in slot 0
+  (`beam_search`'s `expand_state`): every position's entry repeated K times."""
+  if cache.slots.shape[1] != 1:
+    raise ValueError(f"expand_cache: the cache already has {cache.slots.shape[1]} slots per "
+                     "sentence; expand a cache of one slot (init_cache).")
+  return DecoderCache(
+      self_attention=tuple(KeyValues(keys=jnp.repeat(kv.keys, beams, axis=3),
+                                     values=jnp.repeat(kv.values, beams, axis=2))
+                           for kv in cache.self_attention),
+      slots=jnp.repeat(cache.slots, beams, axis=1), index=cache.index)
+
+
+def reorder_cache(cache: DecoderCache, parent: Array) -> DecoderCache:
+  """Beam k now extends beam parent[b, k] (int [B, K]): only the slot table moves, [B, K, L];
+  the keys/values stay where they were written (`beam_search`'s `reorder_state`)."""
+  slots = jnp.take_along_axis(cache.slots, parent[:, :, None].astype(jnp.int32), axis=1)
+  return cache.replace(slots=slots)
+
+
+def _self_attention_mask(slots: Array, index: Array) -> Array:
+  """bool [B, 1, K, L*K]: beam k may attend to entry l*K + j (position l of slot j) when
+  l <= index and slot j holds position l of its prefix, so exactly one slot per position."""
+  batch, beams, length = slots.shape
+  own = slots[..., None] == jnp.arange(beams, dtype=jnp.int32)  # [B, K, L, K]
+  mask = own & (jnp.arange(length) <= index)[:, None]
+  return mask.reshape(batch, 1, beams, length * beams)
 
 
 def _attention(config: ModelConfig) -> MultiHeadAttention:
@@ -174,11 +233,13 @@ class DecoderLayer(nn.Module):
     """Projects the encoder output [B, S, D] to this layer's cross-attention K/V [B, N, S, H]."""
     return self.cross_attention.cache_key_values(encoded)
 
-  def decode_step(self, x: Array, cache: KeyValues, index: Array, cross: KeyValues,
-                  source_mask: Array) -> tuple[Array, KeyValues]:
-    """One position: x [B*K, 1, D], cache [B*K, N, L, H], cross [B, N, S, H] -> [B*K, 1, D]."""
+  def decode_step(self, x: Array, cache: KeyValues, index: Array, self_mask: Array,
+                  cross: KeyValues, source_mask: Array) -> tuple[Array, KeyValues]:
+    """One position: x [B*K, 1, D], cache (`DecoderCache`), self_mask [B, 1, K, L*K],
+    cross [B', N, S, H] (B*K a multiple of B') -> [B*K, 1, D]."""
     x, cache = self.self_attention_block(
-        x, lambda h: self.self_attention.attend_cached(h, cache, index), has_aux=True)
+        x, lambda h: self.self_attention.attend_cached(h, cache, index, self_mask),
+        has_aux=True)
     x = self.cross_attention_block(
         x, lambda h: self.cross_attention.attend_grouped(h, cross, source_mask))
     return self.feed_forward_block(x, self.feed_forward), cache
@@ -295,15 +356,25 @@ class Decoder(_Stack):
   def decode_step(self, ids: Array, cache: DecoderCache,
                   cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
     """ids int [B*K, 1] at position `cache.index` -> (logits float32 [B*K, V], cache)."""
+    batch, beams, _ = cache.slots.shape
+    if ids.shape[0] != batch * beams:
+      raise ValueError(f"decode_step: {ids.shape[0]} rows of ids for a cache of {batch} "
+                       f"sentences x {beams} slots.")
     positions = jnp.full(ids.shape, cache.index, jnp.int32)  # [B*K, 1]
     x = self.embed(ids, positions)
+    # Every beam writes this position into its own slot.
+    own_slot = jnp.broadcast_to(jnp.arange(beams, dtype=jnp.int32)[:, None], (batch, beams, 1))
+    slots = lax.dynamic_update_slice(cache.slots, own_slot, (0, 0, cache.index))  # [B, K, L]
+    self_mask = _self_attention_mask(slots, cache.index)  # [B, 1, K, L*K], shared by the layers
     new_self_attention = []
     for depth in range(self.depth):
       x, layer_cache = self.layer(depth).decode_step(
-          x, cache.self_attention[depth], cache.index, cross.layers[depth], cross.source_mask)
+          x, cache.self_attention[depth], cache.index, self_mask, cross.layers[depth],
+          cross.source_mask)
       new_self_attention.append(layer_cache)
     logits = self._logits(x)[:, 0]  # [B*K, V]
-    return logits, DecoderCache(self_attention=tuple(new_self_attention), index=cache.index + 1)
+    return logits, DecoderCache(self_attention=tuple(new_self_attention), slots=slots,
+                                index=cache.index + 1)
 
 
 class Transformer(nn.Module):
