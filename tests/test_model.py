@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
-from flax_transformer.model import attention
+from flax_transformer.model import attention, transformer
 from flax_transformer.model.layers import (
     ACTIVATIONS,
     Dropout,
@@ -327,6 +327,36 @@ def test_beams_share_cross_attention_without_copies():
     np.testing.assert_allclose(logits, jnp.repeat(full[:, t], beams, axis=0), rtol=1e-5,
                                atol=1e-5)
     ids = rows_targets[:, t:t + 1]
+
+
+def test_slot_cache_follows_reordered_beams_like_copied_rows():
+  """Beam search's cache moves only its slot table (`reorder_cache`); the reference copies every
+  beam's own cache row from its parent's. Same ids and random parents at every step: same
+  logits, including positions written before a reorder and read after several."""
+  config = make_config()
+  inputs, targets = make_batch()
+  variables = init(config, inputs, targets)
+  model = Transformer(config)
+  encoded = model.apply(variables, inputs, method=Transformer.encode)
+  cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
+  beams = 3
+  step = jax.jit(lambda ids, cache: model.apply(variables, ids, cache, cross,
+                                                method=Transformer.decode_step))
+  slot_cache = transformer.expand_cache(
+      model.apply(variables, B, T, method=Transformer.init_cache), beams)
+  row_cache = model.apply(variables, B * beams, T, method=Transformer.init_cache)
+  assert slot_cache.slots.shape == (B, beams, T) and row_cache.slots.shape == (B * beams, 1, T)
+  rng = np.random.default_rng(0)
+  ids = jnp.zeros((B * beams, 1), jnp.int32)
+  for _ in range(T):
+    slot_logits, slot_cache = step(ids, slot_cache)
+    row_logits, row_cache = step(ids, row_cache)
+    np.testing.assert_allclose(slot_logits, row_logits, rtol=1e-5, atol=1e-5)
+    parent = rng.integers(0, beams, (B, beams))
+    rows = jnp.asarray((np.arange(B)[:, None] * beams + parent).reshape(-1))
+    slot_cache = transformer.reorder_cache(slot_cache, jnp.asarray(parent, jnp.int32))
+    row_cache = jax.tree.map(lambda x, rows=rows: x if x.ndim == 0 else x[rows], row_cache)
+    ids = jnp.asarray(rng.integers(3, config.vocab_size, (B * beams, 1)), jnp.int32)
 
 
 # ------------------------------------------------------------------------------ sizes, dtypes

@@ -26,8 +26,8 @@ State protocol
 
 Growing state (optional)
   A state that holds one entry per decoded position (the Transformer's self-attention cache)
-  costs every step in proportion to the positions it has room for: the beam reorder moves all
-  of them, and attention reads all of them. Given `resize_state(state, capacity)` (returns the
+  costs every step in proportion to the positions it has room for: attention reads all of them,
+  and a reorder of its rows moves all of them. Given `resize_state(state, capacity)` (returns the
   state with room for `capacity` positions, keeping the ones written), the search starts with a
   small capacity and grows it between segments of the loop (`growth_schedule`): each segment
   is its own while loop with static shapes. On average a step then handles a bit over half of

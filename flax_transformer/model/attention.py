@@ -165,13 +165,16 @@ def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
            dropout_rng: Array | None = None) -> Array:
   """softmax(Q K^T / sqrt(H) + mask) V as two einsums, with the weights materialised.
 
-  The one attention core of the model: training's path on CPU and with attention dropout, and
-  every decoding path. A decoding cache is heads-major, [B, N, L, H]; attending over it in that
-  layout (`kv_layout="bnsh"`) avoids what `jax.nn.dot_product_attention` would do on CPU, a
-  transpose, that is a copy, of the whole cache at every step.
+  The attention core of the model: training's path on CPU and with attention dropout, and
+  decoding's cross-attention. (Decoding's self-attention, `attend_cached`, shares
+  `attention_weights` and stores its keys transposed.) A decoding cache is heads-major,
+  [B, N, S, H]; attending over it in that layout (`kv_layout="bnsh"`) avoids what
+  `jax.nn.dot_product_attention` would do on CPU, a transpose, that is a copy, of the whole
+  cache at every step.
 
   Args:
-    query: [B, T, N, H]; key, value: [B, S, N, H], or [B, N, S, H] with `kv_layout="bnsh"`.
+    query: [B, T, N, H]; key, value: [B, S, N, H], [B, N, S, H] with `kv_layout="bnsh"`, or
+      [B, N, H, S] with `kv_layout="bnhs"`.
     mask: bool, broadcastable to [B, N, T, S]; True where attention is allowed.
     dropout_rate: probability of dropping an attention weight; needs `dropout_rng` when > 0.
   Returns:
