@@ -3,8 +3,9 @@
 `prepare_search` does, once per batch of source ids, what every search needs: it encodes the
 batch, computes every decoder layer's cross-attention keys/values (the search's shared state,
 read by all K beams of a sentence without copies), builds an empty self-attention cache (the
-per-beam state) and the `tokens_to_logits` closure around `Transformer.decode_step`, and
-returns them as one `SearchProblem`, so callers call the search they want directly:
+per-beam state: beam search gives it K slots per sentence and reorders its slot table, never its
+keys/values) and the `tokens_to_logits` closure around `Transformer.decode_step`, and returns
+them as one `SearchProblem`, so callers call the search they want directly:
 
   problem = prepare_search(model, variables, inputs, max_decode_len=64, max_len_a=1.0,
                            max_len_b=50, grow_cache=grows_cache("auto", "beam"))
