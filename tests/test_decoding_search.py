@@ -712,6 +712,10 @@ def test_bad_arguments_raise_clear_errors():
     SearchProblem(toy.step, state, batch_size=2, max_decode_len=3, eos_id=EOS)
   with pytest.raises(ValueError, match="eos_id must be a positive int"):
     SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=3, eos_id=0)
+  with pytest.raises(ValueError, match="expand_state and reorder_state go together; got only "
+                     "expand_state"):
+    SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=3, eos_id=EOS,
+                  expand_state=lambda s, k: s)
   with pytest.raises(ValueError, match="same structure, shapes and dtypes"):
     bad_step = lambda ids, s: (toy.step(ids, s)[0], {**s, "index": s["index"] + 0.5})
     beam_search(SearchProblem(bad_step, toy.initial_state(), batch_size=2, max_decode_len=3,

@@ -357,6 +357,10 @@ def test_slot_cache_follows_reordered_beams_like_copied_rows():
     slot_cache = transformer.reorder_cache(slot_cache, jnp.asarray(parent, jnp.int32))
     row_cache = jax.tree.map(lambda x, rows=rows: x if x.ndim == 0 else x[rows], row_cache)
     ids = jnp.asarray(rng.integers(3, config.vocab_size, (B * beams, 1)), jnp.int32)
+  with pytest.raises(ValueError, match="the cache already has 3 slots per sentence"):
+    transformer.expand_cache(slot_cache, beams)
+  with pytest.raises(ValueError, match=rf"{B} rows of ids for a cache of {B} sentences x 3"):
+    step(jnp.zeros((B, 1), jnp.int32), slot_cache)
 
 
 # ------------------------------------------------------------------------------ sizes, dtypes
