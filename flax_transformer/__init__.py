@@ -18,6 +18,10 @@ Public API:
 Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the
 `flax-transformer` command serves (`flax_transformer.cli`); `flax_transformer.planning` compiles
 a config's train step and search for a TPU topology from any machine (`flax-transformer plan`).
+
+Importing the package leaves "tpu" out of JAX's platforms on a machine that shows no TPU, so that
+an installed libtpu does not print its errors there; JAX_PLATFORMS, when set, decides instead
+(`flax_transformer.runtime.platforms`).
 """
 
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
@@ -32,7 +36,11 @@ from flax_transformer.decoding.search import (
     sample,
 )
 from flax_transformer.model.transformer import Transformer
+from flax_transformer.runtime import platforms as _platforms
 from flax_transformer.serving.translator import Translator
+
+# Before anything starts JAX's backends (none of the imports above does).
+_platforms.skip_absent_tpu()
 
 __all__ = [
     "LoopOptions",
