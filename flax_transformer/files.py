@@ -1,30 +1,201 @@
-"""Files the product writes and reads, with no project imports (the bottom of the floor plan).
+"""Files the product writes and reads, local or in a bucket, with no project imports (the bottom of
+the floor plan).
 
-Atomic files (`atomic_write`, `write_json`, `AtomicWriter`): written to a temporary file in the
-same folder, fsync'd and renamed, so a crash never leaves a partial file under the real name;
-the file gets the mode `open()` would give a new file under the process's umask (0644 under
-umask 022), not `tempfile.mkstemp`'s 0600, so a teammate or a server can read what was written.
+Every path a user gives may be a local path or `gs://bucket/path`. `to_path` turns it into an
+`etils.epath.Path`: the one filesystem layer (epath is what orbax and TFDS already take, so one
+path type reaches them unchanged; on gs:// it runs over gcsfs, the `[gcs]` extra). Nothing else
+in the package builds a `pathlib.Path` from a user's path (`Path("gs://b")` is `gs:/b`). Other
+schemes (s3://, hdfs://, ...) are refused in one line: orbax 0.12 refuses them for checkpoints.
+
+Atomic files (`atomic_write`, `write_json`, `AtomicWriter`): on a local disk, written to a
+temporary file in the same folder, fsync'd and renamed, so a crash never leaves a partial file
+under the real name; the file gets the mode `open()` would give a new file under the process's
+umask (0644 under umask 022), not `tempfile.mkstemp`'s 0600, so a teammate or a server can read
+what was written. In a bucket there is no rename (it is copy + delete) but an object upload is
+atomic: the object appears whole when the upload finishes, or not at all. So a remote file is
+one upload, from memory or from a local spool file, and a failed upload is discarded.
 
 Line files for the command line: UTF-8 text, one sentence a line, '-' for stdin/stdout, gzip
 when the name ends in .gz. Errors name the file and line. Whole files (`read_lines`,
 `write_lines_atomically`) for jobs that need every line at once, and streams (`iter_lines`,
 `count_lines`, `AtomicWriter`) for files of any size in bounded memory.
+
+Storage faults (a bucket that does not exist, no credentials, permission denied, the extra not
+installed) become one `StorageError` line naming the path and what to do (`storage_error`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gzip
+import importlib.util
 import json
 import os
 import queue
+import shutil
+import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, BinaryIO
 
+from etils import epath
+
 _BLOCK = 1 << 20  # Bytes read at a time by count_lines.
+REMOTE_SCHEMES = ("gs",)  # What orbax, tensorstore and our lease can all write to.
+GCS_EXTRA = "pip install 'flax-transformer[gcs]'"
+Path = epath.Path  # The path type of every user path in the package (`to_path`).
+
+
+# ------------------------------------------------------------------------------------- paths
+class StorageError(ValueError):
+  """A path that cannot be used: unsupported scheme, missing bucket, credentials, permission."""
+
+
+def scheme(path: str | os.PathLike) -> str | None:
+  """'gs' for 'gs://b/x', None for a local path."""
+  text = os.fspath(path)
+  return text.split("://", 1)[0].lower() if "://" in text else None
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  """Whether `path` names an object store (gs://) rather than a local file."""
+  return scheme(path) is not None
+
+
+def to_path(value: str | os.PathLike) -> epath.Path:
+  """`value` (a local path or gs://bucket/path) as an `epath.Path`.
+
+  Raises:
+    StorageError: an unsupported scheme (naming the ones that work and the alternative, a
+      mounted path), or gs:// without the [gcs] extra.
+  """
+  text = os.fspath(value)
+  kind = scheme(text)
+  if kind is None:
+    return epath.Path(text)
+  if kind not in REMOTE_SCHEMES:
+    raise StorageError(
+        f"{text}: {kind}:// is not supported; a path may be local or gs://BUCKET/PATH (Google "
+        "Cloud Storage). For other storage, mount it (gcsfuse, s3fs-fuse, NFS) and pass the "
+        "mounted local path.")
+  if importlib.util.find_spec("gcsfs") is None:
+    raise StorageError(f"{text}: gs:// paths need the [gcs] extra: {GCS_EXTRA}.")
+  _configure_gcsfs()
+  return epath.Path(text)
+
+
+def absolute(value: str | os.PathLike) -> epath.Path:
+  """`to_path(value)`, resolved to an absolute path when local (orbax wants absolute paths)."""
+  result = to_path(value)
+  return result if is_remote(result) else epath.Path(os.path.abspath(os.fspath(result)))
+
+
+def _configure_gcsfs() -> None:
+  """No listing cache: a bulk job's processes and a restarted trainer must see each other's
+  objects at once, not a listing cached by this process."""
+  import fsspec
+
+  for protocol in ("gs", "gcs"):
+    fsspec.config.conf.setdefault(protocol, {}).setdefault("use_listings_cache", False)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileStat:
+  """What identifies a file's content cheaply: its size and a version that changes when it is
+  rewritten (the modification time in ns locally, the object's generation in a bucket)."""
+  size: int
+  version: int
+
+
+def stat(value: str | os.PathLike) -> FileStat:
+  """The size and version of a local or gs:// file; FileNotFoundError when it is absent."""
+  if not is_remote(value):
+    result = os.stat(os.fspath(value))
+    return FileStat(result.st_size, result.st_mtime_ns)
+  import fsspec
+
+  filesystem, name = fsspec.core.url_to_fs(os.fspath(to_path(value)))
+  info = filesystem.info(name)
+  return FileStat(int(info["size"]), int(info.get("generation") or 0))
+
+
+def remove_tree(value: str | os.PathLike) -> None:
+  """Removes a folder and everything below it (a prefix of objects in a bucket); no error when
+  it is absent."""
+  target = to_path(value)
+  if is_remote(target):
+    if target.exists() or target.is_dir():
+      with contextlib.suppress(FileNotFoundError):
+        target.rmtree()
+    return
+  shutil.rmtree(os.fspath(target), ignore_errors=True)
+
+
+def storage_error(error: BaseException, where: str | os.PathLike, action: str = "use"
+                  ) -> StorageError | None:
+  """One line for a bucket fault `error` met while trying to `action` (read, write) `where`, or
+  None when `error` is no storage fault we recognise. Checked by writing, never by looking the
+  bucket up: `roles/storage.objectAdmin` may write objects yet fails a bucket lookup."""
+  if not is_remote(where):
+    return None
+  text = f"{type(error).__name__}: {error}"
+  code = getattr(error, "code", None) or getattr(error, "status_code", None)
+  bucket = os.fspath(where).split("://", 1)[1].split("/", 1)[0]
+  lowered = text.lower()
+  if code == 401 or "anonymous caller" in lowered or "credentials" in lowered or (
+      type(error).__name__ in ("DefaultCredentialsError", "RefreshError")):
+    return StorageError(
+        f"Cannot {action} {where}: no Google Cloud credentials. Set GOOGLE_APPLICATION_CREDENTIALS "
+        "to a service account key, or run `gcloud auth application-default login` (on a TPU or "
+        "GCE VM the VM's service account is used).")
+  if code == 403 or "forbidden" in lowered or "permission" in lowered or isinstance(
+      error, PermissionError):
+    role = "storage.objectViewer" if action == "read" else "storage.objectAdmin"
+    return StorageError(f"Cannot {action} {where}: permission denied (the account needs "
+                        f"roles/{role} on gs://{bucket}). {_first_line(text)}")
+  if (isinstance(error, FileNotFoundError) or code == 404) and action == "write":
+    return StorageError(f"Cannot write {where}: the bucket gs://{bucket} does not exist (create "
+                        f"it with `gcloud storage buckets create gs://{bucket}`).")
+  return None
+
+
+def _first_line(text: str) -> str:
+  return text.strip().splitlines()[0] if text.strip() else ""
+
+
+@contextlib.contextmanager
+def storage_faults(where: str | os.PathLike, action: str) -> Iterator[None]:
+  """Turns a bucket fault inside the block into one `StorageError` line (`storage_error`)."""
+  try:
+    yield
+  except StorageError:
+    raise
+  except Exception as error:
+    line = storage_error(error, where, action)
+    if line is None:
+      raise
+    raise line from None
+
+
+def check_storage(folder: str | os.PathLike, *, write: bool) -> None:
+  """Raises one `StorageError` line when a gs:// folder cannot be used: written (a probe object
+  written and deleted) when `write`, else read (listed). Nothing happens for a local folder, whose
+  faults the callers already name."""
+  if not is_remote(folder):
+    return
+  target = to_path(folder)
+  if not write:
+    with storage_faults(folder, "read"):
+      target.exists()
+    return
+  probe = target / f".probe-{socket.gethostname()}-{os.getpid()}"
+  with storage_faults(folder, "write"):
+    _upload(probe, b"")
+    with contextlib.suppress(FileNotFoundError):
+      probe.unlink()
 
 
 # ----------------------------------------------------------------------------- files, atomically
@@ -41,28 +212,57 @@ def new_file_mode() -> int:
   return 0o666 & ~mask
 
 
-def _temporary(path: Path) -> tuple[int, str]:
-  """A new temporary file beside `path` (fd, name), with a new file's mode."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _temporary(target: epath.Path) -> tuple[int, str]:
+  """A new temporary file beside `target` (fd, name), with a new file's mode."""
+  fd, tmp = tempfile.mkstemp(dir=os.fspath(target.parent), prefix=f".{target.name}.",
+                             suffix=".tmp")
   os.fchmod(fd, new_file_mode())  # mkstemp makes it 0600.
   return fd, tmp
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-  """Writes `data` (str as UTF-8) to `path` through a temporary file in the same folder and a
-  rename, so a crash never leaves a partial file under the real name. The data is fsync'd
-  before the rename, so a machine that goes down does not leave an empty file under the name
-  either. The file gets a new file's mode (`new_file_mode`). The folder must exist."""
-  path = Path(path)
-  fd, tmp = _temporary(path)
+def _upload(target: epath.Path, data: bytes | BinaryIO) -> None:
+  """Writes one object: `data` (bytes, or a binary stream read to its end) becomes `target`
+  whole when the upload finishes; an upload that fails is discarded, never finished with what
+  was sent so far (an fsspec file finishes its upload when closed, even by an exception)."""
+  out = target.open("wb")
+  try:
+    if isinstance(data, bytes):
+      out.write(data)
+    else:
+      shutil.copyfileobj(data, out, _BLOCK)
+  except BaseException:
+    discard = getattr(out, "discard", None)
+    if discard is None:  # tf.io.gfile (epath's backend when TensorFlow is installed).
+      raise
+    discard()
+    out.closed = True  # gcsfs's discard leaves a file with no upload begun open; closing it
+    raise              # (also by the garbage collector) would write what it holds.
+  out.close()
+
+
+def atomic_write(target: str | os.PathLike, data: bytes | str) -> None:
+  """Writes `data` (str as UTF-8) to `target` whole or not at all.
+
+  Local: through a temporary file in the same folder and a rename, so a crash never leaves a
+  partial file under the real name. The data is fsync'd before the rename, so a machine that
+  goes down does not leave an empty file under the name either. The file gets a new file's mode
+  (`new_file_mode`). The folder must exist. gs://: one object upload, atomic by itself."""
+  data = data.encode("utf-8") if isinstance(data, str) else data
+  if is_remote(target):
+    with storage_faults(target, "write"):
+      _upload(to_path(target), data)
+    return
+  target = to_path(target)
+  fd, tmp = _temporary(target)
   try:
     with os.fdopen(fd, "wb") as f:
-      f.write(data.encode("utf-8") if isinstance(data, str) else data)
+      f.write(data)
       f.flush()
       os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, os.fspath(target))
   except BaseException:
-    Path(tmp).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
     raise
 
 
@@ -85,15 +285,34 @@ def read_lines(path: str) -> list[str]:
   return list(iter_lines(path))
 
 
-def _open_binary(path: str) -> BinaryIO:
-  """The raw byte stream of `path` ('-': stdin), decompressed when it ends in .gz."""
-  if path == "-":
+def _open_binary(name: str) -> BinaryIO:
+  """The raw byte stream of `name` ('-': stdin; a local or gs:// file), decompressed when it
+  ends in .gz."""
+  if name == "-":
     return sys.stdin.buffer
-  if not Path(path).is_file():
-    raise FileNotFoundError(f"Input file not found: {path}")
-  if path.endswith(".gz"):
-    return gzip.open(path, "rb")
-  return open(path, "rb")
+  source = to_path(name)
+  with storage_faults(name, "read"):
+    if not source.is_file():
+      raise FileNotFoundError(f"Input file not found: {name}")
+    stream = source.open("rb")
+  if name.endswith(".gz"):
+    return _ClosingGzip(stream)
+  return stream
+
+
+class _ClosingGzip(gzip.GzipFile):
+  """A GzipFile over an open stream that closes the stream with it (GzipFile leaves a stream
+  it was given open)."""
+
+  def __init__(self, stream: BinaryIO):
+    super().__init__(fileobj=stream, mode="rb")
+    self._underlying = stream
+
+  def close(self) -> None:
+    try:
+      super().close()
+    finally:
+      self._underlying.close()
 
 
 def decode_line(raw: bytes, name: str, number: int) -> str:
@@ -211,24 +430,31 @@ def _raise_at_line(block: bytes, path: str, lines_before: int) -> None:
     decode_line(raw, path, number)
 
 
-def check_writable(path: str) -> None:
-  """Raises, naming `path`, when an output file cannot be written there ('-' is stdout): its
-  folder is missing or not writable, or it is a folder. Called before the work, so that a bad
-  --output fails at once, not after translating everything.
+def check_writable(name: str) -> None:
+  """Raises, naming `name`, when an output file cannot be written there ('-' is stdout): its
+  folder is missing or not writable, or it is a folder; in a bucket, a probe object beside it
+  cannot be written (`check_storage`). Called before the work, so that a bad --output fails at
+  once, not after translating everything.
 
   Raises:
-    FileNotFoundError for a missing folder; ValueError otherwise.
+    FileNotFoundError for a missing folder; ValueError (StorageError in a bucket) otherwise.
   """
-  if path == "-":
+  if name == "-":
     return
-  target = Path(path)
+  target = to_path(name)
   folder = target.parent
+  if is_remote(name):
+    with storage_faults(name, "write"):
+      if target.is_dir():
+        raise ValueError(f"Cannot write {name}: it is a folder.")
+    check_storage(folder, write=True)
+    return
   if not folder.is_dir():
-    raise FileNotFoundError(f"Cannot write {path}: the folder {folder} does not exist.")
+    raise FileNotFoundError(f"Cannot write {name}: the folder {folder} does not exist.")
   if target.is_dir():
-    raise ValueError(f"Cannot write {path}: it is a folder.")
-  if not os.access(folder, os.W_OK | os.X_OK):
-    raise ValueError(f"Cannot write {path}: the folder {folder} is not writable.")
+    raise ValueError(f"Cannot write {name}: it is a folder.")
+  if not os.access(os.fspath(folder), os.W_OK | os.X_OK):
+    raise ValueError(f"Cannot write {name}: the folder {folder} is not writable.")
 
 
 def write_lines_atomically(path: str, lines: Sequence[str]) -> None:
@@ -252,6 +478,7 @@ def as_line(text: str) -> str:
 class AtomicWriter:
   """Streams text into `path` through a temporary file in its folder, renamed onto `path` by
   `commit` (gzip-compressed when it ends in .gz); '-' writes to stdout, flushed by `flush`.
+  For gs://, the temporary file is a local spool file that `commit` uploads as one object.
   Used as a context manager, an exception removes the temporary file and leaves `path` alone.
   """
 
@@ -260,7 +487,10 @@ class AtomicWriter:
     if path == "-":
       self._tmp, self._raw, self._stream = None, None, sys.stdout.buffer
       return
-    fd, self._tmp = _temporary(Path(path))
+    if is_remote(path):
+      fd, self._tmp = tempfile.mkstemp(prefix="flax_transformer_upload_", suffix=".tmp")
+    else:
+      fd, self._tmp = _temporary(to_path(path))
     self._raw = os.fdopen(fd, "wb")
     self._stream = (gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
                     if path.endswith(".gz") else self._raw)
@@ -280,6 +510,15 @@ class AtomicWriter:
     if self._stream is not self._raw:
       self._stream.close()
     self._raw.flush()
+    if is_remote(self.path):
+      self._raw.close()
+      try:
+        with open(self._tmp, "rb") as spool, storage_faults(self.path, "write"):
+          _upload(to_path(self.path), spool)
+      finally:
+        os.unlink(self._tmp)
+      self._tmp = None
+      return
     os.fsync(self._raw.fileno())
     self._raw.close()
     os.replace(self._tmp, self.path)
@@ -289,7 +528,8 @@ class AtomicWriter:
     """Removes the temporary file; `path` is left as it was."""
     if self._tmp is not None:
       self._raw.close()
-      Path(self._tmp).unlink(missing_ok=True)
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(self._tmp)
       self._tmp = None
 
   def __enter__(self) -> AtomicWriter:

@@ -6,14 +6,13 @@ import io
 import json
 import os
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID
-from flax_transformer.files import atomic_write
+from flax_transformer.files import atomic_write, to_path
 from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
@@ -99,7 +98,7 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
 
 def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple[int, float]]]:
   """metrics.jsonl as {(split, name): [(step, value), ...]} in file order."""
-  path = Path(workdir) / METRICS_FILE
+  path = to_path(workdir) / METRICS_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path} not found: has training written any metrics yet?")
   series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
@@ -139,7 +138,7 @@ def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) 
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-  figure.suptitle(str(Path(workdir).resolve().name))
+  figure.suptitle(str(to_path(workdir).resolve().name))
   figure.tight_layout()
   _save_figure(figure, output)
   plt.close(figure)
@@ -147,7 +146,7 @@ def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) 
 
 def _save_figure(figure: Any, output: str | os.PathLike) -> None:
   """Saves a PNG atomically (the folder is created when missing)."""
-  output = Path(output)
+  output = to_path(output)
   output.parent.mkdir(parents=True, exist_ok=True)
   png = io.BytesIO()
   figure.savefig(png, format="png", dpi=110)

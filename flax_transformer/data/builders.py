@@ -21,13 +21,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import gzip
 import hashlib
 import itertools
 import logging
+import os
 import re
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 import tensorflow_datasets as tfds
@@ -35,6 +34,8 @@ from etils import epath
 
 from flax_transformer.config import DEFAULT_LOCAL_PATTERN
 from flax_transformer.data import synthetic
+from flax_transformer.files import Path, absolute, iter_raw_lines, to_path
+from flax_transformer.files import stat as file_stat
 
 ARRAY_RECORD = "array_record"
 
@@ -91,7 +92,7 @@ class LocalTranslation(_OwnBuilder):
     config = self.builder_config
     return {split: self._generate_examples(files)
             for split, files in find_local_splits(
-                Path(config.directory), config.languages, config.pattern).items()}
+                to_path(config.directory), config.languages, config.pattern).items()}
 
   def _generate_examples(self, files: dict[str, Path]) -> Iterator[tuple[int, dict[str, str]]]:
     (lang_a, path_a), (lang_b, path_b) = files.items()
@@ -153,9 +154,8 @@ def check_local_split(directory: Path, languages: Sequence[str], pattern: str, s
 
 def _read_lines(path: Path) -> Iterator[str]:
   """Lines of a UTF-8 text file (plain or gzip) without the newline; bad UTF-8 names the line."""
-  opener = gzip.open if path.suffix == ".gz" else open
-  with opener(path, "rb") as f:
-    for number, raw in enumerate(f, start=1):
+  with contextlib.closing(iter_raw_lines(os.fspath(path))) as lines:
+    for number, raw in enumerate(lines, start=1):
       try:
         yield raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError as e:
@@ -179,14 +179,14 @@ def _aligned_lines(path_a: Path, path_b: Path) -> Iterator[tuple[str, str]]:
 def local_builder_config(directory: str, languages: Sequence[str],
                          pattern: str) -> LocalTranslationConfig:
   """A config whose name changes when the folder, languages, pattern or files change."""
-  folder = Path(directory).resolve()
+  folder = absolute(directory)
   langs = tuple(sorted(languages))
-  files = find_local_splits(folder, langs, pattern)
+  found = find_local_splits(folder, langs, pattern)
   stamp = [str(folder), *langs, pattern]
-  for split, paths in files.items():
+  for split, paths in found.items():
     for path in paths.values():
-      stat = path.stat()
-      stamp.append(f"{split}:{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+      stat = file_stat(path)
+      stamp.append(f"{split}:{path.name}:{stat.size}:{stat.version}")
   digest = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:12]
   slug = re.sub(r"[^a-z0-9]+", "_", folder.name.lower()).strip("_") or "root"
   return LocalTranslationConfig(
@@ -258,7 +258,7 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
     # A builder made while another process was still preparing holds no split info (it was
     # read before the files existed); made again, it reads the finished dataset's.
     return builder if builder.info.splits else type(builder)(**_builder_kwargs(builder))
-  lock = Path(builder.data_dir_root) / f".{builder.info.full_name.replace('/', '--')}.lock"
+  lock = to_path(builder.data_dir_root) / f".{builder.info.full_name.replace('/', '--')}.lock"
   with _file_lock(lock):
     fresh = type(builder)(**_builder_kwargs(builder))
     if not fresh.is_prepared():

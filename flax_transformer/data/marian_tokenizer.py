@@ -34,13 +34,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
-from flax_transformer.files import atomic_write
+from flax_transformer.files import atomic_write, to_path
 
 SOURCE_MODEL_FILE = "source.spm"
 TARGET_MODEL_FILE = "target.spm"
@@ -93,7 +92,7 @@ class MarianTokenizer:
   @classmethod
   def load(cls, directory: str | os.PathLike) -> MarianTokenizer:
     """Reads source.spm, target.spm and vocab.json from `directory`."""
-    directory = Path(directory)
+    directory = to_path(directory)
     missing = [name for name in FILES if not (directory / name).is_file()]
     if missing:
       raise FileNotFoundError(f"{directory} lacks the Marian vocabulary file(s) "
@@ -108,7 +107,7 @@ class MarianTokenizer:
   def write(self, directory: str | os.PathLike) -> None:
     """Writes source.spm, target.spm and vocab.json (Marian's ids) into `directory`."""
 
-    directory = Path(directory)
+    directory = to_path(directory)
     atomic_write(directory / SOURCE_MODEL_FILE, self._protos[0])
     atomic_write(directory / TARGET_MODEL_FILE, self._protos[1])
     atomic_write(directory / VOCAB_JSON_FILE,

@@ -27,7 +27,6 @@ import math
 import signal
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import grain
@@ -37,6 +36,7 @@ from absl import flags
 from flax_transformer.config import ConfigError, DataConfig
 from flax_transformer.data import builders
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
+from flax_transformer.files import to_path
 
 TRAIN_KEYS = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
               "inputs_positions", "targets_positions")
@@ -50,7 +50,7 @@ def _builder(data: DataConfig, split: str):
   data_dir = data.tfds_data_dir or None
   langs = (data.source_lang, data.target_lang)
   if data.source == "local":
-    directory = Path(data.local_dir)
+    directory = to_path(data.local_dir)
     builders.check_local_split(directory, langs, data.local_pattern, split)
     config = builders.local_builder_config(str(directory), langs, data.local_pattern)
     return _prepared(builders.LocalTranslation, config, data_dir)

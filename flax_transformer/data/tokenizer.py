@@ -22,10 +22,11 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Protocol
 
 import sentencepiece as spm
+
+from flax_transformer.files import to_path
 
 PAD_ID = 0
 EOS_ID = 1
@@ -89,7 +90,7 @@ class Tokenizer:
   @classmethod
   def load(cls, path: str | os.PathLike) -> Tokenizer:
     """Loads a SentencePiece model file written by `train_tokenizer` (or compatible)."""
-    path = Path(path)
+    path = to_path(path)
     if not path.is_file():
       raise FileNotFoundError(f"SentencePiece model not found: {path}")
     return cls(path.read_bytes(), str(path))

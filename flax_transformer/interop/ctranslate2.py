@@ -33,7 +33,6 @@ language code (">>deu<<") must be split off as its own token before SentencePiec
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,7 @@ from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, TextTokenizer
+from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.layers import sinusoidal_positions
 
@@ -202,7 +202,7 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
                      "'flax-transformer[export]'.") from None
   opened = workdir_lib.open_workdir(workdir)
   tokenizer, model_config = opened.tokenizer, opened.model_config
-  output = Path(output)
+  output = to_path(output)
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
     raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder.")
   params, _ = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)

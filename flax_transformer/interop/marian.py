@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from flax_transformer.config import SearchConfig, search_config_from
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from flax_transformer.files import Path, to_path
 from flax_transformer.interop import marian_params
 from flax_transformer.model.config import ModelConfig, model_group
 from flax_transformer.model.layers import sinusoid_permutation, sinusoidal_positions
@@ -218,7 +218,7 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
   Raises:
     FileNotFoundError: a file of the folder is missing. MarianFormatError: see the checks.
   """
-  model_dir, workdir = Path(model_dir), Path(workdir)
+  model_dir, workdir = to_path(model_dir), to_path(workdir)
   config = _read_json(model_dir / "config.json")
   tokenizer = MarianTokenizer.load(model_dir)
   _check_special_ids(config, tokenizer)
@@ -420,7 +420,7 @@ def export_marian(workdir: str | os.PathLike, output: str | os.PathLike, *,
   if model_config.sinusoid_layout == "interleaved":
     params = marian_params.permute_model_dim(params, sinusoid_permutation(model_config.emb_dim))
   state = marian_params.marian_from_params(params, model_config, vocabulary.marian_ids)
-  output = Path(output)
+  output = to_path(output)
   _make_empty_folder(output, "--output")
   from safetensors.numpy import save
 

@@ -26,7 +26,6 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -38,6 +37,7 @@ from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig, search_config_from
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
+from flax_transformer.files import to_path
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.serving.batching import (
   Step,
@@ -362,7 +362,7 @@ def translate_config_from(config: dict[str, Any], workdir: str | os.PathLike,
   try:
     search_config = search_config_from(config)
   except ValueError as error:
-    raise ValueError(f"{Path(workdir) / workdir_lib.CONFIG_FILE}: {error}") from None
+    raise ValueError(f"{to_path(workdir) / workdir_lib.CONFIG_FILE}: {error}") from None
   return TranslateConfig(search=search_config).replace(**settings)
 
 

@@ -8,7 +8,6 @@ this module adds what only training reads and writes: the optimizer state, step 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import grain
@@ -16,6 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from flax_transformer import workdir as workdir_lib
+from flax_transformer.files import is_remote, to_path
 from flax_transformer.training.state import TrainState
 
 PARAMS_ITEM = workdir_lib.PARAMS_ITEM
@@ -102,13 +102,14 @@ def continue_advice(path: os.PathLike, saved: list[int]) -> str:
 
   Moving it aside, not a flag, so the rerun is the job's usual command: nothing to remember to
   remove, and the damaged step can never be restored, kept over good ones or overwritten."""
-  path = Path(path)
+  path = to_path(path)
   aside = path.parent.parent / f"unreadable_checkpoint_{path.name}"
   earlier = [s for s in saved if s < int(path.name)]
   then = (f"continues from step {earlier[-1]}" if earlier else
           "starts from scratch (no earlier checkpoint)")
+  move = "gcloud storage mv" if is_remote(path) else "mv"
   return (f"To continue, move it aside and rerun the same command, which then {then}: "
-          f"mv {path} {aside}")
+          f"{move} {path} {aside}")
 
 
 def check_params_match(path: os.PathLike, saved: Any, abstract_params: Any) -> None:

@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,6 +39,7 @@ import ml_collections
 from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import DataConfig, TrainConfig
+from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import model_config_from, model_group
 from flax_transformer.validation import ConfigError, parse_group
 
@@ -74,7 +74,7 @@ class Plan:
 
 def parse_source(spec: str) -> Source:
   """'W', 'W/checkpoints/<step>' or 'W/averaged/<name>' -> Source (checked to exist)."""
-  path = Path(spec).expanduser()
+  path = to_path(spec).expanduser()
   if (path / workdir_lib.CONFIG_FILE).is_file():
     source = Source(path)
   elif path.parent.name == workdir_lib.CHECKPOINT_DIR and re.fullmatch(r"\d+", path.name):
@@ -191,8 +191,8 @@ def _check_vocabularies(source: Path, workdir: Path, vocab_path: str) -> None:
   holds another vocabulary, is an error."""
   files = workdir_lib.vocabulary_files(source)
   if vocab_path:
-    same = [f for f in files if f.name == workdir_lib.VOCAB_FILE and Path(vocab_path).is_file()
-            and f.read_bytes() == Path(vocab_path).read_bytes()]
+    same = [f for f in files if f.name == workdir_lib.VOCAB_FILE and to_path(vocab_path).is_file()
+            and f.read_bytes() == to_path(vocab_path).read_bytes()]
     if not same:
       raise ConfigError(
           f"config.data.vocab_path={vocab_path!r} differs from the vocabulary of {_KEY} "

@@ -6,13 +6,13 @@ because it reads and writes the workdir."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import DataConfig
 from flax_transformer.data import builders, pipeline
 from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer, train_tokenizer
+from flax_transformer.files import to_path
 
 
 def train_or_load_tokenizer(data: DataConfig, workdir: str) -> TextTokenizer:
@@ -25,14 +25,14 @@ def train_or_load_tokenizer(data: DataConfig, workdir: str) -> TextTokenizer:
   in a seeded random order) and written atomically to `WORKDIR/vocab.model`.
   """
   if data.vocab_path:
-    if not Path(data.vocab_path).is_file():
+    if not to_path(data.vocab_path).is_file():
       raise builders.MissingDataError(f"config.data.vocab_path: no SentencePiece model at "
                               f"{data.vocab_path}; set it to '' to train one into the workdir.")
     return Tokenizer.load(data.vocab_path)
   if workdir_lib.vocabulary_files(workdir):
     logging.info("Reusing the vocabulary of %s.", workdir)
     return workdir_lib.load_tokenizer(workdir)
-  path = Path(workdir) / workdir_lib.VOCAB_FILE
+  path = to_path(workdir) / workdir_lib.VOCAB_FILE
   sentences = pipeline.tokenizer_sample(data)
   logging.info("Training a %s SentencePiece vocabulary of %d pieces on %d sentences (%d chars).",
                data.vocab_model_type, data.vocab_size, len(sentences), sum(map(len, sentences)))

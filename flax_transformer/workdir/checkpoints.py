@@ -17,13 +17,14 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_transformer import files
+from flax_transformer.files import Path
 from flax_transformer.workdir.layout import AVERAGED_DIR, CHECKPOINT_DIR
 
 PARAMS_ITEM = "params"  # The checkpoint item serving reads; training adds its own items.
@@ -46,8 +47,12 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
   """
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-      save_interval_steps=0 if read_only else 1, enable_async_checkpointing=async_save)
-  return ocp.CheckpointManager(Path(workdir).resolve() / CHECKPOINT_DIR, options=options,
+      save_interval_steps=0 if read_only else 1, enable_async_checkpointing=async_save,
+      # A save cut short (kill -9) leaves a temporary step: a folder under a temporary name on
+      # a local disk, a step folder without commit_success.txt in a bucket. Never listed;
+      # removed when a writer opens the folder.
+      cleanup_tmp_directories=not read_only)
+  return ocp.CheckpointManager(files.absolute(workdir) / CHECKPOINT_DIR, options=options,
                                item_handlers=item_handlers)
 
 
@@ -90,12 +95,12 @@ def save_params(workdir: str | os.PathLike, step: int, params: Any) -> Path:
     manager.wait_until_finished()
   finally:
     manager.close()
-  return Path(workdir).resolve() / CHECKPOINT_DIR / str(step)
+  return files.absolute(workdir) / CHECKPOINT_DIR / str(step)
 
 
 def saved_steps(workdir: str | os.PathLike) -> list[int]:
   """The steps of WORKDIR's finished checkpoints, ascending (empty when none)."""
-  if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
+  if not (files.to_path(workdir) / CHECKPOINT_DIR).is_dir():
     return []
   with _serving_read():
     manager = _params_manager(workdir)
@@ -130,8 +135,8 @@ def restore_params(
   place = (lambda metadata: _on(sharding, metadata)) if target is None else (
       lambda metadata: _matching(target, metadata))
   if checkpoint is not None:
-    return _restore_averaged(Path(checkpoint), place)
-  directory = Path(workdir) / CHECKPOINT_DIR
+    return _restore_averaged(files.to_path(checkpoint), place)
+  directory = files.to_path(workdir) / CHECKPOINT_DIR
   steps = saved_steps(workdir)
   if step is None and not steps:
     raise FileNotFoundError(f"No finished checkpoint in {directory}.")
@@ -161,11 +166,12 @@ def _restore_averaged(path: Path, place: Any) -> tuple[Any, int]:
         f"{path} is not an averaged checkpoint (expected WORKDIR/{AVERAGED_DIR}/step_S_last_K, "
         "written by `flax-transformer average`).")
   checkpointer = ocp.StandardCheckpointer()
+  location = files.absolute(path)
 
   def read() -> Any:
-    metadata = checkpointer.metadata(path)
+    metadata = checkpointer.metadata(location)
     tree = getattr(metadata, "item_metadata", metadata)
-    return checkpointer.restore(path, place(getattr(tree, "tree", tree)))
+    return checkpointer.restore(location, place(getattr(tree, "tree", tree)))
 
   try:
     params = read_checkpoint(read, path, (), "Average the checkpoints again")
@@ -290,7 +296,7 @@ def average_checkpoints(workdir: str | os.PathLike, last: int) -> Path:
     as_f64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     total = as_f64 if total is None else jax.tree.map(np.add, total, as_f64)
   mean = jax.tree.map(lambda s, x: (s / last).astype(np.asarray(x).dtype), total, first)
-  target = Path(workdir).resolve() / AVERAGED_DIR / f"step_{chosen[-1]}_last_{last}"
+  target = files.absolute(workdir) / AVERAGED_DIR / f"step_{chosen[-1]}_last_{last}"
   checkpointer = ocp.StandardCheckpointer()
   # Orbax writes to a temporary directory and renames it when complete: never a partial one.
   checkpointer.save(target, mean, force=True)

@@ -31,12 +31,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
+from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import ModelConfig, model_config_from
 
 CONFIG_FILE = "config.json"
@@ -51,7 +51,7 @@ LOCK_FILE = ".lock"
 # ----------------------------------------------------------------------------- config and vocab
 def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
   """WORKDIR/config.json as a dict; FileNotFoundError naming it when `workdir` is no workdir."""
-  path = Path(workdir) / CONFIG_FILE
+  path = to_path(workdir) / CONFIG_FILE
   if not path.is_file():
     raise FileNotFoundError(
         f"{path} not found: is {workdir} a training workdir (train.py --workdir)?")
@@ -67,7 +67,7 @@ def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
   Raises:
     ValueError: the workdir holds both kinds, or only some of Marian's files.
   """
-  workdir = Path(workdir)
+  workdir = to_path(workdir)
   marian = [workdir / name for name in marian_tokenizer.FILES]
   present = [path for path in marian if path.is_file()]
   shared = workdir / VOCAB_FILE
@@ -120,4 +120,4 @@ def open_workdir(workdir: str | os.PathLike) -> Workdir:
   """
   config = read_config(workdir)
   tokenizer = load_tokenizer(workdir)
-  return Workdir(Path(workdir), config, tokenizer, model_config(config, tokenizer))
+  return Workdir(to_path(workdir), config, tokenizer, model_config(config, tokenizer))
