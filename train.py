@@ -20,6 +20,7 @@ from ml_collections import config_flags
 from flax_transformer.config import ConfigError
 from flax_transformer.data.builders import DataError
 from flax_transformer.experiment_flags import config_flag_problem, define_config_flag
+from flax_transformer.files import StorageError
 from flax_transformer.runtime import distributed
 from flax_transformer.runtime.compilation_cache import (
   CompilationCacheError,
@@ -44,7 +45,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 # Faults of the job or its inputs that the user can fix: one line each, no traceback.
 EXPECTED_ERRORS = (ConfigError, DataError, distributed.DistributedError, WorkdirInUseError,
                    UnreadableCheckpointError, CheckpointMismatchError, NonFiniteStepError,
-                   CompilationCacheError)
+                   CompilationCacheError, StorageError)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

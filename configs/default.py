@@ -79,6 +79,9 @@ def get_config() -> ml_collections.ConfigDict:
   checkpoint.save_every_steps = 300  # Save every N steps (and always at the end).
   checkpoint.max_to_keep = 3  # Keep the last K checkpoints.
   checkpoint.async_save = True  # Write checkpoints in the background where supported.
+  # A gs:// workdir's lease (one trainer per workdir) left by a killed or preempted job is taken
+  # over once it has gone unrenewed this long (it is renewed every tenth of it while training).
+  checkpoint.lease_stale_seconds = 300
 
   # --- eval: periodic evaluation on data.eval_split, and the final test split.
   config.eval = evaluation = ml_collections.ConfigDict()

@@ -209,6 +209,8 @@ class CheckpointConfig:
   save_every_steps: int = checked_field(1000, POSITIVE)
   max_to_keep: int = checked_field(5, POSITIVE)
   async_save: bool = True
+  # gs:// workdirs: the trainer's lease object is taken over once unrenewed this long.
+  lease_stale_seconds: int = checked_field(300, POSITIVE)
 
   def __post_init__(self):
     check_fields(self)

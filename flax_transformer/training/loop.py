@@ -55,6 +55,7 @@ def run(
     state: TrainState, *, train_step: Callable, batches: Iterator[dict], data_iter: Any,
     manager: ocp.CheckpointManager, settings: LoopSettings, writer: metrics_lib.MetricWriter,
     evaluate: Callable[[TrainState, int], None] | None = None,
+    check_hold: Callable[[], None] | None = None,
 ) -> TrainState:
   """Trains from `state.step` to `settings.num_train_steps`; saves at the end.
 
@@ -67,6 +68,7 @@ def run(
     settings: step counts and FLOPs for MFU.
     writer: metric sink (process 0 writes).
     evaluate: called with (state, step) every `eval_every_steps`.
+    check_hold: called before each save; raises when the workdir's lease was taken over.
 
   Raises:
     Preempted: after saving, when SIGTERM/SIGINT arrived.
@@ -94,6 +96,9 @@ def run(
         bar.clear()
         _log_train(step, fetched, clock, settings, writer)
       if save:
+        if check_hold is not None:
+          check_hold()
+        writer.flush()  # Every metric line up to this step is stored before its checkpoint.
         checkpoints.save(manager, state, data_iter)
       if evaluate_now:
         bar.clear()

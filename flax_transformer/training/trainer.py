@@ -17,7 +17,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -28,6 +27,7 @@ from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import TranslateConfig
 from flax_transformer.data import pipeline
+from flax_transformer.files import Path, to_path
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.serving.translator import Translator
 from flax_transformer.training import (
@@ -78,10 +78,13 @@ def train_and_evaluate(
     training.preemption.Preempted: after saving, when SIGTERM/SIGINT arrived.
     training.loop.NonFiniteStepError: when a step's loss or gradient norm is NaN or infinite.
   """
-  workdir = Path(workdir)
+  workdir = to_path(workdir)
   config, exp, source = _resolve(config, workdir, model_overrides or {})
-  with _trainer_lock(workdir):
-    return _train(config, exp, workdir, source)
+  # Every process writes its checkpoint shards: a bucket that cannot be written is one line
+  # now, before anything compiles (checked by writing, not by looking the bucket up).
+  files.check_storage(workdir, write=True)
+  with _trainer_lock(workdir, exp.checkpoint.lease_stale_seconds) as hold:
+    return _train(config, exp, workdir, source, hold)
 
 
 def _resolve(config: ml_collections.ConfigDict, workdir: Path, model_overrides: Mapping[str, Any]
@@ -95,13 +98,16 @@ def _resolve(config: ml_collections.ConfigDict, workdir: Path, model_overrides: 
   return config, config_lib.load(config), source
 
 
-def _trainer_lock(workdir: Path) -> contextlib.AbstractContextManager:
-  """Process 0's lock on the workdir (the others write nothing there but checkpoint shards)."""
-  return workdir_lib.lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+def _trainer_lock(workdir: Path, stale_seconds: float) -> contextlib.AbstractContextManager:
+  """Process 0's hold on the workdir (the others write nothing there but checkpoint shards): a
+  flock locally, a lease object on gs:// taken over once unrenewed for `stale_seconds`."""
+  if jax.process_index() != 0:
+    return contextlib.nullcontext()
+  return workdir_lib.lock(workdir, stale_seconds=stale_seconds)
 
 
 def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path,
-           source: init_from.Source | None) -> dict[str, evaluation.SplitResult]:
+           source: init_from.Source | None, hold: Any) -> dict[str, evaluation.SplitResult]:
   """The job itself, once the config is valid and the workdir is ours."""
   job = _setup(config, exp, workdir, source)
   writer = job.writer
@@ -122,7 +128,7 @@ def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
     state = loop.run(
         job.state, train_step=train_step, batches=_chain(first, batches),
         data_iter=job.train_iter, manager=job.manager, settings=_loop_settings(exp, job.model),
-        writer=writer, evaluate=evaluate)
+        writer=writer, evaluate=evaluate, check_hold=hold.check if hold else None)
     return _final_evaluation(exp, state, evaluators, writer, last_eval)
   finally:
     job.manager.close()
@@ -176,7 +182,7 @@ def _keep_vocabulary(exp, workdir: Path, is_chief: bool) -> None:
   """Copies a given vocab_path into WORKDIR/vocab.model so the workdir restores on its own."""
   target = workdir / workdir_lib.VOCAB_FILE
   if is_chief and exp.data.vocab_path and not target.exists():
-    files.atomic_write(target, Path(exp.data.vocab_path).read_bytes())
+    files.atomic_write(target, to_path(exp.data.vocab_path).read_bytes())
 
 
 def _json(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The training workdir, as serving, export and training read it: `layout` (names, config.json,
 vocabulary, `open_workdir`), `checkpoints` (restore, save and average params; unreadable
-checkpoints named) and `trainer_lock` (one trainer per workdir). Nothing here imports the
-training code (or grain); the names below are the package's interface."""
+checkpoints named) and `trainer_lock` (one trainer per workdir: a flock, or a lease object on
+gs://). Nothing here imports the training code (or grain); the names below are the package's
+interface."""
 
 from flax_transformer.workdir.checkpoints import (
     PARAMS_ITEM,
@@ -29,12 +30,40 @@ from flax_transformer.workdir.layout import (
     read_config,
     vocabulary_files,
 )
-from flax_transformer.workdir.trainer_lock import WorkdirInUseError, WorkdirLock, lock
+from flax_transformer.workdir.trainer_lock import (
+    BucketLease,
+    WorkdirInUseError,
+    WorkdirLock,
+    lock,
+    lock_object,
+)
 
 __all__ = [
-    "AVERAGED_DIR", "CHECKPOINT_DIR", "CONFIG_FILE", "LOCK_FILE", "METRICS_FILE", "PARAMS_ITEM",
-    "TENSORBOARD_DIR", "VOCAB_FILE", "UnreadableCheckpointError", "Workdir", "WorkdirInUseError",
-    "WorkdirLock", "average_checkpoints", "checkpoint_manager", "load_tokenizer", "lock",
-    "model_config", "open_workdir", "read_checkpoint", "read_config", "restore_params",
-    "save_params", "saved_steps", "shape_differences", "vocabulary_files",
+    "AVERAGED_DIR",
+    "CHECKPOINT_DIR",
+    "CONFIG_FILE",
+    "LOCK_FILE",
+    "METRICS_FILE",
+    "PARAMS_ITEM",
+    "TENSORBOARD_DIR",
+    "VOCAB_FILE",
+    "BucketLease",
+    "UnreadableCheckpointError",
+    "Workdir",
+    "WorkdirInUseError",
+    "WorkdirLock",
+    "average_checkpoints",
+    "checkpoint_manager",
+    "load_tokenizer",
+    "lock",
+    "lock_object",
+    "model_config",
+    "open_workdir",
+    "read_checkpoint",
+    "read_config",
+    "restore_params",
+    "save_params",
+    "saved_steps",
+    "shape_differences",
+    "vocabulary_files",
 ]
