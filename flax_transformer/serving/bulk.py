@@ -28,6 +28,7 @@ when it is full or input stalls briefly) and writes each chunk's lines as soon a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -36,11 +37,10 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from flax_transformer import files
-from flax_transformer.files import atomic_write
+from flax_transformer.files import Path, atomic_write, to_path
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime.processes import Processes
 
@@ -50,6 +50,7 @@ LOCK = "merge.lock"
 PARTIAL_SUFFIX = ".partial"
 DEFAULT_CHUNK_LINES = 50_000  # Why: BENCHMARKS.md, "Bulk translation".
 _IDENTITY_BYTES = 1 << 20  # Hashed at each end of an input file.
+_MERGE_STALE_SECONDS = 600  # A bucket's merge lease left by a killed merge is taken over then.
 
 # progress(lines done, target tokens) after every search step.
 Progress = Callable[[int, int], None]
@@ -74,20 +75,20 @@ class ChunkTask(Protocol):
 # ------------------------------------------------------------------------------------ identity
 def partial_dir(output: str) -> Path:
   """OUT.partial, beside the output."""
-  return Path(output + PARTIAL_SUFFIX)
+  return to_path(output + PARTIAL_SUFFIX)
 
 
 def input_identity(path: str) -> dict[str, Any]:
-  """What identifies an input file cheaply: absolute path, size, mtime and a SHA-256 of its
-  first and last MiB."""
-  resolved = Path(path).resolve()
-  stat = resolved.stat()
+  """What identifies an input file cheaply: absolute path, size, version (mtime locally, the
+  object's generation in a bucket) and a SHA-256 of its first and last MiB."""
+  resolved = files.absolute(path)
+  stat = files.stat(resolved)
   digest = hashlib.sha256()
-  with open(resolved, "rb") as f:
+  with resolved.open("rb") as f:
     digest.update(f.read(_IDENTITY_BYTES))
-    f.seek(max(stat.st_size - _IDENTITY_BYTES, 0))
+    f.seek(max(stat.size - _IDENTITY_BYTES, 0))
     digest.update(f.read(_IDENTITY_BYTES))
-  return {"path": str(resolved), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+  return {"path": str(resolved), "size": stat.size, "mtime_ns": stat.version,
           "sha256_first_last_mib": digest.hexdigest()}
 
 
@@ -128,10 +129,16 @@ def check_manifest(partial: Path, existing: dict[str, Any], wanted: dict[str, An
 
 
 def publish_manifest(partial: Path, manifest: dict[str, Any]) -> None:
-  """Writes the manifest unless one exists (atomically: link of a complete file), then checks
-  that the one in place is this job's (two processes may race to write it)."""
-  partial.mkdir(exist_ok=True)
+  """Writes the manifest unless one exists (atomically: link of a complete file; in a bucket,
+  one object upload), then checks that the one in place is this job's (two processes may race
+  to write it)."""
   path = partial / MANIFEST
+  if files.is_remote(partial):
+    if not path.exists():
+      atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    check_manifest(partial, read_manifest(partial) or {}, manifest)
+    return
+  partial.mkdir(exist_ok=True)
   tmp = partial / f".{MANIFEST}.{os.getpid()}.tmp"
   atomic_write(tmp, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
   try:
@@ -185,7 +192,7 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   if chunk_lines < 1:
     raise ValueError(f"--chunk_lines must be >= 1, got {chunk_lines}.")
   for path in inputs:
-    if not Path(path).is_file():
+    if not to_path(path).is_file():
       raise FileNotFoundError(f"Input file not found: {path}")
   partial = partial_dir(output)
   _remove_leftovers(partial)
@@ -224,8 +231,8 @@ def checkpoint_identity(workdir: str, output: str, step: int | None,
   for path in workdir_lib.vocabulary_files(workdir):  # vocab.model, or Marian's three.
     vocab.update(path.read_bytes())
   identity = {
-      "workdir": str(Path(workdir).resolve()), "step": step,
-      "averaged": str(Path(checkpoint).resolve()) if checkpoint else None,
+      "workdir": str(files.absolute(workdir)), "step": step,
+      "averaged": str(files.absolute(checkpoint)) if checkpoint else None,
       "vocab_sha256": vocab.hexdigest(),
       "model": dataclasses.asdict(opened.model_config)}
   return identity, None if checkpoint else step
@@ -322,14 +329,10 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
   """Assembles OUT from the chunk files in order (atomically) and removes OUT.partial, unless a
   chunk is missing or another process is merging; `report`: say so on stderr. Returns whether
   OUT is complete."""
-  try:
-    lock = open(job.partial / LOCK, "a")  # noqa: SIM115  (held until the end)
-  except FileNotFoundError:
-    return True  # Another process merged and removed OUT.partial.
-  with lock:
-    try:
-      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+  with _merge_hold(job.partial) as held:
+    if held is None:
+      return True
+    if not held:
       return False  # Another process is merging.
     if not (job.partial / MANIFEST).exists():
       return True
@@ -338,9 +341,10 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
       say(f"{job.num_chunks - len(missing)} of {job.num_chunks} chunks are done; the process "
           f"that finishes the last one writes {job.output} (or rerun the command).")
       return False
-    output_path = Path(job.output)
-    for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
-      stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
+    if not files.is_remote(job.output):
+      output_path = to_path(job.output)
+      for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
     with files.AtomicWriter(job.output) as output:
       for chunk in range(job.num_chunks):
         output.write(_checked_chunk(job, chunk, task.line_per_record))
@@ -348,6 +352,39 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
   if report:
     say(f"Wrote {job.output} ({job.num_lines} input lines).")
   return True
+
+
+@contextlib.contextmanager
+def _merge_hold(partial: Path) -> Iterator[bool | None]:
+  """Holds OUT.partial's merge lock while the block runs: True when held, False when another
+  process holds it, None when OUT.partial is gone (another process merged). A flock on a local
+  disk; in a bucket, the same lease object a trainer holds on a workdir (short-lived here)."""
+  if files.is_remote(partial):
+    from flax_transformer import workdir as workdir_lib
+
+    if not (partial / MANIFEST).exists():
+      yield None
+      return
+    try:
+      lease = workdir_lib.lock_object(partial / LOCK, stale_seconds=_MERGE_STALE_SECONDS)
+    except workdir_lib.WorkdirInUseError:
+      yield False
+      return
+    with lease:
+      yield True
+    return
+  try:
+    lock = open(partial / LOCK, "a")  # noqa: SIM115  (held until the end)
+  except FileNotFoundError:
+    yield None  # Another process merged and removed OUT.partial.
+    return
+  with lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      yield False
+      return
+    yield True
 
 
 def _checked_chunk(job: FileJob, chunk: int, line_per_record: bool) -> bytes:
@@ -360,13 +397,21 @@ def _checked_chunk(job: FileJob, chunk: int, line_per_record: bool) -> bytes:
 
 
 def _remove(partial: Path) -> None:
-  """Removes OUT.partial: renamed first (atomic), so a kill never leaves half of one."""
+  """Removes OUT.partial: renamed first (atomic), so a kill never leaves half of one. A bucket
+  has no rename: the manifest goes first, then the chunks; a kill in between leaves chunks that
+  a rerun of the same command merges again into the same output."""
+  if files.is_remote(partial):
+    (partial / MANIFEST).unlink(missing_ok=True)
+    files.remove_tree(partial)
+    return
   trash = partial.with_name(f"{partial.name}.removed.{os.getpid()}")
   os.replace(partial, trash)
   shutil.rmtree(trash, ignore_errors=True)
 
 
 def _remove_leftovers(partial: Path) -> None:
+  if files.is_remote(partial):
+    return
   for leftover in partial.parent.glob(f"{partial.name}.removed.*"):
     shutil.rmtree(leftover, ignore_errors=True)
 

@@ -5,13 +5,18 @@ Only process 0 writes; on other processes `MetricWriter` drops everything.
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
-from pathlib import Path
+import shutil
+import tempfile
+import threading
 from typing import Any
 
 import jax
 
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.progress import format_duration
@@ -46,19 +51,41 @@ def train_flops_per_step(model: ModelConfig, rows: int, length: int) -> float:
   return 3.0 * (dense + attention)
 
 
+_WRITERS = itertools.count()  # MetricWriters made by this process.
+
+
 class MetricWriter:
-  """Appends {"step", "split", "name", "value"} lines to metrics.jsonl and TensorBoard scalars."""
+  """Appends {"step", "split", "name", "value"} lines to metrics.jsonl and TensorBoard scalars.
 
-  def __init__(self, workdir: str | os.PathLike, enabled: bool):
+  On a local disk metrics.jsonl is appended to a line at a time, and TensorBoard writes its
+  event file in WORKDIR/tensorboard. A bucket has no append (gcsfs silently overwrites), so on
+  gs:// both are uploaded whole, one object each time (`_BucketLogs`): every `upload_seconds`
+  from a background thread, and at every `flush`. The loop flushes before each checkpoint save,
+  so every line up to a checkpoint's step is stored before the checkpoint is; lines after it are
+  written again by the resumed run.
+  """
+
+  def __init__(self, workdir: str | os.PathLike, enabled: bool, *, upload_seconds: float = 10):
     self.enabled = enabled
-    self._jsonl = None
-    self._tensorboard = None
-    if enabled:
-      from tensorboardX import SummaryWriter
+    self._jsonl: Any = None
+    self._tensorboard: Any = None
+    self._bucket: _BucketLogs | None = None
+    if not enabled:
+      return
+    from tensorboardX import SummaryWriter
 
-      Path(workdir).mkdir(parents=True, exist_ok=True)
-      self._jsonl = open(Path(workdir) / workdir_lib.METRICS_FILE, "a", buffering=1)  # noqa: SIM115
-      self._tensorboard = SummaryWriter(str(Path(workdir) / workdir_lib.TENSORBOARD_DIR))
+    directory = files.to_path(workdir)
+    if files.is_remote(directory):
+      self._bucket = _BucketLogs(directory, self.flush, upload_seconds)
+      self._jsonl, events = self._bucket.log, self._bucket.spool
+    else:
+      directory.mkdir(parents=True, exist_ok=True)
+      self._jsonl = open(directory / workdir_lib.METRICS_FILE, "a", buffering=1)  # noqa: SIM115
+      events = os.fspath(directory / workdir_lib.TENSORBOARD_DIR)
+    # The pid and a count in the name: a resumed run's event file never replaces an earlier
+    # run's (their names otherwise differ only by the second they were made in).
+    self._tensorboard = SummaryWriter(
+        events, filename_suffix=f".{os.getpid()}.{next(_WRITERS)}")
 
   def write(self, step: int, split: str, scalars: dict[str, float]) -> None:
     if not self.enabled:
@@ -73,10 +100,81 @@ class MetricWriter:
     if self.enabled:
       self._tensorboard.add_text(tag, text, int(step))
 
+  def flush(self) -> None:
+    """Stores every line written so far (locally each line is written at once)."""
+    if self._bucket is not None:
+      self._tensorboard.flush()
+      self._bucket.upload()
+
   def close(self) -> None:
-    if self.enabled:
-      self._jsonl.close()
+    if self.enabled and self._tensorboard is not None:
       self._tensorboard.close()
+      if self._bucket is not None:
+        self._bucket.close()
+      else:
+        self._jsonl.close()
+      self._tensorboard = None
+
+
+class _BucketLogs:
+  """metrics.jsonl and TensorBoard's event file of a gs:// workdir. The log's lines (those
+  already in the bucket first) are kept in memory; TensorBoard writes its event file into a
+  local spool folder. `upload` sends each whole as one object, so a reader sees every line up to
+  some point and never a torn one. `flush` (the writer's) runs every `upload_seconds` from a
+  background thread; writers never wait for an upload."""
+
+  def __init__(self, workdir: files.Path, flush: Any, upload_seconds: float):
+    self.log = _LogLines(workdir / workdir_lib.METRICS_FILE)
+    self.spool = tempfile.mkdtemp(prefix="flax_transformer_tensorboard_")
+    self._events = workdir / workdir_lib.TENSORBOARD_DIR
+    self._uploading = threading.Lock()  # One upload at a time, the newest last.
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._every, args=(flush, upload_seconds),
+                                    daemon=True, name="metrics-upload")
+    self._thread.start()
+
+  def _every(self, flush: Any, seconds: float) -> None:
+    while not self._stop.wait(seconds):
+      try:
+        flush()
+      except Exception as error:  # A passing network fault: the next upload sends it all.
+        logging.warning("Could not upload metrics to %s (%s); trying again.",
+                        self.log.path.parent, error)
+
+  def upload(self) -> None:
+    with self._uploading:
+      self.log.upload()
+      for name in sorted(os.listdir(self.spool)):
+        with open(os.path.join(self.spool, name), "rb") as f:
+          files.atomic_write(self._events / name, f.read())
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join()
+    self.upload()
+    shutil.rmtree(self.spool, ignore_errors=True)
+
+
+class _LogLines:
+  """A text log's lines in memory, uploaded whole to `path` when new ones came."""
+
+  def __init__(self, path: files.Path):
+    self.path = path
+    self._lines: list[str] = [path.read_text()] if path.exists() else []
+    self._stored = len(self._lines)
+    self._lock = threading.Lock()
+
+  def write(self, text: str) -> None:
+    with self._lock:
+      self._lines.append(text)
+
+  def upload(self) -> None:
+    with self._lock:
+      if len(self._lines) == self._stored:
+        return
+      text, count = "".join(self._lines), len(self._lines)
+    files.atomic_write(self.path, text)
+    self._stored = count
 
 
 def train_line(step: int, total: int, scalars: dict[str, float]) -> str:
