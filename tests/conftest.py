@@ -80,8 +80,11 @@ def shrunk_settings(tfds_dir: Path, **overrides: Any) -> dict[str, Any]:
 
 def train_command(workdir: Path, *flags: str, **overrides: Any) -> list[str]:
   """`python train.py --config=configs/default.py` shrunk (shrunk_settings, TFDS data next to
-  `workdir`) into `workdir`, then `flags` as given; run it in REPO."""
-  settings = shrunk_settings(Path(workdir).parent / "tfds", **overrides)
+  a local `workdir`; a gs:// one's tests name a local data__tfds_data_dir) into `workdir`, then
+  `flags` as given; run it in REPO."""
+  local = not str(workdir).startswith("gs://")
+  settings = shrunk_settings(Path(workdir).parent / "tfds" if local else Path("/nonexistent"),
+                             **overrides)
   return [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs' / 'default.py'}",
           f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items()), *flags]
 
@@ -127,3 +130,80 @@ def run_search(problem: Any, method: str, **settings: Any) -> Any:
   names = {field.name for field in search.dataclasses.fields(search.Ranking)}
   ranking = search.Ranking(**{k: settings.pop(k) for k in list(settings) if k in names})
   return search.beam_search(problem, ranking=ranking, **settings)
+
+
+# ------------------------------------------------------------------ storage: local and gs://
+GCS_BUCKET = "flax-transformer-tests"
+STORAGE_KINDS = ("local", "gs")
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+  """The GCS emulator on 127.0.0.1 (tests/gcs_emulator.py) with a bucket GCS_BUCKET; its
+  standard variables are in os.environ while the session runs, so every child process (train.py,
+  the CLI) reaches it as it would reach GCS."""
+  from gcs_emulator import GcsEmulator
+
+  emulator = GcsEmulator(tmp_path_factory.mktemp("gcs") / "fake-gcs-server.log")
+  saved = {key: os.environ.get(key) for key in emulator.environment}
+  os.environ.update(emulator.environment)
+  emulator.create_bucket(GCS_BUCKET)
+  yield emulator
+  emulator.stop()
+  for key, value in saved.items():
+    if value is None:
+      os.environ.pop(key, None)
+    else:
+      os.environ[key] = value
+
+
+def storage_folder(kind: str, request: Any, tmp_path_factory: Any, name: str) -> Any:
+  """A new empty folder for a test: local (a pathlib.Path) or gs:// on the emulator (an
+  etils.epath.Path); both answer `/`, read_text, exists, iterdir, glob, rglob the same way."""
+  if kind == "local":
+    return tmp_path_factory.mktemp(name)
+  import uuid
+
+  from etils import epath
+
+  request.getfixturevalue("gcs")
+  return epath.Path(f"gs://{GCS_BUCKET}/{name}-{uuid.uuid4().hex[:8]}")
+
+
+def is_remote(path: Any) -> bool:
+  return str(path).startswith("gs://")
+
+
+def truncate(path: Any, size: int) -> None:
+  """Cuts a file (or object) to `size` bytes, as a full disk or a lost node leaves it."""
+  if is_remote(path):
+    path.write_bytes(path.read_bytes()[:size])
+  else:
+    os.truncate(path, size)
+
+
+def move(source: Any, target: Any) -> None:
+  """Renames a folder (a prefix of objects in a bucket)."""
+  if is_remote(source):
+    import fsspec
+
+    filesystem = fsspec.filesystem("gs")
+    filesystem.mv(str(source), str(target), recursive=True)
+  else:
+    os.rename(source, target)
+
+
+def listing(folder: Any, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
+  """(relative path, size, version) of every file below `folder` (version: mtime locally, the
+  object's generation in a bucket): equal listings mean nothing was written."""
+  from flax_transformer import files
+
+  if not is_remote(folder) and not Path(folder).exists():
+    return []
+  entries = []
+  for path in folder.rglob("*"):
+    if path.name in skip or (not is_remote(folder) and path.is_dir()):
+      continue
+    stat = files.stat(str(path))
+    entries.append((str(path)[len(str(folder)):], stat.size, stat.version))
+  return sorted(entries)

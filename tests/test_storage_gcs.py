@@ -1,0 +1,228 @@
+"""Storage on gs:// against a GCS emulator on 127.0.0.1 (conftest's `gcs`): the file layer
+(atomic objects, line files, .gz), the trainer's lease (create-if-absent, renew, release, take
+over), the metrics log that a bucket cannot append to, and one line for every storage fault.
+
+The fault tests of whole jobs on a gs:// workdir (signals, kill -9, a second trainer, a damaged
+checkpoint, bulk resume) run from the same test functions as the local ones, in
+test_training_resume.py, test_training_faults.py and test_serving_bulk.py.
+"""
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from conftest import GCS_BUCKET, REPO
+
+from flax_transformer import files
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.training import metrics as metrics_lib
+
+
+@pytest.fixture
+def folder(gcs):
+  return f"gs://{GCS_BUCKET}/{uuid.uuid4().hex[:10]}"
+
+
+# ------------------------------------------------------------------------------ the file layer
+def test_files_round_trip_as_whole_objects(folder):
+  files.atomic_write(f"{folder}/a.json", '{"x": 1}\n')
+  assert json.loads(files.to_path(f"{folder}/a.json").read_text()) == {"x": 1}
+  lines = ["één", "two", "", "three"]
+  for name in ("plain.txt", "packed.txt.gz"):
+    files.write_lines_atomically(f"{folder}/{name}", lines)
+    assert files.read_lines(f"{folder}/{name}") == lines
+    assert files.count_lines(f"{folder}/{name}") == 4
+  with files.AtomicWriter(f"{folder}/streamed.txt.gz") as writer:
+    for line in lines:
+      writer.write(files.as_line(line))
+  assert files.read_lines(f"{folder}/streamed.txt.gz") == lines
+  assert files.stat(f"{folder}/plain.txt").size == len("één\ntwo\n\nthree\n".encode())
+
+
+def test_a_failed_stream_leaves_no_object_and_no_spool_file(folder, tmp_path, monkeypatch):
+  monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+  with pytest.raises(RuntimeError, match="stopped"), files.AtomicWriter(f"{folder}/out.txt") as w:
+    w.write("a line\n")
+    raise RuntimeError("stopped")
+  assert not files.to_path(f"{folder}/out.txt").exists()
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_an_upload_that_fails_midway_is_discarded_not_finished(folder):
+  class Broken:
+    def read(self, size=-1):
+      raise OSError("connection reset")
+
+  target = files.to_path(f"{folder}/half.bin")
+  with pytest.raises(OSError, match="connection reset"):
+    files._upload(target, Broken())
+  assert not target.exists()
+
+
+def test_a_version_changes_when_an_object_is_rewritten(folder):
+  files.atomic_write(f"{folder}/x", "1")
+  first = files.stat(f"{folder}/x")
+  files.atomic_write(f"{folder}/x", "2")
+  assert files.stat(f"{folder}/x").version != first.version
+
+
+# ------------------------------------------------------------------------ faults, one line each
+@pytest.mark.parametrize("path", ["s3://bucket/run", "hdfs://name/run", "az://c/run"])
+def test_unsupported_schemes_are_refused_naming_what_works(path):
+  with pytest.raises(files.StorageError) as error:
+    files.to_path(path)
+  assert str(error.value).startswith(f"{path}: {path.split(':')[0]}:// is not supported; a path "
+                                     "may be local or gs://BUCKET/PATH")
+  assert "mounted local path" in str(error.value)
+
+
+def test_gs_without_the_extra_names_the_extra(monkeypatch):
+  real = files.importlib.util.find_spec
+  monkeypatch.setattr(files.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "gcsfs" else real(name, *a))
+  with pytest.raises(files.StorageError, match=r"need the \[gcs\] extra: pip install "):
+    files.to_path("gs://b/x")
+
+
+def test_a_bucket_that_does_not_exist_is_one_line(gcs):
+  with pytest.raises(files.StorageError) as error:
+    files.check_storage("gs://no-such-bucket-here/run", write=True)
+  assert str(error.value) == (
+      "Cannot write gs://no-such-bucket-here/run: the bucket gs://no-such-bucket-here does not "
+      "exist (create it with `gcloud storage buckets create gs://no-such-bucket-here`).")
+  with pytest.raises(files.StorageError, match="does not exist"):
+    files.check_writable("gs://no-such-bucket-here/out.txt")
+
+
+class _HttpError(Exception):
+  def __init__(self, code, message):
+    super().__init__(message)
+    self.code = code
+
+
+@pytest.mark.parametrize("error, action, expected", [
+    (_HttpError(401, "Anonymous caller does not have storage.objects.create access"), "write",
+     "Cannot write gs://b/run: no Google Cloud credentials. Set GOOGLE_APPLICATION_CREDENTIALS"),
+    (type("DefaultCredentialsError", (Exception,), {})("Your default credentials were not "
+                                                       "found"), "read",
+     "Cannot read gs://b/run: no Google Cloud credentials."),
+    (_HttpError(403, "x@y does not have storage.objects.create access"), "write",
+     "Cannot write gs://b/run: permission denied (the account needs roles/storage.objectAdmin on "
+     "gs://b)."),
+    (PermissionError("Forbidden: b/o/run"), "read",
+     "Cannot read gs://b/run: permission denied (the account needs roles/storage.objectViewer"),
+])
+def test_credentials_and_permission_faults_are_one_line(error, action, expected):
+  """The emulator has no authentication: these are the errors gcsfs and google-cloud-storage
+  raise for them (a 401, google.auth's DefaultCredentialsError, a 403, gcsfs's Forbidden)."""
+  line = files.storage_error(error, "gs://b/run", action)
+  assert isinstance(line, files.StorageError) and str(line).startswith(expected), line
+  assert "\n" not in str(line)
+  assert files.storage_error(ValueError("unrelated"), "gs://b/run", action) is None
+
+
+# --------------------------------------------------------------------------------- the lease
+def test_a_lease_is_created_only_if_absent_and_released_at_exit(folder):
+  with workdir_lib.lock(folder, stale_seconds=60) as lease:
+    record = json.loads(files.to_path(f"{folder}/.lock").read_text())
+    assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
+    blob = workdir_lib.trainer_lock._blob(files.to_path(f"{folder}/.lock"))
+    from google.api_core import exceptions
+
+    with pytest.raises(exceptions.PreconditionFailed):  # The emulator enforces it.
+      blob.upload_from_string(b"{}", if_generation_match=0)
+    assert lease.generation
+  assert not files.to_path(f"{folder}/.lock").exists()
+
+
+def _hold_in_a_process(folder: str, stale_seconds: float = 60) -> subprocess.Popen:
+  code = ("import sys, time; from flax_transformer import workdir; "
+          f"lease = workdir.lock(sys.argv[1], stale_seconds={stale_seconds}); "
+          "print('held', flush=True); time.sleep(600)")
+  holder = subprocess.Popen([sys.executable, "-c", code, folder], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline() == "held\n"
+  return holder
+
+
+def test_a_second_trainer_meets_a_live_lease_and_a_killed_holders_is_taken_over(folder, caplog):
+  holder = _hold_in_a_process(folder)
+  try:
+    with pytest.raises(workdir_lib.WorkdirInUseError) as error:
+      workdir_lib.lock(folder, stale_seconds=60)
+    assert str(error.value).startswith(
+        f"{folder} is in use by host {socket.gethostname()} pid {holder.pid} (its lease "
+        f"{folder}/.lock was renewed ")
+    assert "(config.checkpoint.lease_stale_seconds) is taken over by the next run" in str(
+        error.value)
+  finally:
+    holder.kill()  # kill -9: the lease stays in the bucket.
+    holder.wait()
+  assert files.to_path(f"{folder}/.lock").exists()
+  with workdir_lib.lock(folder, stale_seconds=60):  # Its holder ran here and is gone: at once.
+    pass
+  assert f"Took over the lease {folder}/.lock from host {socket.gethostname()} pid " \
+         f"{holder.pid}" in caplog.text
+
+
+def test_a_lease_of_another_host_is_taken_over_only_once_stale(folder, caplog):
+  record = {"host": "preempted-tpu-vm-7", "pid": 4242, "time": "2026-01-01T00:00:00+00:00"}
+  files.atomic_write(f"{folder}/.lock", json.dumps(record))
+  with pytest.raises(workdir_lib.WorkdirInUseError, match="host preempted-tpu-vm-7 pid 4242"):
+    workdir_lib.lock(folder, stale_seconds=30)
+  time.sleep(2.1)  # Its age is the object's own update time against ours.
+  with workdir_lib.lock(folder, stale_seconds=2):
+    assert json.loads(files.to_path(f"{folder}/.lock").read_text())["pid"] == os.getpid()
+  assert "from host preempted-tpu-vm-7 pid 4242 (unrenewed for 2 s)" in caplog.text
+
+
+def test_the_holder_renews_its_lease_while_it_holds_it(folder):
+  blob = workdir_lib.trainer_lock._blob(files.to_path(f"{folder}/.lock"))
+  with workdir_lib.lock(folder, stale_seconds=5) as lease:  # Renewed every 0.5 s.
+    first = lease.generation
+    time.sleep(1.6)
+    blob.reload()
+    assert lease.generation != first and blob.generation == lease.generation
+    age = datetime.datetime.now(datetime.UTC) - blob.updated
+    assert age.total_seconds() < 1.5
+    lease.check()  # Still ours.
+
+
+def test_a_holder_whose_lease_was_taken_over_stops_before_saving(folder):
+  with workdir_lib.lock(folder, stale_seconds=5) as lease:
+    # Another trainer took it over while this one was paused (its generation is no longer ours).
+    files.atomic_write(f"{folder}/.lock", json.dumps({"host": "other", "pid": 1}))
+    deadline = time.monotonic() + 5
+    while lease.lost is None and time.monotonic() < deadline:
+      time.sleep(0.1)
+    with pytest.raises(workdir_lib.WorkdirInUseError, match="was taken over by another trainer"):
+      lease.check()
+  # Released without deleting the new holder's lease.
+  assert json.loads(files.to_path(f"{folder}/.lock").read_text())["host"] == "other"
+
+
+# ---------------------------------------------------------------------------- the metrics log
+def test_metrics_in_a_bucket_keep_every_line_across_flushes_and_restarts(folder):
+  writer = metrics_lib.MetricWriter(folder, enabled=True, upload_seconds=3600)
+  writer.write(1, "train", {"loss": 3.0})
+  writer.flush()  # What the loop does before a checkpoint save.
+  log = files.to_path(f"{folder}/metrics.jsonl")
+  assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1]
+  writer.write(2, "train", {"loss": 2.0, "accuracy": 0.5})
+  writer.close()
+  resumed = metrics_lib.MetricWriter(folder, enabled=True, upload_seconds=0.2)
+  resumed.write(3, "train", {"loss": 1.0})
+  deadline = time.monotonic() + 5  # Uploaded by the background thread, not only at close.
+  while len(log.read_text().splitlines()) < 4 and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert [(m["step"], m["name"]) for m in map(json.loads, log.read_text().splitlines())] == [
+      (1, "loss"), (2, "loss"), (2, "accuracy"), (3, "loss")]
+  resumed.close()
+  events = list(files.to_path(f"{folder}/tensorboard").iterdir())
+  assert len(events) == 2 and all(e.name.startswith("events.out.tfevents.") for e in events)
