@@ -61,7 +61,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _quiet_libraries(record) -> bool:
   """Keeps warnings and errors of orbax/grain/TFDS, drops their per-save INFO chatter."""
-  chatty = ("/orbax/", "/grain/", "/tensorflow_datasets/")
+  chatty = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/fsspec/", "/gcsfs/")
   if str(record.msg).startswith("Using custom data configuration"):
     return False  # Our builders always use custom configs; TFDS warns at every open.
   return record.levelno >= std_logging.WARNING or not any(p in record.pathname for p in chatty)
