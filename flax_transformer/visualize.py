@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID
-from flax_transformer.files import atomic_write, to_path
+from flax_transformer.files import absolute, atomic_write, to_path
 from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
@@ -138,7 +138,7 @@ def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) 
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-  figure.suptitle(str(to_path(workdir).resolve().name))
+  figure.suptitle(absolute(workdir).name)
   figure.tight_layout()
   _save_figure(figure, output)
   plt.close(figure)

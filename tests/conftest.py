@@ -148,6 +148,9 @@ def gcs(tmp_path_factory):
   saved = {key: os.environ.get(key) for key in emulator.environment}
   os.environ.update(emulator.environment)
   emulator.create_bucket(GCS_BUCKET)
+  from flax_transformer import files
+
+  files.to_path(f"gs://{GCS_BUCKET}")  # gcsfs as the product sets it up (no listing cache).
   yield emulator
   emulator.stop()
   for key, value in saved.items():
@@ -164,10 +167,10 @@ def storage_folder(kind: str, request: Any, tmp_path_factory: Any, name: str) ->
     return tmp_path_factory.mktemp(name)
   import uuid
 
-  from etils import epath
+  from flax_transformer import files
 
   request.getfixturevalue("gcs")
-  return epath.Path(f"gs://{GCS_BUCKET}/{name}-{uuid.uuid4().hex[:8]}")
+  return files.to_path(f"gs://{GCS_BUCKET}/{name}-{uuid.uuid4().hex[:8]}")
 
 
 def is_remote(path: Any) -> bool:

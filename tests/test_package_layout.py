@@ -169,3 +169,24 @@ def test_a_cycle_is_caught():
 def test_files_and_validation_import_nothing_of_the_package():
   graph = import_graph()
   assert graph["files"] == set() and graph["validation"] == set()
+
+
+# Modules that may import pathlib: files.py, the one filesystem layer, and a reader of the fixed
+# local folder /dev. Every path a user gives goes through files.to_path (`Path("gs://b")` is
+# "gs:/b": a pathlib path silently turns a bucket into a local folder).
+PATHLIB_ALLOWED = {"files", "runtime.platforms"}
+
+
+def _imports_pathlib(path: Path) -> bool:
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import) and any(a.name == "pathlib" for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom) and node.module == "pathlib":
+      return True
+  return False
+
+
+def test_no_module_builds_a_pathlib_path_from_a_users_path():
+  found = sorted(name for name, path in _modules().items()
+                 if name not in PATHLIB_ALLOWED and _imports_pathlib(path))
+  assert not found, f"modules importing pathlib outside files.py: {found}"

@@ -226,3 +226,82 @@ def test_metrics_in_a_bucket_keep_every_line_across_flushes_and_restarts(folder)
   resumed.close()
   events = list(files.to_path(f"{folder}/tensorboard").iterdir())
   assert len(events) == 2 and all(e.name.startswith("events.out.tfevents.") for e in events)
+
+
+# ----------------------------------------------------------------- commands on a gs:// workdir
+@pytest.fixture(scope="module")
+def random_workdirs(gcs, tmp_path_factory):
+  """The same random workdir (tests/random_workdir.py, seed 3) written locally and on gs://."""
+  from random_workdir import write_random_workdir
+
+  local = write_random_workdir(tmp_path_factory.mktemp("local") / "workdir", seed=3)
+  remote = write_random_workdir(
+      files.to_path(f"gs://{GCS_BUCKET}/workdir-{uuid.uuid4().hex[:8]}"), seed=3)
+  return local, remote
+
+
+def test_every_command_reads_and_writes_a_gs_workdir_as_a_local_one(random_workdirs, tmp_path,
+                                                                    capsys):
+  from flax_transformer.cli import main
+
+  local, remote = random_workdirs
+  text = ["the cat sat on the mat", "a dog ran", "", "birds fly over the house"]
+  files.write_lines_atomically(f"{remote}/in.txt.gz", text)
+  (tmp_path / "in.txt").write_text("".join(line + "\n" for line in text))
+  flags = ["--beam_size", "3", "--max_len_b", "8"]
+  assert main(["translate", "--workdir", str(local), "--input", str(tmp_path / "in.txt"),
+               "--output", str(tmp_path / "out.txt"), *flags]) == 0
+  assert main(["translate", "--workdir", str(remote), "--input", f"{remote}/in.txt.gz",
+               "--output", f"{remote}/out.txt", *flags]) == 0
+  assert files.to_path(f"{remote}/out.txt").read_bytes() == (tmp_path / "out.txt").read_bytes()
+  assert not files.to_path(f"{remote}/out.txt.partial").exists()
+  assert main(["score", "--workdir", str(remote), "--src", f"{remote}/in.txt.gz", "--tgt",
+               f"{remote}/out.txt", "--output", f"{remote}/scores.txt"]) == 0
+  assert len(files.read_lines(f"{remote}/scores.txt")) == 4
+  assert main(["evaluate", "--workdir", str(remote), "--src", f"{remote}/in.txt.gz", "--ref",
+               f"{remote}/out.txt", "--json", *flags]) == 0
+  printed = capsys.readouterr().out
+  assert json.loads(printed[printed.index("{"):])["bleu"] == pytest.approx(100.0)
+  assert main(["average", "--workdir", str(remote), "--last", "1"]) == 0
+  averaged = f"{remote}/averaged/step_0_last_1"
+  assert main(["translate", "--workdir", str(remote), "--checkpoint", averaged, "--input",
+               f"{remote}/in.txt.gz", "--output", f"{remote}/averaged.txt", *flags]) == 0
+  assert files.to_path(f"{remote}/averaged.txt").read_bytes() == (tmp_path / "out.txt"
+                                                                   ).read_bytes()
+  assert main(["export", "--workdir", str(remote), "--format", "marian", "--output",
+               f"{remote}/marian"]) == 0
+  assert main(["import-marian", "--model_dir", f"{remote}/marian", "--workdir",
+               f"{remote}/reimported"]) == 0
+  assert main(["translate", "--workdir", f"{remote}/reimported", "--input",
+               f"{remote}/in.txt.gz", "--output", f"{remote}/reimported.txt", *flags]) == 0
+  assert files.read_lines(f"{remote}/reimported.txt") == files.read_lines(f"{remote}/out.txt")
+
+
+def test_a_workdir_copied_into_a_bucket_by_hand_is_named_not_deleted(random_workdirs, capsys):
+  """A checkpoint without commit markers in a bucket: orbax would take it for an unfinished
+  save and delete it. It is named in one line and left alone."""
+  import fsspec
+
+  from flax_transformer.cli import main
+
+  local = random_workdirs[0]
+  copy = f"gs://{GCS_BUCKET}/copied-{uuid.uuid4().hex[:8]}"
+  filesystem = fsspec.filesystem("gs")
+  filesystem.put(f"{local}/", copy, recursive=True)  # As `gcloud storage cp -r` does.
+  # orbax 0.12 writes commit markers on a local disk too; a checkpoint written without them (an
+  # older orbax, or a copy that skipped small files) is what orbax would delete.
+  for marker in filesystem.find(copy.removeprefix("gs://")):
+    if marker.endswith("/commit_success.txt"):
+      filesystem.rm(marker)
+  assert files.to_path(f"{copy}/checkpoints/0/params").exists()
+  files.write_lines_atomically(f"{copy}/in.txt", ["a dog ran"])
+  assert main(["translate", "--workdir", copy, "--input", f"{copy}/in.txt", "--output",
+               f"{copy}/out.txt"]) == 2
+  error = capsys.readouterr().err.strip()
+  assert error == (
+      f"flax-transformer translate: error: {copy}/checkpoints holds finished checkpoints "
+      "without orbax's commit markers (steps [0]), as a workdir copied into a bucket by hand "
+      "has: orbax would take them for unfinished saves and delete them, so nothing was read or "
+      "written. Write an empty commit_success.txt into each of those step folders and into "
+      "each folder inside them (params/, train_state/, data_iter/), then rerun."), error
+  assert files.to_path(f"{copy}/checkpoints/0/params").exists()

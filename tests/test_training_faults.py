@@ -10,10 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import REPO, run_train_py
+from conftest import REPO, STORAGE_KINDS, listing, run_train_py, storage_folder
 
 HOLD_LOCK = "from flax_transformer import workdir; import sys, time; lock = workdir.lock(sys.argv[1]); print('held', flush=True); time.sleep(600)"  # noqa: E501
 
@@ -24,28 +23,31 @@ def _one_line_error(result: subprocess.CompletedProcess) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
-def _listing(folder: Path) -> list[tuple[str, int, int]]:
-  return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
-                for p in folder.rglob("*"))
-
-
-def test_a_second_trainer_on_a_workdir_stops_at_once_and_a_killed_one_leaves_no_lock(tmp_path):
-  workdir = tmp_path / "workdir"
+@pytest.mark.parametrize("kind", STORAGE_KINDS)
+def test_a_second_trainer_on_a_workdir_stops_at_once_and_a_killed_one_leaves_no_lock(
+    kind, request, tmp_path, tmp_path_factory):
+  """Locally the kernel drops a killed holder's flock; on gs:// its lease object stays, and the
+  next trainer on the same host takes it over at once, its holder's pid being gone."""
+  workdir = storage_folder(kind, request, tmp_path_factory, "second") / "workdir"
+  data = {"data__tfds_data_dir": str(tmp_path / "tfds")}
   holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(workdir)], cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline() == "held\n"
-    before = _listing(workdir)
-    error = _one_line_error(run_train_py(workdir, check=False))
+    before = listing(workdir)
+    error = _one_line_error(run_train_py(workdir, check=False, **data))
+    holds = (f"its lease {workdir / '.lock'} was renewed" if kind == "gs"
+             else f"it holds {workdir / '.lock'})")
     assert error.startswith(f"error: {workdir} is in use by host {socket.gethostname()} pid "
-                            f"{holder.pid} (it holds {workdir / '.lock'})"), error
-    assert _listing(workdir) == before  # Nothing written: no vocab, config or checkpoint.
+                            f"{holder.pid} ({holds}"), error
+    assert listing(workdir) == before  # Nothing written: no vocab, config or checkpoint.
   finally:
     holder.send_signal(signal.SIGKILL)  # The kernel drops the lock with the process.
     holder.wait()
   run_train_py(workdir, train__num_train_steps=2, train__warmup_steps=1,
-               checkpoint__save_every_steps=2)
+               checkpoint__save_every_steps=2, **data)
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
+  assert (workdir / ".lock").exists() == (kind == "local")  # A lease is deleted at exit.
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -8,9 +8,11 @@ MODE 'flags' (coordinator, count and index given) or 'srun' (nothing given: the 
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +141,75 @@ def test_tasks_started_by_srun_need_no_flags(explicit_run):
 if __name__ == "__main__":
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
   _worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+
+
+# ------------------------------------------------------- train.py: two hosts, one gs:// workdir
+MULTIHOST_RUN = {"train__num_train_steps": 16, "train__log_every_steps": 4,
+                 "checkpoint__save_every_steps": 4, "checkpoint__max_to_keep": 2}
+
+
+def _two_trainers(workdir, tmp_path: Path, **overrides) -> list[subprocess.Popen]:
+  """train.py as two hosts (2 CPU devices each) into one workdir, started with the flags."""
+  from conftest import REPO, train_command
+
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  settings = {**MULTIHOST_RUN, "data__tfds_data_dir": str(tmp_path / "tfds"), **overrides}
+  return [subprocess.Popen(
+      train_command(workdir, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                    f"--process_id={i}", **settings),
+      cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+
+
+def _finish(trainers: list[subprocess.Popen]) -> list[str]:
+  errors = [t.communicate(timeout=400)[1] for t in trainers]
+  assert [t.returncode for t in trainers] == [0, 0], "\n".join(e[-2000:] for e in errors)
+  return errors
+
+
+def test_two_hosts_killed_in_a_gs_workdir_resume_bitwise(gcs, tmp_path):
+  """Two processes (jax.distributed on 127.0.0.1) train into one gs:// workdir: process 0 holds
+  the lease and writes config, metrics and events, both write their checkpoint shards. Killed
+  with -9 after a checkpoint, then restarted, they end with the same parameters as a run that
+  was never killed."""
+  import jax
+  from conftest import GCS_BUCKET
+
+  from flax_transformer import files
+  from flax_transformer.workdir import restore_params
+
+  root = files.to_path(f"gs://{GCS_BUCKET}/multihost-{os.getpid()}")
+  straight, killed = root / "straight", root / "killed"
+  _finish(_two_trainers(straight, tmp_path))
+  trainers = _two_trainers(killed, tmp_path)
+  try:
+    deadline = time.monotonic() + 300
+    while not (killed / "checkpoints" / "8" / "commit_success.txt").exists():
+      assert all(t.poll() is None for t in trainers), trainers[0].stderr.read()[-2000:]
+      assert time.monotonic() < deadline, "no checkpoint 8 within the deadline"
+      time.sleep(0.05)
+    for t in trainers:
+      t.send_signal(signal.SIGKILL)
+  finally:
+    for t in trainers:
+      t.kill()
+      t.wait()
+  stopped = restore_params(str(killed))[1]
+  assert 8 <= stopped < 16
+  assert (killed / ".lock").exists()  # Left by the killed process 0.
+  errors = _finish(_two_trainers(killed, tmp_path))
+  assert f"Restored step {stopped}" in errors[0] and f"Restored step {stopped}" in errors[1]
+  assert "Took over the lease" in errors[0] and "lease" not in errors[1]
+  ours, theirs = (jax.tree.leaves(restore_params(str(w))[0]) for w in (killed, straight))
+  for a, b in zip(ours, theirs, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
+           if json.loads(line)["name"] == "loss" and json.loads(line)["split"] == "train"]
+  assert sorted(set(steps)) == [4, 8, 12, 16]
+  assert not (killed / ".lock").exists()  # Released at the end.
+  shards = {p.name for p in (killed / "checkpoints" / "16" / "params").iterdir()}
+  assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # Each process wrote its own.

@@ -3,7 +3,9 @@ and restores checkpoints, and resumes exactly: 2N straight == N + restart + N ==
 the process group mid-run (grain workers included) + restart == a damaged latest checkpoint
 moved aside + restart from the one before, bitwise on CPU.
 
-The runs share a persistent compilation cache, so only the first one pays for compiling.
+Every test runs on a local workdir and on a gs:// one (a GCS emulator on 127.0.0.1, conftest's
+`gcs`): the same faults, the same promises. The runs share a persistent compilation cache, so
+only the first one pays for compiling.
 """
 
 import json
@@ -16,7 +18,17 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, run_train_py, train_command
+from conftest import (
+  REPO,
+  STORAGE_KINDS,
+  is_remote,
+  listing,
+  move,
+  run_train_py,
+  storage_folder,
+  train_command,
+  truncate,
+)
 
 from flax_transformer.workdir import restore_params
 
@@ -28,23 +40,26 @@ RUN = {"train__num_train_steps": TOTAL_STEPS, "train__log_every_steps": 1,
        "checkpoint__save_every_steps": 8, "checkpoint__max_to_keep": 2}
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  """The runs' folder, and the environment that gives them one compilation cache."""
-  root = tmp_path_factory.mktemp("resume")
-  env = {"JAX_COMPILATION_CACHE_DIR": str(root / "jax_cache"),
+@pytest.fixture(scope="module", params=STORAGE_KINDS)
+def shared(request, tmp_path_factory):
+  """The runs' folder (local, or gs:// on the emulator), and the environment that gives them
+  one compilation cache and one local TFDS folder."""
+  local = tmp_path_factory.mktemp("resume")
+  root = storage_folder(request.param, request, tmp_path_factory, "resume")
+  env = {"JAX_COMPILATION_CACHE_DIR": str(local / "jax_cache"),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-  return root, env
+  return root, env, {"data__tfds_data_dir": str(local / "tfds")}
 
 
-def _command(workdir: Path, **changes) -> list[str]:
-  return train_command(workdir, **{**RUN, **changes})
+def _command(workdir: Path, shared, **changes) -> list[str]:
+  return train_command(workdir, **{**RUN, **shared[2], **changes})
 
 
 def _train(workdir: Path, shared, check: bool = True,
            **changes) -> subprocess.CompletedProcess:
-  return run_train_py(workdir, env=shared[1], timeout=300, check=check, **{**RUN, **changes})
+  return run_train_py(workdir, env=shared[1], timeout=300, check=check,
+                      **{**RUN, **shared[2], **changes})
 
 
 def _params(workdir: Path, step: int | None = None):
@@ -116,13 +131,13 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
     num_workers, signum, request, shared):
   """As `scancel`, Kubernetes and Ctrl-C do: the signal reaches every process of the group,
   grain's worker processes included; the run still finishes its step, saves and resumes."""
-  root, env = shared
+  root, env, _ = shared
   reference = request.getfixturevalue(
       "straight_run_with_workers" if num_workers else "straight_run")
   reference = reference[0] if isinstance(reference, tuple) else reference
   workdir = root / f"stopped_{num_workers}_{signal.Signals(signum).name}"
   overrides = WORKERS if num_workers else {}
-  command = _command(workdir, **overrides)
+  command = _command(workdir, shared, **overrides)
   process = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
@@ -139,31 +154,42 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
   resumed = _train(workdir, shared, **overrides)
   assert f"Restored step {stopped_at}" in resumed.stderr
   _assert_identical(_params(workdir)[0], _params(reference)[0])
+  if is_remote(workdir):  # The lease was deleted at the stop: nothing to take over.
+    assert not (workdir / ".lock").exists() and "Took over the lease" not in resumed.stderr
 
 
 def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(straight_run,
                                                                             shared):
-  """Orbax writes a step into '<step>.orbax-checkpoint-tmp...' and renames it when complete, so a
-  save cut short by SIGKILL is never listed; the rerun restores the one before."""
-  root, env = shared
+  """Orbax writes a step into '<step>.orbax-checkpoint-tmp...' and renames it when complete; in a
+  bucket it writes straight into '<step>/' and commits it with commit_success.txt. Either way a
+  save cut short by SIGKILL is never listed, the rerun restores the one before (taking over the
+  killed trainer's lease at once on gs://) and removes the partial step."""
+  root, env, _ = shared
   workdir = root / "killed"
   checkpoints = workdir / "checkpoints"
-  process = subprocess.Popen(_command(workdir), env={**os.environ, **env}, cwd=REPO,
+  process = subprocess.Popen(_command(workdir, shared), env={**os.environ, **env}, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   try:
     while process.poll() is None:  # Until step 16's save has begun, and not finished.
-      if checkpoints.is_dir() and any(p.name.startswith("16.") for p in checkpoints.iterdir()):
+      if _save_begun(checkpoints, 16):
         process.send_signal(signal.SIGKILL)
         break
-      time.sleep(0.002)
+      time.sleep(0.002 if not is_remote(workdir) else 0.02)
     process.wait(timeout=60)
   finally:
     process.kill()
   assert process.returncode == -signal.SIGKILL, process.stderr.read()[-3000:]
-  assert not (checkpoints / "16").exists()  # Killed mid-save.
+  assert not (checkpoints / "16" / "commit_success.txt").exists()  # Killed mid-save.
   assert _params(workdir)[1] == 8
-  resumed = _train(workdir, shared)
+  if is_remote(workdir):
+    assert (checkpoints / "16").exists()  # The partial step is there, and never listed.
+    assert (workdir / ".lock").exists()  # The killed trainer's lease.
+  resumed = _train(workdir, shared, train__num_train_steps=14)
   assert "Restored step 8" in resumed.stderr
+  assert not _save_begun(checkpoints, 16)  # The partial step was cleaned up.
+  if is_remote(workdir):
+    assert "Took over the lease" in resumed.stderr
+  _train(workdir, shared)
   _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
 
 
@@ -171,8 +197,8 @@ def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run
   workdir = shared[0] / "damaged"
   _train(workdir, shared, train__num_train_steps=16)  # Saves steps 8 and 16.
   for chunk in (workdir / "checkpoints" / "16" / "params").glob("ocdbt.process_0/d/*"):
-    os.truncate(chunk, 100)  # A truncated params file, as a full disk or a lost node leaves.
-  before = _files(workdir)
+    truncate(chunk, 100)  # A truncated params file, as a full disk or a lost node leaves.
+  before = listing(workdir, skip=(".lock",))
   result = _train(workdir, shared, check=False)
   assert result.returncode == 1
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -180,20 +206,16 @@ def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run
   damaged, aside = workdir / "checkpoints" / "16", workdir / "unreadable_checkpoint_16"
   assert error.startswith(f"error: The checkpoint {damaged} is unreadable: ValueError: "
                           "OUT_OF_RANGE: Error reading "), error
+  mv = "gcloud storage mv" if is_remote(workdir) else "mv"
   assert error.endswith(f"Saved steps: [8, 16]. To continue, move it aside and rerun the same "
-                        f"command, which then continues from step 8: mv {damaged} {aside}."), error
+                        f"command, which then continues from step 8: {mv} {damaged} {aside}."
+                        ), error
   # Neither started from scratch nor fell back to step 8 on its own: nothing was written.
-  assert _files(workdir) == before
-  os.rename(damaged, aside)  # What the message says to do.
+  assert listing(workdir, skip=(".lock",)) == before
+  move(damaged, aside)  # What the message says to do.
   resumed = _train(workdir, shared)
   assert "Restored step 8" in resumed.stderr
   _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
-
-
-def _files(workdir: Path) -> list[tuple[Path, int, int]]:
-  """(path, size, mtime) of every file and folder, but the trainer's own lock record."""
-  return sorted((p.relative_to(workdir), p.stat().st_size, p.stat().st_mtime_ns)
-                for p in workdir.rglob("*") if p.name != ".lock")
 
 
 def _wait_for_step(workdir: Path, step: int, process: subprocess.Popen) -> None:
@@ -203,5 +225,16 @@ def _wait_for_step(workdir: Path, step: int, process: subprocess.Popen) -> None:
     assert process.poll() is None, process.stderr.read()[-3000:]
     if metrics.exists() and max(_train_losses(workdir), default=0) >= step:
       return
+    if is_remote(workdir) and _save_begun(workdir / "checkpoints", 8):
+      return  # In a bucket metrics.jsonl is uploaded every 10 s and at each save.
     time.sleep(0.02)
   raise AssertionError(f"no train step {step} logged in {workdir} within the deadline")
+
+
+def _save_begun(checkpoints: Path, step: int) -> bool:
+  """Whether the save of `step` has begun: orbax's temporary folder '<step>.orbax-checkpoint-tmp'
+  exists on a local disk; in a bucket, anything under '<step>/'."""
+  if is_remote(checkpoints):
+    return (checkpoints / str(step)).exists() or (checkpoints / str(step)).is_dir()
+  return checkpoints.is_dir() and any(p.name.startswith(f"{step}.")
+                                      for p in checkpoints.iterdir())

@@ -33,6 +33,7 @@ language code (">>deu<<") must be split off as its own token before SentencePiec
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -210,7 +211,14 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
   spec.validate()
   spec.optimize(quantization=None if quantization == "none" else quantization)
   output.mkdir(parents=True, exist_ok=True)
-  spec.save(str(output))
+  with tempfile.TemporaryDirectory(prefix="flax_transformer_ctranslate2_") as local:
+    # CTranslate2 writes a local folder; each of its files then becomes one atomic file (one
+    # object upload in a bucket), model.bin last: CTranslate2 loads a folder by it.
+    spec.save(local)
+    names = sorted(os.listdir(local), key=lambda name: name == "model.bin")
+    for name in names:
+      with open(os.path.join(local, name), "rb") as f:
+        files.atomic_write(output / name, f.read())
   for name, model in zip((SOURCE_MODEL_FILE, TARGET_MODEL_FILE),
                          _sentencepiece_models(tokenizer), strict=True):
     files.atomic_write(output / name, model)

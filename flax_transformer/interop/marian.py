@@ -29,6 +29,7 @@ has 1e-5 built in). config.json then records the original layout and epsilon und
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -133,13 +134,13 @@ def read_weights(model_dir: Path) -> dict[str, np.ndarray]:
   `safetensors.numpy`, no torch), its sharded form, or pytorch_model.bin (needs torch)."""
   single, index = model_dir / SAFETENSORS_FILE, model_dir / f"{SAFETENSORS_FILE}.index.json"
   if single.is_file() or index.is_file():
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
-    files = [single] if single.is_file() else sorted(
+    shards = [single] if single.is_file() else sorted(
         {model_dir / name for name in _read_json(index)["weight_map"].values()})
     state = {}
-    for path in files:
-      state.update(load_file(path))
+    for path in shards:  # Bytes, not a file name: the folder may be in a bucket.
+      state.update(load(path.read_bytes()))
     return {key: np.asarray(value, np.float32) for key, value in state.items()}
   if (model_dir / PYTORCH_FILE).is_file():
     return _read_pytorch(model_dir / PYTORCH_FILE)
@@ -153,7 +154,7 @@ def _read_pytorch(path: Path) -> dict[str, np.ndarray]:
     raise MarianFormatError(
         f"{path} is a PyTorch file; reading it needs torch: pip install 'flax-transformer[hf]' "
         f"(or save the model as {SAFETENSORS_FILE}, which needs no torch).") from None
-  state = torch.load(path, map_location="cpu", weights_only=True)
+  state = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
   return {key: value.detach().to(torch.float32).numpy() for key, value in state.items()}
 
 

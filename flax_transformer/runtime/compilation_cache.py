@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import jax
 
@@ -34,25 +33,29 @@ def default_directory() -> str:
   return os.environ.get(ENVIRONMENT_VARIABLE, DEFAULT_DIRECTORY)
 
 
-def enable_compilation_cache(directory: str | None = None) -> Path | None:
+def enable_compilation_cache(directory: str | None = None) -> str | None:
   """Points JAX's persistent compilation cache at `directory` and returns it (None: off).
 
   Call before the first compile. `directory=None` uses `default_directory()`; "" leaves the
-  cache off. A folder that was asked for (an argument or the environment variable) and cannot
-  be created or written raises CompilationCacheError (a ValueError) naming it; the built-in
-  default only logs a warning and runs without a cache (a read-only home must not stop a job).
+  cache off. A gs:// folder is handed to JAX as it is (JAX writes its cache through
+  etils.epath, so the hosts of a TPU pod can share one). A local folder that was asked for (an
+  argument or the environment variable) and cannot be created or written raises
+  CompilationCacheError (a ValueError) naming it; the built-in default only logs a warning and
+  runs without a cache (a read-only home must not stop a job).
   """
   requested = directory is not None or ENVIRONMENT_VARIABLE in os.environ
   if directory is None:
     directory = default_directory()
   if not directory:
     return None
-  path = Path(directory).expanduser()
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    problem = None if os.access(path, os.W_OK) else "is not writable"
-  except OSError as error:
-    problem = f"cannot be created ({error})"
+  path = directory if "://" in directory else os.path.expanduser(directory)
+  problem = None
+  if "://" not in path:
+    try:
+      os.makedirs(path, exist_ok=True)
+      problem = None if os.access(path, os.W_OK) else "is not writable"
+    except OSError as error:
+      problem = f"cannot be created ({error})"
   if problem:
     message = (f"Compilation cache folder {path} {problem}; pass --compilation_cache_dir=DIR, "
                "or '' to turn the cache off.")
@@ -60,6 +63,6 @@ def enable_compilation_cache(directory: str | None = None) -> Path | None:
       raise CompilationCacheError(message)
     logging.warning("%s Running without a compilation cache.", message)
     return None
-  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_compilation_cache_dir", path)
   logging.info("Persistent compilation cache: %s", path)
   return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from flax_transformer.files import Path
 from flax_transformer.workdir.layout import AVERAGED_DIR, CHECKPOINT_DIR
 
 PARAMS_ITEM = "params"  # The checkpoint item serving reads; training adds its own items.
+_COMMIT_MARKER = "commit_success.txt"  # Orbax's mark of a finished step in a bucket.
 _AVERAGED_NAME = re.compile(r"step_(\d+)_last_(\d+)$")
 T = TypeVar("T")
 
@@ -45,6 +47,7 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
   Saving is decided by the caller (every `save` call saves). Serving opens it read-only with
   the params handler only; training adds its train-state and data-iterator items.
   """
+  check_commit_markers(workdir)
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
       save_interval_steps=0 if read_only else 1, enable_async_checkpointing=async_save,
@@ -54,6 +57,40 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
       cleanup_tmp_directories=not read_only)
   return ocp.CheckpointManager(files.absolute(workdir) / CHECKPOINT_DIR, options=options,
                                item_handlers=item_handlers)
+
+
+def check_commit_markers(workdir: str | os.PathLike) -> None:
+  """In a bucket, orbax takes a step folder without commit_success.txt for an unfinished save,
+  never lists it, and deletes it when it saves that step again or cleans up (orbax issue 394).
+  A workdir copied into a bucket by hand (a local checkpoint has no markers: it was committed
+  by a rename) would silently lose its checkpoints. Such steps are told from a save cut short by
+  their _CHECKPOINT_METADATA, which orbax finishes (commit_timestamp_nsecs) only once every item
+  is written.
+
+  Raises:
+    UnreadableCheckpointError: naming the steps and how to mark them, before orbax opens them.
+  """
+  if not files.is_remote(workdir):
+    return
+  directory = files.to_path(workdir) / CHECKPOINT_DIR
+  copied = []
+  for step in (directory.iterdir() if directory.is_dir() else ()):
+    if not step.name.isdigit() or (step / _COMMIT_MARKER).exists():
+      continue
+    metadata = step / "_CHECKPOINT_METADATA"
+    try:
+      finished = "commit_timestamp_nsecs" in json.loads(metadata.read_text())
+    except (FileNotFoundError, ValueError):
+      finished = False  # A save cut short: orbax cleans it up.
+    if finished:
+      copied.append(int(step.name))
+  if copied:
+    raise UnreadableCheckpointError(
+        f"{directory} holds finished checkpoints without orbax's commit markers (steps "
+        f"{sorted(copied)}), as a workdir copied into a bucket by hand has: orbax would take "
+        "them for unfinished saves and delete them, so nothing was read or written. Write an "
+        f"empty {_COMMIT_MARKER} into each of those step folders and into each folder inside "
+        "them (params/, train_state/, data_iter/), then rerun.")
 
 
 def _params_manager(workdir: str | os.PathLike) -> ocp.CheckpointManager:
