@@ -119,6 +119,10 @@ class DataConfig:
       if "{split}" not in self.local_pattern or "{lang}" not in self.local_pattern:
         fail("data", "local_pattern", self.local_pattern,
               "a file name containing {split} and {lang}")
+    if "://" in self.tfds_data_dir:  # Measured: a gs:// folder's first record read hangs.
+      fail("data", "tfds_data_dir", self.tfds_data_dir,
+           "a local folder: TFDS's array_record files are read as local files (prepare the data "
+           "on each host's disk, or mount the bucket with gcsfuse and pass the mounted path)")
     if self.batch_tokens < self.max_length:
       fail("data", "batch_tokens", self.batch_tokens,
             f"at least config.data.max_length ({self.max_length}), one row")

@@ -167,3 +167,14 @@ def test_train_py_reports_an_unusable_compilation_cache_folder(tmp_path):
   assert result.returncode == 1
   assert f"error: Compilation cache folder {blocker / 'cache'} cannot be created" in result.stderr
   assert not (tmp_path / "workdir" / "checkpoints").exists()
+
+
+def test_a_tfds_folder_in_a_bucket_is_refused_in_one_line():
+  """array_record reads its files as local files: a gs:// TFDS folder's first read hangs."""
+  config = _config()
+  config.data.tfds_data_dir = "gs://bucket/tensorflow_datasets"
+  with pytest.raises(ConfigError) as error:
+    config_lib.load(config)
+  assert str(error.value).startswith(
+      "config.data.tfds_data_dir must be a local folder: TFDS's array_record files are read as "
+      "local files (prepare the data on each host's disk, or mount the bucket with gcsfuse")

@@ -290,6 +290,7 @@ def test_a_workdir_copied_into_a_bucket_by_hand_is_named_not_deleted(random_work
   filesystem.put(f"{local}/", copy, recursive=True)  # As `gcloud storage cp -r` does.
   # orbax 0.12 writes commit markers on a local disk too; a checkpoint written without them (an
   # older orbax, or a copy that skipped small files) is what orbax would delete.
+  filesystem.copy(f"{copy}/checkpoints/0", f"{copy}/checkpoints/1", recursive=True)
   for marker in filesystem.find(copy.removeprefix("gs://")):
     if marker.endswith("/commit_success.txt"):
       filesystem.rm(marker)
@@ -299,9 +300,9 @@ def test_a_workdir_copied_into_a_bucket_by_hand_is_named_not_deleted(random_work
                f"{copy}/out.txt"]) == 2
   error = capsys.readouterr().err.strip()
   assert error == (
-      f"flax-transformer translate: error: {copy}/checkpoints holds finished checkpoints "
-      "without orbax's commit markers (steps [0]), as a workdir copied into a bucket by hand "
-      "has: orbax would take them for unfinished saves and delete them, so nothing was read or "
+      f"flax-transformer translate: error: {copy}/checkpoints holds checkpoints without "
+      "orbax's commit markers (steps [0, 1]), as a workdir copied into a bucket by hand may: "
+      "orbax would take them for unfinished saves and delete them, so nothing was read or "
       "written. Write an empty commit_success.txt into each of those step folders and into "
       "each folder inside them (params/, train_state/, data_iter/), then rerun."), error
   assert files.to_path(f"{copy}/checkpoints/0/params").exists()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import re
@@ -62,10 +61,9 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
 def check_commit_markers(workdir: str | os.PathLike) -> None:
   """In a bucket, orbax takes a step folder without commit_success.txt for an unfinished save,
   never lists it, and deletes it when it saves that step again or cleans up (orbax issue 394).
-  A workdir copied into a bucket by hand (a local checkpoint has no markers: it was committed
-  by a rename) would silently lose its checkpoints. Such steps are told from a save cut short by
-  their _CHECKPOINT_METADATA, which orbax finishes (commit_timestamp_nsecs) only once every item
-  is written.
+  A workdir copied into a bucket without the markers (an older orbax wrote none on a local disk,
+  where a rename commits) would silently lose its checkpoints. A save cut short leaves one such
+  step, the newest; several, or one older than a committed step, are a copy.
 
   Raises:
     UnreadableCheckpointError: naming the steps and how to mark them, before orbax opens them.
@@ -73,24 +71,17 @@ def check_commit_markers(workdir: str | os.PathLike) -> None:
   if not files.is_remote(workdir):
     return
   directory = files.to_path(workdir) / CHECKPOINT_DIR
-  copied = []
-  for step in (directory.iterdir() if directory.is_dir() else ()):
-    if not step.name.isdigit() or (step / _COMMIT_MARKER).exists():
-      continue
-    metadata = step / "_CHECKPOINT_METADATA"
-    try:
-      finished = "commit_timestamp_nsecs" in json.loads(metadata.read_text())
-    except (FileNotFoundError, ValueError):
-      finished = False  # A save cut short: orbax cleans it up.
-    if finished:
-      copied.append(int(step.name))
-  if copied:
+  steps = [p for p in (directory.iterdir() if directory.is_dir() else ()) if p.name.isdigit()]
+  marked = {p.name: (p / _COMMIT_MARKER).exists() for p in steps}
+  unmarked = sorted(int(name) for name, done in marked.items() if not done)
+  committed = [int(name) for name, done in marked.items() if done]
+  if len(unmarked) > 1 or (unmarked and committed and unmarked[0] < max(committed)):
     raise UnreadableCheckpointError(
-        f"{directory} holds finished checkpoints without orbax's commit markers (steps "
-        f"{sorted(copied)}), as a workdir copied into a bucket by hand has: orbax would take "
-        "them for unfinished saves and delete them, so nothing was read or written. Write an "
-        f"empty {_COMMIT_MARKER} into each of those step folders and into each folder inside "
-        "them (params/, train_state/, data_iter/), then rerun.")
+        f"{directory} holds checkpoints without orbax's commit markers (steps {unmarked}), as a "
+        "workdir copied into a bucket by hand may: orbax would take them for unfinished saves "
+        "and delete them, so nothing was read or written. Write an empty "
+        f"{_COMMIT_MARKER} into each of those step folders and into each folder inside them "
+        "(params/, train_state/, data_iter/), then rerun.")
 
 
 def _params_manager(workdir: str | os.PathLike) -> ocp.CheckpointManager:
