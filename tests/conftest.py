@@ -201,12 +201,18 @@ def listing(folder: Any, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int
   object's generation in a bucket): equal listings mean nothing was written."""
   from flax_transformer import files
 
-  if not is_remote(folder) and not Path(folder).exists():
-    return []
+  if is_remote(folder):  # epath has no rglob on gs://: fsspec's find lists every object.
+    import fsspec
+
+    names = [f"gs://{name}" for name in fsspec.filesystem("gs").find(str(folder))]
+  elif Path(folder).exists():
+    names = [str(p) for p in Path(folder).rglob("*") if not p.is_dir()]
+  else:
+    names = []
   entries = []
-  for path in folder.rglob("*"):
-    if path.name in skip or (not is_remote(folder) and path.is_dir()):
+  for name in names:
+    if name.rsplit("/", 1)[-1] in skip:
       continue
-    stat = files.stat(str(path))
-    entries.append((str(path)[len(str(folder)):], stat.size, stat.version))
+    stat = files.stat(name)
+    entries.append((name[len(str(folder)):], stat.size, stat.version))
   return sorted(entries)

@@ -306,3 +306,19 @@ def test_a_workdir_copied_into_a_bucket_by_hand_is_named_not_deleted(random_work
       "written. Write an empty commit_success.txt into each of those step folders and into "
       "each folder inside them (params/, train_state/, data_iter/), then rerun."), error
   assert files.to_path(f"{copy}/checkpoints/0/params").exists()
+
+
+def test_train_py_into_a_missing_bucket_is_one_line_before_anything_compiles(gcs, tmp_path):
+  from conftest import run_train_py
+
+  start = time.monotonic()
+  result = run_train_py("gs://no-such-bucket-for-training/run", check=False,
+                        data__tfds_data_dir=str(tmp_path / "tfds"))
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: Cannot write gs://no-such-bucket-for-training/run: the bucket "
+      "gs://no-such-bucket-for-training does not exist (create it with `gcloud storage buckets "
+      "create gs://no-such-bucket-for-training`).")
+  assert not (tmp_path / "tfds").exists()  # Stopped before preparing data or compiling.
+  assert time.monotonic() - start < 60
+  assert not os.path.exists(REPO / "gs:")  # Never a local folder named gs:.
