@@ -12,7 +12,8 @@ included; plus the wall time of the whole process. Bulk translation: the trained
 latest checkpoint translates --lines synthetic sentences (beam 4) local -> local, and with
 workdir, input and output all on gs:// -> gs://; the time is the CLI's own "Translated N
 sentences in X s" (restore and search), plus the process's wall time. Rounds alternate local
-and gs:// so drift on a shared machine moves both. Prints one JSON line per measurement and a
+and gs:// so drift on a shared machine moves both, after a warm-up run of each that fills the
+compilation cache (not counted). Prints one JSON line per measurement and a
 summary line with the ratios (gs:// / local).
 
 The emulator is a local process: this measures our overhead (uploads, listings, the lease, the
@@ -91,6 +92,10 @@ def main() -> None:
   tfds, cache = scratch / "tfds", scratch / "xla"
   results: dict[str, list[dict]] = {}
   try:
+    # Warm-up, not counted: the compilation cache gets the train step and the search programs.
+    _train(str(scratch / "warmup"), tfds, cache, args)
+    _translate(str(scratch / "warmup"), str(scratch / "in.txt"), str(scratch / "warmup.txt"),
+               cache)
     for round_index in range(args.rounds):
       for kind in ("local", "gs"):
         root = str(scratch) if kind == "local" else f"gs://{BUCKET}"

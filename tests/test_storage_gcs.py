@@ -322,3 +322,24 @@ def test_train_py_into_a_missing_bucket_is_one_line_before_anything_compiles(gcs
   assert not (tmp_path / "tfds").exists()  # Stopped before preparing data or compiling.
   assert time.monotonic() - start < 60
   assert not os.path.exists(REPO / "gs:")  # Never a local folder named gs:.
+
+
+# ------------------------------------------------------------------------------- data in a bucket
+def test_a_local_corpus_and_a_vocabulary_can_be_read_from_a_bucket(folder, tmp_path):
+  """data.local_dir (plain and .gz files) and data.vocab_path on gs://; TFDS prepares the
+  array_record files in a local tfds_data_dir."""
+  from flax_transformer.config import DataConfig
+  from flax_transformer.data import pipeline
+  from flax_transformer.data.tokenizer import Tokenizer, train_tokenizer
+  from flax_transformer.validation import parse_group
+
+  en = [f"Sentence number {i}, with punctuation!" for i in range(30)]
+  de = [f"Satz Nummer {i}, mit Umlauten: äöü ß." for i in range(30)]
+  files.write_lines_atomically(f"{folder}/text/train.en.gz", en)
+  files.write_lines_atomically(f"{folder}/text/train.de", de)
+  data = parse_group(DataConfig, {"source": "local", "local_dir": f"{folder}/text",
+                                  "tfds_data_dir": str(tmp_path / "tfds")})
+  assert pipeline.split_texts(data, "train") == list(zip(en, de, strict=True))
+  vocab = train_tokenizer(en + de, vocab_size=60, model_type="unigram")
+  files.atomic_write(f"{folder}/vocab.model", vocab.proto)
+  assert Tokenizer.load(f"{folder}/vocab.model").tokenize(en[0]) == vocab.tokenize(en[0])
