@@ -45,13 +45,16 @@ BUCKET = "bench"
 def _train(workdir: str, tfds: Path, cache: Path, args: argparse.Namespace) -> dict:
   command = [sys.executable, str(REPO / "train.py"), f"--config={REPO / 'configs/default.py'}",
              f"--workdir={workdir}", f"--config.train.num_train_steps={args.steps}",
+             f"--config.train.warmup_steps={min(200, args.steps // 2)}",
              "--config.train.log_every_steps=25", "--config.eval.eval_every_steps=0",
              "--config.eval.translate=False", "--config.eval.test_at_end=False",
              f"--config.checkpoint.save_every_steps={args.save_every}",
              f"--config.data.tfds_data_dir={tfds}", f"--compilation_cache_dir={cache}"]
   start = time.perf_counter()
-  subprocess.run(command, check=True, cwd=REPO, capture_output=True, text=True)
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
   wall = time.perf_counter() - start
+  if result.returncode:
+    raise SystemExit(f"train.py failed: {result.stderr[-2000:]}")
   from flax_transformer import files
 
   lines = [json.loads(line) for line in
