@@ -302,6 +302,30 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir
       ["in.txt", "xla", *(p.name for p in outputs.values())])
 
 
+def test_two_processes_share_a_gs_job_and_the_last_merges_under_the_lease(
+    workdir, tmp_path, request, tmp_path_factory):
+  """Two processes without jax.distributed split a gs:// -> gs:// job: each does its chunks,
+  and the one that ends last merges, holding OUT.partial's merge lease (a bucket has no flock);
+  the output equals one process's, and OUT.partial (lease included) is gone."""
+  folder = storage_folder("gs", request, tmp_path_factory, "bulk_two")
+  source, output, reference = folder / "in.txt", folder / "out.txt", tmp_path / "ref.txt"
+  write_input(source, 160, seed=4)
+  flags = ["--chunk_lines", "48", "--batch_tokens", "96"]
+  cache = tmp_path / "xla"
+  one = cli(*translate_args(workdir, source, reference, *flags), cache=cache,
+            stderr=subprocess.PIPE)
+  assert one.communicate(timeout=300)[1] is not None and one.returncode == 0
+  runs = [cli(*translate_args(workdir, source, output, *flags), "--num_processes", "2",
+              "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
+          for i in range(2)]
+  errors = [run.communicate(timeout=300)[1] for run in runs]
+  assert [run.returncode for run in runs] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  assert [f"(process {i} of 2)" in error for i, error in enumerate(errors)] == [True, True]
+  assert sum(f"Wrote {output}" in error for error in errors) <= 1
+  assert output.read_bytes() == reference.read_bytes()
+  assert not list(bulk.partial_dir(str(output)).glob("*"))
+
+
 @pytest.mark.parametrize("kind", STORAGE_KINDS)
 def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir, tmp_path,
                                                                    request, tmp_path_factory):
