@@ -181,18 +181,13 @@ def storage_faults(where: str | os.PathLike, action: str) -> Iterator[None]:
     raise line from None
 
 
-def check_storage(folder: str | os.PathLike, *, write: bool) -> None:
-  """Raises one `StorageError` line when a gs:// folder cannot be used: written (a probe object
-  written and deleted) when `write`, else read (listed). Nothing happens for a local folder, whose
-  faults the callers already name."""
+def check_storage(folder: str | os.PathLike) -> None:
+  """Raises one `StorageError` line when a gs:// folder cannot be written: a probe object is
+  written and deleted (never a bucket lookup, which objectAdmin may not do). Nothing happens for
+  a local folder, whose faults the callers already name."""
   if not is_remote(folder):
     return
-  target = to_path(folder)
-  if not write:
-    with storage_faults(folder, "read"):
-      target.exists()
-    return
-  probe = target / f".probe-{socket.gethostname()}-{os.getpid()}"
+  probe = to_path(folder) / f".probe-{socket.gethostname()}-{os.getpid()}"
   with storage_faults(folder, "write"):
     _upload(probe, b"")
     with contextlib.suppress(FileNotFoundError):
@@ -452,7 +447,7 @@ def check_writable(name: str) -> None:
     with storage_faults(name, "write"):
       if target.is_dir():
         raise ValueError(f"Cannot write {name}: it is a folder.")
-    check_storage(folder, write=True)
+    check_storage(folder)
     return
   if not folder.is_dir():
     raise FileNotFoundError(f"Cannot write {name}: the folder {folder} does not exist.")

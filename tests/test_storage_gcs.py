@@ -92,7 +92,7 @@ def test_gs_without_the_extra_names_the_extra(monkeypatch):
 
 def test_a_bucket_that_does_not_exist_is_one_line(gcs):
   with pytest.raises(files.StorageError) as error:
-    files.check_storage("gs://no-such-bucket-here/run", write=True)
+    files.check_storage("gs://no-such-bucket-here/run")
   assert str(error.value) == (
       "Cannot write gs://no-such-bucket-here/run: the bucket gs://no-such-bucket-here does not "
       "exist (create it with `gcloud storage buckets create gs://no-such-bucket-here`).")

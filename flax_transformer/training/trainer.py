@@ -82,7 +82,7 @@ def train_and_evaluate(
   config, exp, source = _resolve(config, workdir, model_overrides or {})
   # Every process writes its checkpoint shards: a bucket that cannot be written is one line
   # now, before anything compiles (checked by writing, not by looking the bucket up).
-  files.check_storage(workdir, write=True)
+  files.check_storage(workdir)
   with _trainer_lock(workdir, exp.checkpoint.lease_stale_seconds) as hold:
     return _train(config, exp, workdir, source, hold)
 

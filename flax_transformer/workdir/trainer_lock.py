@@ -168,7 +168,7 @@ class BucketLease:
         except exceptions.PreconditionFailed:
           continue  # Another new trainer took it first: read who, and decide again.
         logging.warning("Took over the lease %s from host %s pid %s (%s).", path,
-                        record.get("host"), record.get("pid"), _describe_age(age, record))
+                        record.get("host"), record.get("pid"), f"unrenewed for {age:.0f} s")
         return cls(blob, path, blob.generation, stale_seconds)
     raise WorkdirInUseError(f"{path}: the lease changed hands five times while this trainer "
                             "tried to take it; another trainer is starting in this workdir.")
@@ -253,7 +253,3 @@ def _check_can_take_over(path: files.Path, record: dict[str, Any], age: float,
       "trainer is running in it, and two would interleave their checkpoints and metrics. Stop "
       f"it, or use another --workdir; a lease left unrenewed for {stale_seconds:g} s "
       "(config.checkpoint.lease_stale_seconds) is taken over by the next run.")
-
-
-def _describe_age(age: float, record: dict[str, Any]) -> str:
-  return f"unrenewed for {age:.0f} s" if record else "unreadable record"
