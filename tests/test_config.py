@@ -1,5 +1,6 @@
 """Experiment config validation (`flax_transformer.config.load`) and the shipped configs."""
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -7,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from flax_transformer import ModelConfig, experiment_flags
 from flax_transformer import config as config_lib
 from flax_transformer.config import ConfigError
+from flax_transformer.model import config as model_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -178,3 +181,147 @@ def test_a_tfds_folder_in_a_bucket_is_refused_in_one_line():
   assert str(error.value).startswith(
       "config.data.tfds_data_dir must be a local folder: TFDS's array_record files are read as "
       "local files (prepare the data on each host's disk, or mount the bucket with gcsfuse")
+
+
+# ------------------------------------------------------------------ model presets in the configs
+# Every shipped config and variant, as --config=FILE[:VARIANT] names it.
+SHIPPED = ["default", "multi30k_en_de", "multi30k_en_de:bf16", "multi30k_en_de:cpu",
+           "multi30k_en_de:bf16,cpu", "wmt14_en_de_base", "wmt14_en_de_base:bf16",
+           "wmt14_en_de_big", "wmt14_en_de_big:bf16"]
+# D, N heads, F, encoder and decoder layers of each preset, written out here (not read from
+# ModelConfig) so that a changed preset fails.
+PRESET_DIMS = {"tiny": (64, 4, 256, 2, 2), "small": (256, 4, 1024, 3, 3),
+               "base": (512, 8, 2048, 6, 6), "big": (1024, 16, 4096, 6, 6)}
+# The fields every shipped config resolves to the same value.
+COMMON_FIELDS = dict(
+    positional_encoding="sinusoidal", norm_placement="post", layer_norm_epsilon=1e-6,
+    attention_bias=False, activation="relu", sinusoid_layout="interleaved",
+    scale_embeddings=True, logits_bias=False, share_embeddings=True, tie_output_projection=True,
+    share_layer_weights=False, param_dtype="float32", attention_implementation=None)
+# Every shipped config's resolved model as it was on 2026-11-26, before the config files were cut
+# down to their preset plus the fields that differ from it: the regression target.
+QUICK_START = dict(vocab_size=512, emb_dim=64, num_heads=4, mlp_dim=256, num_encoder_layers=2,
+                   num_decoder_layers=2, dropout_rate=0.1, attention_dropout_rate=0.0,
+                   max_len=64, dtype="float32")
+MULTI30K = dict(vocab_size=8000, emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3,
+                num_decoder_layers=3, dropout_rate=0.3, attention_dropout_rate=0.1, max_len=128,
+                dtype="float32")
+WMT14_BASE = dict(vocab_size=37000, emb_dim=512, num_heads=8, mlp_dim=2048,
+                  num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.1,
+                  attention_dropout_rate=0.1, max_len=256, dtype="float32")
+WMT14_BIG = dict(vocab_size=37000, emb_dim=1024, num_heads=16, mlp_dim=4096,
+                 num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.3,
+                 attention_dropout_rate=0.1, max_len=256, dtype="float32")
+BF16 = dict(dtype="bfloat16")
+RESOLVED = {
+    "default": QUICK_START,
+    "multi30k_en_de": MULTI30K, "multi30k_en_de:bf16": {**MULTI30K, **BF16},
+    "multi30k_en_de:cpu": MULTI30K, "multi30k_en_de:bf16,cpu": {**MULTI30K, **BF16},
+    "wmt14_en_de_base": WMT14_BASE, "wmt14_en_de_base:bf16": {**WMT14_BASE, **BF16},
+    "wmt14_en_de_big": WMT14_BIG, "wmt14_en_de_big:bf16": {**WMT14_BIG, **BF16},
+}
+# What each config sets on top of its preset, on purpose: kept whatever the preset.
+FILE_FIELDS = {
+    "default": dict(attention_dropout_rate=0.0),
+    "multi30k_en_de": dict(dropout_rate=0.3, max_len=128),
+    "multi30k_en_de:bf16": dict(dropout_rate=0.3, max_len=128, **BF16),
+    "multi30k_en_de:cpu": dict(dropout_rate=0.3, max_len=128),
+    "multi30k_en_de:bf16,cpu": dict(dropout_rate=0.3, max_len=128, **BF16),
+    "wmt14_en_de_base": dict(max_len=256), "wmt14_en_de_base:bf16": dict(max_len=256, **BF16),
+    "wmt14_en_de_big": dict(max_len=256), "wmt14_en_de_big:bf16": dict(max_len=256, **BF16),
+}
+
+
+def _read(shipped: str, *overrides: str):
+  """The ConfigDict that `--config=configs/SHIPPED.py[:VARIANT] --config.KEY=V ...` gives."""
+  name, _, variant = shipped.partition(":")
+  local_dir = ["--config.data.local_dir=/x"] if name.startswith("multi30k") else []
+  argv = [f"--config={CONFIGS / name}.py" + (f":{variant}" if variant else ""), *local_dir,
+          *(f"--config.{override}" for override in overrides)]
+  return experiment_flags.read_config(argv)
+
+
+def _dims(model: ModelConfig) -> tuple[int, ...]:
+  return (model.emb_dim, model.num_heads, model.mlp_dim, model.num_encoder_layers,
+          model.num_decoder_layers)
+
+
+@pytest.mark.parametrize("shipped", SHIPPED)
+def test_shipped_configs_resolve_to_the_models_they_always_had(shipped):
+  model = _load(_read(shipped), devices=1).model
+  assert dataclasses.asdict(model) == {**COMMON_FIELDS, **RESOLVED[shipped]}
+
+
+@pytest.mark.parametrize("preset", list(PRESET_DIMS))
+@pytest.mark.parametrize("shipped", SHIPPED)
+def test_a_preset_on_the_command_line_gives_its_dims_and_keeps_the_files_fields(shipped, preset):
+  config = _read(shipped, f"model.preset={preset}")
+  model = _load(config, devices=1).model
+  assert _dims(model) == PRESET_DIMS[preset]
+  file_fields = FILE_FIELDS[shipped]
+  # The file's fields on top of the preset, and nothing else of the file (or of default.py).
+  assert model == getattr(ModelConfig, preset)(model.vocab_size, **file_fields)
+  text = model_config.describe_model(model, config.model.preset)
+  d, n, f, encoder, decoder = PRESET_DIMS[preset]
+  assert text.startswith(f"{preset} preset: D {d}, {n} heads, F {f}, {encoder}+{decoder} layers,")
+  preset_alone = getattr(ModelConfig, preset)(model.vocab_size)
+  listed = {name: value for name, value in file_fields.items()
+            if value != getattr(preset_alone, name)}
+  if listed:
+    assert text.endswith("; on top of the preset: " + ", ".join(
+        f"{name}={value!r}" for name, value in listed.items()))
+  else:
+    assert "on top of the preset" not in text
+
+
+@pytest.mark.parametrize("preset", list(PRESET_DIMS))
+@pytest.mark.parametrize("shipped", SHIPPED)
+def test_a_field_on_the_command_line_wins_over_the_preset_and_the_file(shipped, preset):
+  # 96 divides by every preset's heads; max_len 320 covers every config's data lengths.
+  changed = dict(emb_dim=96, dropout_rate=0.2, attention_dropout_rate=0.05, max_len=320,
+                 dtype="float16", share_embeddings=False)
+  config = _read(shipped, f"model.preset={preset}",
+                 *(f"model.{name}={value}" for name, value in changed.items()))
+  # Parsed as literals even where the file does not set the field.
+  assert {name: (type(config.model[name]), config.model[name]) for name in changed} == {
+      name: (type(value), value) for name, value in changed.items()}
+  model = _load(config, devices=1).model
+  assert {name: getattr(model, name) for name in changed} == changed
+  assert _dims(model)[1:] == PRESET_DIMS[preset][1:]
+  text = model_config.describe_model(model, preset)
+  assert text.startswith(f"{preset} preset: D 96, ")
+  assert "emb_dim=96" in text and "share_embeddings=False" in text and "max_len=320" in text
+
+
+def test_describe_model_lists_what_differs_from_the_preset():
+  big = ModelConfig.big(37000, attention_dropout_rate=0.0)
+  assert model_config.describe_model(big, "big") == (
+      "big preset: D 1024, 16 heads, F 4096, 6+6 layers, vocab 37000, max_len 256, float32 "
+      "compute; on top of the preset: attention_dropout_rate=0.0")
+  assert model_config.describe_model(ModelConfig.tiny(512), "tiny") == (
+      "tiny preset: D 64, 4 heads, F 256, 2+2 layers, vocab 512, max_len 64, float32 compute")
+  # The same model described against another preset lists what that preset lacks.
+  assert model_config.describe_model(ModelConfig.tiny(512), "small") == (
+      "small preset: D 64, 4 heads, F 256, 2+2 layers, vocab 512, max_len 64, float32 compute; "
+      "on top of the preset: emb_dim=64, mlp_dim=256, num_encoder_layers=2, "
+      "num_decoder_layers=2, max_len=64")
+  imported = ModelConfig(vocab_size=100, emb_dim=64, num_heads=4, activation="swish")
+  assert model_config.describe_model(imported) == (
+      "no preset: D 64, 4 heads, F 2048, 6+6 layers, vocab 100, max_len 256, float32 compute; "
+      "beyond the field defaults: emb_dim=64, num_heads=4, activation='swish'")
+  with pytest.raises(ConfigError, match=r"config\.model\.preset must be one of .*'huge'"):
+    model_config.describe_model(big, "huge")
+
+
+def test_model_group_holds_every_field_and_the_presets_name():
+  config = ModelConfig.big(37000, attention_dropout_rate=0.0, dtype="bfloat16")
+  group = model_config.model_group(config, "big")
+  assert group["preset"] == "big"
+  assert set(group) == {"preset"} | {field.name for field in dataclasses.fields(ModelConfig)
+                                     if field.name != "vocab_size"}
+  assert model_config.model_config_from(group, 37000) == config
+  # Every field is written, so the group still gives this model under any preset's definition.
+  assert model_config.model_config_from({**group, "preset": "tiny"}, 37000) == config
+  assert model_config.model_group(config)["preset"] == ""
+  with pytest.raises(ConfigError, match=r"config\.model\.preset must be one of"):
+    model_config.model_group(config, "huge")

@@ -520,10 +520,22 @@ def test_invalid_config_names_the_field(overrides, message):
   assert message in str(error.value)
 
 
+def _dims(config: ModelConfig) -> tuple[int, ...]:
+  """D, N, F, encoder and decoder layers, max_len."""
+  return (config.emb_dim, config.num_heads, config.mlp_dim, config.num_encoder_layers,
+          config.num_decoder_layers, config.max_len)
+
+
 def test_presets():
-  assert (ModelConfig.base(100).emb_dim, ModelConfig.base(100).num_heads) == (512, 8)
+  assert _dims(ModelConfig.base(100)) == (512, 8, 2048, 6, 6, 256)
   big = ModelConfig.big(100)
-  assert (big.emb_dim, big.num_heads, big.mlp_dim, big.dropout_rate) == (1024, 16, 4096, 0.3)
+  assert _dims(big) == (1024, 16, 4096, 6, 6, 256)
+  assert (big.dropout_rate, big.attention_dropout_rate) == (0.3, 0.1)
+  assert _dims(ModelConfig.small(100)) == (256, 4, 1024, 3, 3, 256)
+  # tiny is configs/default.py's quick-start model.
+  tiny = ModelConfig.tiny(100)
+  assert _dims(tiny) == (64, 4, 256, 2, 2, 64)
+  assert (tiny.dropout_rate, tiny.attention_dropout_rate, tiny.dtype) == (0.1, 0.1, "float32")
   assert ModelConfig.tiny(100, num_heads=2).num_heads == 2
   assert ModelConfig.base(100).head_dim == 64
   with pytest.raises(ValueError, match="max_decode_len"):

@@ -1,5 +1,6 @@
 """The architecture's config: `ModelConfig` (the paper's base and big, and small and tiny
-presets), and the `config.model` group it is read from and written back to."""
+presets), the `config.model` group it is read from and written back to (a preset plus the
+fields that differ from it), and `describe_model`, its one line for people."""
 
 from __future__ import annotations
 
@@ -115,8 +116,9 @@ class ModelConfig:
 
   @classmethod
   def tiny(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
-    """A model for tests and the CPU quick start: D 32, 4 heads, F 64, 2+2 layers."""
-    settings = dict(emb_dim=32, num_heads=4, mlp_dim=64, num_encoder_layers=2,
+    """A model for tests and the CPU quick start (configs/default.py): D 64, 4 heads, F 256,
+    2+2 layers, max_len 64."""
+    settings = dict(emb_dim=64, num_heads=4, mlp_dim=256, num_encoder_layers=2,
                     num_decoder_layers=2, max_len=64)
     return cls(vocab_size=vocab_size, **{**settings, **overrides})
 
@@ -124,27 +126,64 @@ class ModelConfig:
 def model_config_from(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
   """Builds the `ModelConfig` from the experiment config's `model` group.
 
-  `model.preset` names a preset ("base", "big", "small", "tiny", or "" for none); every other
-  field of the group overrides it.
+  `model.preset` names a preset ("base", "big", "small", "tiny", or "" for none: the field
+  defaults, which are the base model); every other field of the group overrides it. A config
+  file therefore sets only the fields that differ from its preset, so that
+  `--config.model.preset=big` on the command line gives the big model's dimensions.
   """
   fields = dict(model)
-  preset = fields.pop("preset", "") or ""
-  if preset not in ("", *PRESETS):
-    fail("model", "preset", preset, f"one of {('', *PRESETS)}")
+  preset = _checked_preset(fields.pop("preset", "") or "")
   allowed = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"]
   unknown = sorted(set(fields) - set(allowed))
   if unknown:
     raise ConfigError(unknown_key_message(f"config.model.{unknown[0]}", ["preset", *allowed],
                                           "config.model"))
-  if preset:
-    return getattr(ModelConfig, preset)(vocab_size, **fields)
-  return ModelConfig(vocab_size=vocab_size, **fields)
+  return _from_preset(preset, vocab_size, **fields)
 
 
-def model_group(config: ModelConfig) -> dict[str, Any]:
-  """The `config.model` group that `model_config_from` turns back into `config` (every field
-  but vocab_size, which the vocabulary gives, and no preset): what a workdir's config.json holds
-  for a model that no config file describes (an imported one, or a fine-tuned one)."""
+def model_group(config: ModelConfig, preset: str = "") -> dict[str, Any]:
+  """The `config.model` group that `model_config_from` turns back into `config`: `preset` (a
+  name for people) and every field but vocab_size, which the vocabulary gives.
+
+  Every field is written, so the group gives the same model even if the preset's definition
+  changes later; this is what a workdir's config.json holds (also for a model that no config
+  file describes, an imported or a fine-tuned one, with preset "").
+  """
   fields = group_dict(config)
   del fields["vocab_size"]
-  return {"preset": "", **fields}
+  return {"preset": _checked_preset(preset), **fields}
+
+
+def describe_model(config: ModelConfig, preset: str = "") -> str:
+  """One line for people: the preset, the dimensions, and every field that differs from what
+  the preset alone gives (with no preset: from the field defaults), e.g.
+
+    big preset: D 1024, 16 heads, F 4096, 6+6 layers, vocab 37000, max_len 256, float32
+    compute; on top of the preset: attention_dropout_rate=0.0
+  """
+  preset = _checked_preset(preset)
+  dims = (f"D {config.emb_dim}, {config.num_heads} heads, F {config.mlp_dim}, "
+          f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, "
+          f"vocab {config.vocab_size}, max_len {config.max_len}, {config.dtype} compute")
+  reference = group_dict(_from_preset(preset, config.vocab_size))
+  changed = [f"{name}={value!r}" for name, value in group_dict(config).items()
+             if value != reference[name]]
+  if preset:
+    text = f"{preset} preset: {dims}"
+    return f"{text}; on top of the preset: {', '.join(changed)}" if changed else text
+  text = f"no preset: {dims}"
+  return f"{text}; beyond the field defaults: {', '.join(changed)}" if changed else text
+
+
+def _checked_preset(preset: str) -> str:
+  """`preset` if it names a preset or is "" (none); else a ConfigError naming the choices."""
+  if preset not in ("", *PRESETS):
+    fail("model", "preset", preset, f"one of {('', *PRESETS)}")
+  return preset
+
+
+def _from_preset(preset: str, vocab_size: int, **overrides: Any) -> ModelConfig:
+  """The `preset`'s model ("" = the field defaults) with `overrides` applied."""
+  if preset:
+    return getattr(ModelConfig, preset)(vocab_size, **overrides)
+  return ModelConfig(vocab_size=vocab_size, **overrides)
