@@ -22,11 +22,15 @@ def _optimizer():
   return optim.make_optimizer(_train_config(), 32)[0]
 
 
+# The tiny preset shrunk further, with the sizes the mismatch message below names.
+SHRUNK = dict(emb_dim=32, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1)
+
+
 @pytest.fixture(scope="module")
 def fsdp_checkpoint(tmp_path_factory):
-  """An 8-device FSDP state of the tiny model saved at step 0."""
+  """An 8-device FSDP state of a 1+1-layer tiny model, D 32 and F 64, saved at step 0."""
   workdir = tmp_path_factory.mktemp("fsdp")
-  model = Transformer(ModelConfig.tiny(48, num_encoder_layers=1, num_decoder_layers=1))
+  model = Transformer(ModelConfig.tiny(48, **SHRUNK))
   optimizer = _optimizer()
   mesh = sharding_lib.make_mesh()
   _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=True)
@@ -52,8 +56,7 @@ def test_params_from_8_devices_restore_on_one(fsdp_checkpoint):
 
 def test_checkpoint_of_another_model_shape_fails_clearly(fsdp_checkpoint):
   workdir, _ = fsdp_checkpoint
-  other = Transformer(ModelConfig.tiny(48, num_encoder_layers=1, num_decoder_layers=1,
-                                       mlp_dim=128))
+  other = Transformer(ModelConfig.tiny(48, **{**SHRUNK, "mlp_dim": 128}))
   optimizer = _optimizer()
   abstract, shardings = state_lib.state_shardings(
       other, optimizer, sharding_lib.make_mesh(), fsdp=False)
