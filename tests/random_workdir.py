@@ -1,5 +1,6 @@
 """Small workdirs for the export tests: random ones with any model options (no training), built
-offline in seconds. (The trained one is conftest.py's session fixture `trained_workdir`.)
+offline in seconds. (The trained one is conftest.py's session fixture `trained_workdir`.) Also
+`perturbed`, the moved biases and LayerNorm scales that these workdirs and test_model.py share.
 """
 
 from __future__ import annotations
@@ -24,20 +25,27 @@ from flax_transformer.validation import group_dict
 import marian_fixture
 
 
-def random_params(config: ModelConfig, seed: int = 0) -> Any:
-  """Initial params with every LayerNorm, bias and learned table moved off its initial value,
-  so that a converter must map each one."""
-  ids = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(Transformer(config).init(jax.random.key(seed), ids, ids))["params"]
+def perturbed(params: Any, seed: int) -> Any:
+  """`params` with every bias, LayerNorm scale and position_embedding table moved by 0.3 times a
+  standard normal draw: one key per leaf of `params`, split from `jax.random.key(seed)`. Fresh
+  params have zero biases and unit scales, which a test could not tell from missing ones."""
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
   moved = []
   for key, (path, leaf) in zip(keys, leaves, strict=True):
     name = jax.tree_util.keystr(path)
     if "bias" in name or "scale" in name or "position_embedding" in name:
       leaf = leaf + 0.3 * jax.random.normal(key, leaf.shape)
-    moved.append(np.asarray(leaf))
+    moved.append(leaf)
   return jax.tree_util.tree_unflatten(treedef, moved)
+
+
+def random_params(config: ModelConfig, seed: int = 0) -> Any:
+  """Initial params (NumPy arrays) with every LayerNorm, bias and learned table moved off its
+  initial value, so that a converter must map each one."""
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(Transformer(config).init(jax.random.key(seed), ids, ids))["params"]
+  return jax.tree.map(np.asarray, perturbed(params, seed + 1))
 
 
 def write_random_workdir(directory: Path, seed: int = 0,

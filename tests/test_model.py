@@ -23,6 +23,7 @@ from flax_transformer.model.layers import (
 from flax_transformer.model.transformer import DecoderCache
 
 import numpy_reference as ref
+from random_workdir import perturbed
 
 B, S, T, D, N, F, V = 2, 7, 5, 24, 3, 40, 29
 RTOL = 1e-5  # Relative error bar for float32 against the float64 reference.
@@ -52,16 +53,7 @@ def make_batch(seed: int = 0, source_lengths=(7, 4), target_lengths=(5, 3)):
 def init(config: ModelConfig, inputs, targets, seed: int = 0):
   variables = Transformer(config).init(jax.random.key(seed), inputs, targets)
   # Random, non-trivial LayerNorm and bias values, so the reference checks they are used.
-  params = nn.unbox(variables)["params"]
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  new = []
-  for key, (path, leaf) in zip(keys, leaves, strict=True):
-    name = jax.tree_util.keystr(path)
-    if "bias" in name or "scale" in name or "position_embedding" in name:
-      leaf = leaf + 0.3 * jax.random.normal(key, leaf.shape)
-    new.append(leaf)
-  return {"params": jax.tree_util.tree_unflatten(treedef, new)}
+  return {"params": perturbed(nn.unbox(variables)["params"], seed + 1)}
 
 
 def relative_error(actual, expected) -> float:
