@@ -81,8 +81,9 @@ def child(args: argparse.Namespace) -> None:
   """One measurement in this process (its device count set by the parent)."""
   import jax
 
+  from flax_transformer.runtime.sharding import local_mesh
   from flax_transformer.serving import bulk
-  from flax_transformer.serving.translator import Translator, local_mesh
+  from flax_transformer.serving.translator import Translator
 
   settings = {k: json.loads(v) if v[:1].isdigit() else v
               for k, v in (flag.split("=", 1) for flag in args.flags)}

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from flax_transformer import ModelConfig, Transformer, TranslateConfig  # noqa: E402
 from flax_transformer.data.tokenizer import train_tokenizer  # noqa: E402
+from flax_transformer.runtime import sharding as sharding_lib  # noqa: E402
 from flax_transformer.serving import translator as translate_lib  # noqa: E402
 from flax_transformer.serving.batching import Batch, Step  # noqa: E402
 
@@ -73,7 +74,7 @@ def main() -> None:
         lines)
 
   one = translate(None)
-  mesh = translate_lib.local_mesh()
+  mesh = sharding_lib.local_mesh()
   planned = translate(mesh)
   translate_lib.group_steps = split_batches
   split = translate(mesh)

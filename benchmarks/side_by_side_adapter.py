@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.decoding import bridge, search
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import optim, steps
-from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",

@@ -33,9 +33,9 @@ import numpy as np
 import optax
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import optim, steps
-from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

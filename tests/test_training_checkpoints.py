@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import checkpoints, loop, optim, steps
 from flax_transformer.training import metrics as metrics_lib
-from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import state as state_lib
 from flax_transformer.training.state import TrainState
 from flax_transformer.workdir import restore_params

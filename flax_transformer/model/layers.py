@@ -5,10 +5,8 @@ and the sub-layer connection (LayerNorm, dropout and the residual). Shape letter
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -17,40 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.model.config import ModelConfig
+from flax_transformer.runtime.sharding import batch_split
 
 Array = jax.Array
-
-# Where activations' batch dimension is split while a step is traced: (mesh, axis name), set by
-# `split_batch_over` (training's steps); None elsewhere, and then `batch_split` does nothing.
-_BATCH_SPLIT: contextvars.ContextVar[tuple[jax.sharding.Mesh, str] | None] = (
-    contextvars.ContextVar("flax_transformer_batch_split", default=None))
-
-
-@contextlib.contextmanager
-def split_batch_over(mesh: jax.sharding.Mesh, axis: str) -> Iterator[None]:
-  """Inside: `batch_split` constrains activations to rows split over `mesh`'s `axis`."""
-  token = _BATCH_SPLIT.set((mesh, axis))
-  try:
-    yield
-  finally:
-    _BATCH_SPLIT.reset(token)
-
-
-def batch_split(x: Array) -> Array:
-  """`x` [B, ...] constrained to rows split over the mesh axis of `split_batch_over`, the other
-  dimensions whole; `x` itself outside it.
-
-  With FSDP the weights are split over the same mesh axis as the batch, and without this XLA
-  may meet a [B, T, D] x [D, F] product by gathering every row's activations onto every chip
-  (all B rows of the [B, T, V] logits) instead of the weights, which takes several times the
-  memory per chip (BENCHMARKS.md, "TPU plans").
-  """
-  split = _BATCH_SPLIT.get()
-  if split is None:
-    return x
-  mesh, axis = split
-  return jax.lax.with_sharding_constraint(
-      x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis)))
 
 
 def sinusoidal_positions(max_len: int, dim: int, layout: str = "interleaved") -> np.ndarray:

@@ -49,9 +49,9 @@ from flax_transformer.model.layers import (
   FeedForward,
   PositionalEncoding,
   SubLayer,
-  batch_split,
   layer_norm,
 )
+from flax_transformer.runtime.sharding import batch_split
 
 Array = jax.Array
 

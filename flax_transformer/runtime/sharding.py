@@ -1,7 +1,11 @@
-"""The device mesh, the one table of logical-to-mesh axis rules, and multi-host batch assembly.
+"""The one place where sharding is decided: the mesh and its axis name, the logical-to-mesh axis
+rules, where activations are split while a step is traced, and multi-host batch assembly.
 
-The model names the axes of its parameters logically ('vocab', 'embed', 'heads', 'kv', 'mlp');
-this module alone maps them onto the physical mesh, which has one axis, 'data', over all devices:
+Training, serving, planning and the model all read their mesh axis and rules from here; no other
+module names a mesh axis. The mesh has one axis, `DATA_AXIS` ('data'): over every device of every
+process for training (`make_mesh`), over this process's devices for serving (`local_mesh`). The
+model names the axes of its parameters logically ('vocab', 'embed', 'heads', 'kv', 'mlp') and
+this module maps them onto the mesh:
 
 * data parallel (`fsdp=False`): parameters and optimizer state replicated, batch split on 'data';
 * FSDP (`fsdp=True`): each parameter and its optimizer moments are also split on 'data' along
@@ -9,12 +13,16 @@ this module alone maps them onto the physical mesh, which has one axis, 'data', 
   that does not divide stays whole, so every parameter of any model size is placed).
 
 Shardings are derived without allocating: `jax.eval_shape(init)` -> `nn.get_partition_spec` ->
-`nn.logical_to_mesh_sharding`.
+`nn.logical_to_mesh_sharding`. While a train or eval step is traced (`split_batch_over`), the
+model's activations are constrained to rows split over 'data' (`batch_split`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -42,6 +50,17 @@ def make_mesh(devices: list[jax.Device] | None = None) -> Mesh:
   if devices == jax.devices():
     return jax.make_mesh(
         (len(devices),), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+  return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def local_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A 1-D mesh with axis 'data' over this process's devices (default: all of them), for
+  serving; the same object for the same devices, so Translators on it share compiled programs."""
+  return _local_mesh(tuple(jax.local_devices() if devices is None else devices))
+
+
+@functools.cache
+def _local_mesh(devices: tuple[jax.Device, ...]) -> Mesh:
   return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
@@ -122,3 +141,35 @@ def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding)
       name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
       for name, value in local_batch.items()
   }
+
+
+# ------------------------------------------------------------------- activations while tracing
+# Where activations' batch dimension is split while a step is traced: a mesh (its 'data' axis),
+# set by `split_batch_over` (training's steps); None elsewhere, and then `batch_split` does nothing.
+_BATCH_SPLIT: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar(
+    "flax_transformer_batch_split", default=None)
+
+
+@contextlib.contextmanager
+def split_batch_over(mesh: Mesh) -> Iterator[None]:
+  """Inside: `batch_split` constrains activations to rows split over `mesh`'s 'data' axis."""
+  token = _BATCH_SPLIT.set(mesh)
+  try:
+    yield
+  finally:
+    _BATCH_SPLIT.reset(token)
+
+
+def batch_split(x: jax.Array) -> jax.Array:
+  """`x` [B, ...] constrained to rows split over the 'data' axis of `split_batch_over`'s mesh,
+  the other dimensions whole; `x` itself outside it.
+
+  With FSDP the weights are split over the same mesh axis as the batch, and without this XLA
+  may meet a [B, T, D] x [D, F] product by gathering every row's activations onto every chip
+  (all B rows of the [B, T, V] logits) instead of the weights, which takes several times the
+  memory per chip (BENCHMARKS.md, "TPU plans").
+  """
+  mesh = _BATCH_SPLIT.get()
+  if mesh is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, batch_sharding(mesh))

@@ -18,10 +18,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.scoring import score_translations
 from flax_transformer.serving.translator import Translator
 from flax_transformer.training import metrics as metrics_lib
-from flax_transformer.training import sharding as sharding_lib
 
 
 @dataclasses.dataclass

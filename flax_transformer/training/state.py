@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from flax_transformer.training import sharding as sharding_lib
+from flax_transformer.runtime import sharding as sharding_lib
 
 
 @flax.struct.dataclass

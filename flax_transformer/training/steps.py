@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flax_transformer.model.layers import split_batch_over
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import loss as loss_lib
-from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -127,7 +126,7 @@ def _with_activation_sharding(step, mesh: Mesh):
 
   @functools.wraps(step)
   def traced(*args):
-    with split_batch_over(mesh, sharding_lib.DATA_AXIS):
+    with sharding_lib.split_batch_over(mesh):
       return step(*args)
 
   return traced
