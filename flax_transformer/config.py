@@ -246,26 +246,30 @@ class SearchConfig:
 
   GROUP: typing.ClassVar[str] = "search"
 
-  method: Literal["beam", "greedy", "sample"] = "beam"
-  beam_size: int = checked_field(4, POSITIVE)  # K, for method 'beam'.
-  length_penalty: float = checked_field(0.6, NON_NEGATIVE)  # alpha, for method 'beam'.
-  # Method 'beam': the length divisor of a finished hypothesis of n tokens (EOS included):
-  # "gnmt" ((5 + n) / 6) ** alpha (Flax, T5X); "fairseq" n ** alpha (also CTranslate2, Hugging
-  # Face, Marian).
-  length_normalization: Literal["gnmt", "fairseq"] = "gnmt"
-  # Method 'beam': "top_k" finishes a hypothesis only when its EOS ranks among the step's K best
-  # extensions (CTranslate2, fairseq, Hugging Face; K = 1 is greedy); "every_beam" scores every
-  # beam's EOS at every step (wider, prefers shorter outputs where EOS has weight).
-  finish_rule: Literal["top_k", "every_beam"] = "top_k"
-  max_len_a: float = checked_field(1.0, NON_NEGATIVE)
-  max_len_b: int = checked_field(50, POSITIVE)
-  min_length: int = checked_field(0, NON_NEGATIVE)  # Fewest tokens before EOS.
-  temperature: float = checked_field(1.0, POSITIVE)  # For method 'sample'.
-  top_k: int = checked_field(0, NON_NEGATIVE)  # For method 'sample'; 0 = no limit.
-  top_p: float = checked_field(1.0, (lambda v: 0.0 < v <= 1.0, "in (0, 1]"))  # For method 'sample'.
-  # Grow the self-attention cache with the output (faster on CPU, longer compiles): "auto" is
-  # yes for beam search on CPU (predict.grows_cache), "yes", or "no".
-  grow_cache: Literal["auto", "yes", "no"] = "auto"
+  method: Literal["beam", "greedy", "sample"] = checked_field(
+      "beam", doc="Beam search, greedy decoding or sampling.")
+  beam_size: int = checked_field(4, POSITIVE, "Beams (K), for method 'beam'.")
+  length_penalty: float = checked_field(
+      0.6, NON_NEGATIVE, "alpha of length_normalization, for method 'beam'.")
+  length_normalization: Literal["gnmt", "fairseq"] = checked_field(
+      "gnmt", doc="Beam search: a finished hypothesis of n tokens (EOS included) scores log p / "
+      "divisor(n): gnmt ((5 + n) / 6) ** alpha (Flax, T5X); fairseq n ** alpha (also "
+      "CTranslate2, Hugging Face, Marian).")
+  finish_rule: Literal["top_k", "every_beam"] = checked_field(
+      "top_k", doc="Beam search: top_k finishes a hypothesis only when its EOS ranks among the "
+      "step's K best extensions (CTranslate2, fairseq, Hugging Face; K = 1 is greedy); "
+      "every_beam scores every beam's EOS at every step (wider, prefers shorter outputs).")
+  max_len_a: float = checked_field(
+      1.0, NON_NEGATIVE, "At most max_len_a * source tokens + max_len_b output tokens.")
+  max_len_b: int = checked_field(50, POSITIVE, "See max_len_a.")
+  min_length: int = checked_field(0, NON_NEGATIVE, "Fewest output tokens before EOS.")
+  temperature: float = checked_field(1.0, POSITIVE, "Sampling: divide the logits by this.")
+  top_k: int = checked_field(0, NON_NEGATIVE, "Sampling: keep the k most probable tokens (0: all).")
+  top_p: float = checked_field(1.0, (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+                               "Sampling: keep the smallest set with this probability.")
+  grow_cache: Literal["auto", "yes", "no"] = checked_field(
+      "auto", doc="Grow the self-attention cache with the output: faster search, longer "
+      "compiles (auto = yes for beam search on CPU).")
 
   def __post_init__(self):
     check_fields(self)
@@ -282,9 +286,10 @@ class TranslateConfig:
   GROUP: typing.ClassVar[str] = "translate"
 
   search: SearchConfig = SearchConfig()
-  # Padded source tokens a batch.
-  batch_tokens: int = checked_field(4096, (lambda v: v >= 8, ">= 8"))
-  seed: int = checked_field(0, NON_NEGATIVE)  # The random key of method 'sample'.
+  batch_tokens: int = checked_field(4096, (lambda v: v >= 8, ">= 8"),
+                                    "Padded source tokens per batch and device.")
+  seed: int = checked_field(0, NON_NEGATIVE,
+                            "Sampling: line i draws from fold_in(key(seed), i).")
 
   def __post_init__(self):
     check_fields(self)
@@ -300,6 +305,15 @@ class TranslateConfig:
     search = self.search.replace(**{k: v for k, v in changes.items() if k in search_fields})
     return dataclasses.replace(self, search=search,
                                **{k: v for k, v in changes.items() if k in own})
+
+  @staticmethod
+  def setting_fields() -> list[tuple[dataclasses.Field, Any]]:
+    """(field, type hint) of every setting `replace` takes: the search group's, then
+    batch_tokens and seed (the CLI makes one flag of each)."""
+    fields = [(f, SearchConfig) for f in dataclasses.fields(SearchConfig)]
+    fields += [(f, TranslateConfig) for f in dataclasses.fields(TranslateConfig)
+               if f.name != "search"]
+    return [(f, typing.get_type_hints(cls)[f.name]) for f, cls in fields]
 
 
 # ------------------------------------------------------------------------------- the experiment
@@ -317,6 +331,7 @@ class Experiment:
   checkpoint: CheckpointConfig
   eval: EvalConfig
   search: SearchConfig
+  preset: str = ""  # config.model.preset, the name `model` started from ('' for none).
 
   def model_config(self, vocab_size: int) -> ModelConfig:
     return self.model.replace(vocab_size=vocab_size)
@@ -347,7 +362,8 @@ def load(
       train=parse_group(TrainConfig, config["train"]),
       checkpoint=parse_group(CheckpointConfig, config["checkpoint"]),
       eval=parse_group(EvalConfig, config["eval"]),
-      search=parse_group(SearchConfig, config["search"]))
+      search=parse_group(SearchConfig, config["search"]),
+      preset=config["model"].get("preset", "") or "")
   _check_lengths(experiment)
   _check_batch(experiment, *_device_counts(num_devices, num_processes))
   return experiment

@@ -28,23 +28,18 @@ def _train(mesh_devices=None):
   from jax.experimental import multihost_utils
   from test_training_steps import _model, _packed_batch, _train_config
 
-  from flax_transformer.training import optim, steps
-  from flax_transformer.training import sharding as sharding_lib
-  from flax_transformer.training import state as state_lib
+  from flax_transformer.training import recipe
 
-  model = _model()
-  optimizer, schedule = optim.make_optimizer(_train_config(), model.config.emb_dim)
-  mesh = sharding_lib.make_mesh(mesh_devices)
-  _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=True)
-  state = state_lib.create_train_state(model, optimizer, shardings, seed=3)
-  step = steps.jit_train_step(mesh, shardings, model=model, optimizer=optimizer,
-                              schedule=schedule, label_smoothing=0.1)
+  whole = _packed_batch(ROWS)
+  train = recipe.build(_model().config, _train_config(fsdp=True), rows=ROWS,
+                       length=whole["inputs"].shape[1], devices=mesh_devices)
+  state = train.init_state()
   rows = ROWS // jax.process_count()
   mine = {k: v[jax.process_index() * rows:(jax.process_index() + 1) * rows]
-          for k, v in _packed_batch(ROWS).items()}
+          for k, v in whole.items()}
   losses = []
   for _ in range(NUM_STEPS):
-    state, metrics = step(state, sharding_lib.global_batch(mine, sharding_lib.batch_sharding(mesh)))
+    state, metrics = train.train_step(state, train.place_batch(mine))
     losses.append(float(metrics["loss"]) / float(metrics["num_tokens"]))
   params = multihost_utils.process_allgather(state.params, tiled=True)
   return np.array(losses), [np.asarray(p) for p in jax.tree.leaves(params)]

@@ -1,28 +1,26 @@
 """The jitted train step: sharded (data parallel, FSDP) equals one device; accumulation equals
 one big step; the loss equals a dense NumPy reference; the schedules have the paper's values."""
 
-import types
-
 import jax
 import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.config import TrainConfig
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import loss as loss_lib
-from flax_transformer.training import optim, steps
-from flax_transformer.training import sharding as sharding_lib
-from flax_transformer.training import state as state_lib
+from flax_transformer.training import optim, recipe
 
 VOCAB = 48
 
 
-def _train_config(**overrides):
+def _train_config(**overrides) -> TrainConfig:
   settings = dict(schedule="warmup_rsqrt", learning_rate=1e-3, warmup_steps=2,
                   num_train_steps=10, end_learning_rate_factor=0.0, optimizer="adam",
                   adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                  grad_clip_norm=1.0)
+                  grad_clip_norm=1.0, label_smoothing=0.1, seed=3)
   settings.update(overrides)
-  return types.SimpleNamespace(**settings)
+  return TrainConfig(**settings)
 
 
 def _model(dropout: float = 0.1) -> Transformer:
@@ -50,16 +48,13 @@ def _packed_batch(rows: int, length: int = 12, seed: int = 0) -> dict[str, np.nd
 
 def _run(devices, *, fsdp: bool, batch, num_steps: int = 2, accum_steps: int = 1,
          dropout: float = 0.1):
-  model = _model(dropout)
-  optimizer, schedule = optim.make_optimizer(_train_config(), model.config.emb_dim)
-  mesh = sharding_lib.make_mesh(devices)
-  _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=fsdp)
-  state = state_lib.create_train_state(model, optimizer, shardings, seed=3)
-  step = steps.jit_train_step(mesh, shardings, model=model, optimizer=optimizer,
-                              schedule=schedule, label_smoothing=0.1, accum_steps=accum_steps)
-  losses, batch_sharding = [], sharding_lib.batch_sharding(mesh)
+  rows, length = batch["inputs"].shape
+  train = recipe.build(_model(dropout).config,
+                       _train_config(fsdp=fsdp, grad_accum_steps=accum_steps),
+                       rows=rows, length=length, devices=devices)
+  state, losses = train.init_state(), []
   for _ in range(num_steps):
-    state, metrics = step(state, sharding_lib.global_batch(batch, batch_sharding))
+    state, metrics = train.train_step(state, train.place_batch(batch))
     losses.append(float(metrics["loss"]) / float(metrics["num_tokens"]))
   return state, losses
 
@@ -96,9 +91,7 @@ def _assert_really_sharded(state):
 
 
 def test_data_parallel_replicates_params():
-  model = _model()
-  optimizer, _ = optim.make_optimizer(_train_config(), model.config.emb_dim)
-  _, shardings = state_lib.state_shardings(model, optimizer, sharding_lib.make_mesh(), fsdp=False)
+  shardings = recipe.build(_model().config, _train_config(), rows=16, length=12).shardings
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings.params))
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings.opt_state))
 

@@ -1,10 +1,10 @@
 """Compiles the product's own programs for a TPU topology, on abstract inputs, and reads back
 what the compiler says: memory per chip, FLOPs, and whether it fits.
 
-`plan_train` lowers `training.steps.jit_train_step`, the jitted step `train.py` runs, over a
-mesh of the topology's devices, built as `train.py` builds it (`sharding.make_mesh`,
-`state.state_shardings`, data parallel or FSDP as configured), on `jax.ShapeDtypeStruct`s of the
-train state and of one global batch: nothing is allocated. `plan_decode` does the same for the
+`plan_train` lowers the train step `train.py` runs, built by the same recipe
+(`training.recipe.from_experiment`: model, optimizer, mesh of the topology's devices, data
+parallel or FSDP shardings, jitted step), on `jax.ShapeDtypeStruct`s of the train state and of
+one global batch: nothing is allocated. `plan_decode` does the same for the
 beam search `flax-transformer translate` runs (`translator.search_program`), at the largest
 device batch of each length bucket. Tracing happens inside `accelerators.compiling_for("tpu")`,
 so every choice made at trace time (the fused attention call, the search's loop shape) is the
@@ -29,15 +29,15 @@ import ml_collections
 
 from flax_transformer import config as config_lib
 from flax_transformer.config import TranslateConfig
-from flax_transformer.data import pipeline
 from flax_transformer.decoding import bridge
+from flax_transformer.model.config import describe_model
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.planning.topology import PlanError, Topology, chip_of
 from flax_transformer.runtime import accelerators
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.serving import batching, translator
 from flax_transformer.training import metrics as metrics_lib
-from flax_transformer.training import optim, steps
-from flax_transformer.training import sharding as sharding_lib
+from flax_transformer.training import recipe as recipe_lib
 from flax_transformer.training import state as state_lib
 
 GIB = accelerators.GIB
@@ -102,28 +102,17 @@ def plan_train(config: ml_collections.ConfigDict, devices: list[jax.Device],
                topology: Topology) -> Plan:
   """Compiles `train.py`'s train step of `config` for `devices` (a topology's) and reports."""
   exp = load_experiment(config, devices)
-  model = Transformer(exp.model)
-  optimizer, schedule = optim.make_optimizer(exp.train, exp.model.emb_dim)
-  mesh = sharding_lib.make_mesh(devices)
-  abstract, shardings = state_lib.state_shardings(
-      model, optimizer, mesh, fsdp=exp.train.fsdp, seed=exp.train.seed)
-  state = _placed(abstract, shardings)
-  rows, length = exp.data.global_rows, exp.data.max_length
-  batch_sharding = sharding_lib.batch_sharding(mesh)
-  batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
-           for key in pipeline.TRAIN_KEYS}
-  train_step = steps.jit_train_step(
-      mesh, shardings, model=model, optimizer=optimizer, schedule=schedule,
-      label_smoothing=exp.train.label_smoothing, accum_steps=exp.train.grad_accum_steps)
-  settings = {"model": _model_line(exp.model), "fsdp": exp.train.fsdp,
-              "rows": rows, "max_length": length,
+  train = recipe_lib.from_experiment(exp, devices=devices)
+  batch = train.abstract_batch()
+  settings = {"model": describe_model(exp.model, exp.preset), "fsdp": exp.train.fsdp,
+              "rows": train.rows, "max_length": train.length,
               "grad_accum_steps": exp.train.grad_accum_steps,
-              "parameters": _count(abstract.params)}
+              "parameters": train.parameter_count}
   return _compile(
-      "train step", lambda: train_step.lower(state, batch), devices, topology,
-      state_bytes=_bytes_per_chip(state) + _bytes_per_chip(batch),
-      model_flops=metrics_lib.train_flops_per_step(exp.model, rows, length),
-      model_flops_how=metrics_lib.TRAIN_FLOPS_HOW, target_tokens=rows * length,
+      "train step", train.lower, devices, topology,
+      state_bytes=_bytes_per_chip(train.abstract_state) + _bytes_per_chip(batch),
+      model_flops=metrics_lib.train_flops_per_step(exp.model, train.rows, train.length),
+      model_flops_how=metrics_lib.TRAIN_FLOPS_HOW, target_tokens=train.rows * train.length,
       settings=settings)
 
 
@@ -139,10 +128,9 @@ def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
   search = settings.search
   grow = _grows_cache_on_tpu(search)
   search = search.replace(grow_cache="yes" if grow else "no")
-  mesh = translator.local_mesh(devices)
+  mesh = sharding_lib.local_mesh(devices)
   program = translator.search_program(exp.model, mesh)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  rows_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
+  replicated, rows_sharding = sharding_lib.replicated(mesh), sharding_lib.batch_sharding(mesh)
   boxed = state_lib.abstract_params(Transformer(exp.model), seed=0, max_length=8)
   params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                         nn.meta.unbox(boxed))
@@ -158,7 +146,7 @@ def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
             params, inputs, rng, settings=search, max_decode_len=decode_len),
         devices, topology, state_bytes=_bytes_per_chip(params) + _bytes_per_chip(inputs),
         model_flops=None, model_flops_how="", target_tokens=rows * len(devices) * decode_len,
-        settings={"model": _model_line(exp.model), "rows_per_chip": rows,
+        settings={"model": describe_model(exp.model, exp.preset), "rows_per_chip": rows,
                   "source_length": length, "max_decode_len": decode_len,
                   "beam_size": search.beam_size if search.method == "beam" else 1,
                   "batch_tokens": settings.batch_tokens, "grow_cache": grow}))
@@ -233,11 +221,6 @@ def _flops(compiled: Any) -> float:
   return float((analysis or {}).get("flops", 0.0))
 
 
-def _placed(abstract: Any, shardings: Any) -> Any:
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      abstract, shardings)
-
-
 def _bytes_per_chip(tree: Any) -> int:
   """Bytes of the largest shard of each leaf, summed: one chip's share of `tree`."""
   total = 0
@@ -253,16 +236,6 @@ def _rng(method: str, rows: int, replicated: Any, rows_sharding: Any) -> Any:
   if method == "sample":
     return jax.ShapeDtypeStruct((rows, *key.shape), key.dtype, sharding=rows_sharding)
   return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
-
-
-def _model_line(model: config_lib.ModelConfig) -> str:
-  return (f"D {model.emb_dim}, {model.num_heads} heads, F {model.mlp_dim}, "
-          f"{model.num_encoder_layers}+{model.num_decoder_layers} layers, vocab "
-          f"{model.vocab_size}, {model.dtype} compute")
-
-
-def _count(params: Any) -> int:
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
 
 
 __all__ = ["Memory", "Plan", "PlanError", "plan_decode", "plan_train"]
