@@ -4,9 +4,10 @@ Override any config field with `--config.GROUP.KEY=VALUE`. Rerunning the same co
 from the latest checkpoint in DIR. Multi-process: under srun (SLURM), mpirun (Open MPI) or on
 TPU pods the launcher's environment says how many processes there are; elsewhere add
 `--coordinator_address=HOST:PORT --num_processes=N --process_id=I` on every host
-(flax_transformer/distributed.py). Exit status: 0 when training finished; 128 + signal (143
-SIGTERM, 130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors, each
-reported as one line. This file is intentionally kept short: the job lives in
+(flax_transformer/runtime/distributed.py). The resolved model (its preset and every field set on
+top of it) is logged first. Exit status: 0 when training finished; 128 + signal (143 SIGTERM,
+130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors, each reported as
+one line. This file is intentionally kept short: the job lives in
 flax_transformer.training.trainer.
 """
 

@@ -69,7 +69,7 @@ def main() -> None:
     pipeline.split_texts(data, "train")  # Prepares the array_record copy.
     prepare_s = time.perf_counter() - start
     start = time.perf_counter()
-    tokenizer = vocabulary.train_or_load_tokenizer(data, f"{tmp}/work")
+    tokenizer = vocabulary.prepare_vocabulary(data, f"{tmp}/work")
     vocab_s = time.perf_counter() - start
     print(json.dumps(dict(name="setup", prepare_s=round(prepare_s, 2),
                           vocab_train_s=round(vocab_s, 2), vocab_size=tokenizer.vocab_size)))

@@ -25,10 +25,11 @@ NON_NEGATIVE: Check = (lambda v: v >= 0, ">= 0")
 FRACTION: Check = (lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 
-def checked_field(default: Any, check: Check | None = None) -> Any:
+def checked_field(default: Any, check: Check | None = None, doc: str = "") -> Any:
   """A config dataclass field with `default` whose value `check_fields` tests with `check`
-  (e.g. POSITIVE)."""
-  return dataclasses.field(default=default, metadata={"check": check} if check else {})
+  (e.g. POSITIVE); `doc`, what it means for people (the CLI's --help of a setting)."""
+  metadata = {"check": check} if check else {}
+  return dataclasses.field(default=default, metadata={**metadata, "doc": doc} if doc else metadata)
 
 
 @functools.cache

@@ -145,7 +145,7 @@ def test_tfds_dataset_by_name_and_direction(tmp_path):
     raw = tfds.data_source("ted_hrlr_translate/pt_to_en", split="train")
     expected = [(raw[i]["en"], raw[i]["pt"]) for i in range(12)]
     assert pipeline.split_texts(data, "train") == expected
-    tokenizer = vocabulary.train_or_load_tokenizer(
+    tokenizer = vocabulary.prepare_vocabulary(
         parse_group(DataConfig, {**vars(data), "vocab_size": 40}), str(tmp_path / "work"))
     batch = next(pipeline.train_iterator(
         parse_group(DataConfig, {**vars(data), "batch_tokens": 64, "max_length": 64}), tokenizer))

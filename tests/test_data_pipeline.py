@@ -26,7 +26,7 @@ def setup(tmp_path_factory):
       source="synthetic", tfds_data_dir=str(root / "tfds"), synthetic_num_train=600,
       synthetic_num_eval=70, synthetic_num_test=30, vocab_size=300, max_length=24,
       batch_tokens=24 * 8, eval_batch_size=16, eval_max_length=20, seed=3))
-  tokenizer = vocabulary.train_or_load_tokenizer(data, str(root / "work"))
+  tokenizer = vocabulary.prepare_vocabulary(data, str(root / "work"))
   return data, tokenizer
 
 

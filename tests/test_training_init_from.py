@@ -19,6 +19,7 @@ from conftest import REPO, run_train_py, shrunk_settings
 
 from flax_transformer import Transformer, Translator
 from flax_transformer import config as config_lib
+from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ConfigError
 from flax_transformer.data import pipeline
 from flax_transformer.data.tokenizer import train_tokenizer
@@ -58,8 +59,9 @@ def source(trained_workdir, tmp_path):
 
 def _setup(config, workdir: Path):
   """The fine-tuning job as train_and_evaluate builds it, before any step."""
-  config, exp, source = trainer._resolve(config, workdir, {})
-  return trainer._setup(config, exp, workdir, source)
+  saved = workdir_lib.saved_config(workdir)
+  config, exp, source = trainer._resolve(config, workdir, {}, saved)
+  return trainer._setup(config, exp, workdir, source, saved)
 
 
 def _tree_equal(a, b) -> bool:
@@ -74,13 +76,13 @@ def test_step_0_is_the_sources_params_with_a_fresh_optimizer(source, tmp_path):
     assert _tree_equal(job.state.params, params)
     # Adam's moments and count as optimizer.init makes them: all zeros.
     assert all(not np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(job.state.opt_state))
-    assert job.model.config == Translator.from_workdir(source).model_config
+    assert job.recipe.model.config == Translator.from_workdir(source).model_config
   finally:
     job.manager.close()
     job.writer.close()
   assert (tmp_path / "ft" / "vocab.model").read_bytes() == (source / "vocab.model").read_bytes()
   saved = json.loads((tmp_path / "ft" / "config.json").read_text())
-  assert saved["model"] == model_group(job.model.config)
+  assert saved["model"] == model_group(job.recipe.model.config)
   assert saved["train"]["init_from"] == str(source)
 
 
@@ -155,7 +157,8 @@ def test_a_marian_import_fine_tunes_and_its_loss_goes_down(marian_model_dir, tmp
 # ------------------------------------------------------------------------------ errors
 def _plan(tmp_path: Path, spec: str, overrides=None, workdir=None, **settings):
   config = _config(tmp_path / "tfds", spec, **settings)
-  return init_from.plan(config, workdir or tmp_path / "ft", overrides or {})
+  workdir = workdir or tmp_path / "ft"
+  return init_from.plan(config, workdir, overrides or {}, workdir_lib.saved_config(workdir))
 
 
 def test_only_training_fields_may_be_overridden(source, tmp_path):
@@ -213,7 +216,7 @@ def test_lengths_are_checked_against_the_sources_model(source, tmp_path):
   config = _config(tmp_path / "tfds", str(source), model__max_len=16)
   with pytest.raises(ConfigError, match="exceeds the model's max_len"):
     config_lib.load(config)
-  plan = init_from.plan(config, tmp_path / "ft", {})
+  plan = init_from.plan(config, tmp_path / "ft", {}, None)
   assert config_lib.load(plan.config).model.max_len == 48
 
 

@@ -97,12 +97,19 @@ class MarianTokenizer:
     if missing:
       raise FileNotFoundError(f"{directory} lacks the Marian vocabulary file(s) "
                               f"{', '.join(missing)}.")
+    return cls.from_files({name: (directory / name).read_bytes() for name in FILES}, directory)
+
+  @classmethod
+  def from_files(cls, contents: Mapping[str, bytes],
+                 directory: str | os.PathLike) -> MarianTokenizer:
+    """The tokenizer of the bytes of source.spm, target.spm and vocab.json (`FILES`), read from
+    `directory` (named in errors)."""
+    directory = to_path(directory)
     try:
-      vocab = json.loads((directory / VOCAB_JSON_FILE).read_text(encoding="utf-8"))
+      vocab = json.loads(contents[VOCAB_JSON_FILE].decode("utf-8"))
     except ValueError as error:
       raise ValueError(f"{directory / VOCAB_JSON_FILE}: not valid JSON ({error}).") from None
-    return cls((directory / SOURCE_MODEL_FILE).read_bytes(),
-               (directory / TARGET_MODEL_FILE).read_bytes(), vocab, str(directory))
+    return cls(contents[SOURCE_MODEL_FILE], contents[TARGET_MODEL_FILE], vocab, str(directory))
 
   def write(self, directory: str | os.PathLike) -> None:
     """Writes source.spm, target.spm and vocab.json (Marian's ids) into `directory`."""

@@ -85,7 +85,7 @@ class Tokenizer:
       raise ValueError(
           f"SentencePiece model {path or '<bytes>'} has (pad, eos, unk, bos) ids {ids}; this "
           f"package needs ({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Train it with "
-          "train_or_load_tokenizer or pass pad_id=0 eos_id=1 unk_id=2 bos_id=-1.")
+          "training.vocabulary.prepare_vocabulary or pass pad_id=0 eos_id=1 unk_id=2 bos_id=-1.")
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> Tokenizer:

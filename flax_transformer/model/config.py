@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import jax.numpy as jnp
+if TYPE_CHECKING:
+  import numpy as np
 
 from flax_transformer.validation import (
     FRACTION,
@@ -22,7 +23,6 @@ from flax_transformer.validation import (
     unknown_key_message,
 )
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 PRESETS = ("base", "big", "small", "tiny")
 
 
@@ -83,12 +83,18 @@ class ModelConfig:
     return self.norm_placement == "pre"
 
   @property
-  def compute_dtype(self) -> jnp.dtype:
-    return DTYPES[self.dtype]
+  def compute_dtype(self) -> np.dtype:
+    """The dtype of activations (`dtype`)."""
+    import jax.numpy as jnp  # Here, so that reading a config does not load JAX.
+
+    return jnp.dtype(self.dtype)
 
   @property
-  def parameter_dtype(self) -> jnp.dtype:
-    return DTYPES[self.param_dtype]
+  def parameter_dtype(self) -> np.dtype:
+    """The dtype of the master weights (`param_dtype`)."""
+    import jax.numpy as jnp
+
+    return jnp.dtype(self.param_dtype)
 
   def replace(self, **changes: Any) -> ModelConfig:
     """A copy with `changes` applied (validated again)."""

@@ -36,7 +36,6 @@ from typing import Any
 import jax
 import ml_collections
 
-from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import DataConfig, TrainConfig
 from flax_transformer.files import Path, to_path
@@ -103,8 +102,8 @@ def _check_checkpoint(source: Source, spec: str) -> None:
                       f"{source.workdir / workdir_lib.CHECKPOINT_DIR} (saved: {steps}).")
 
 
-def plan(config: Mapping[str, Any], workdir: Path,
-         model_overrides: Mapping[str, Any]) -> Plan | None:
+def plan(config: Mapping[str, Any], workdir: Path, model_overrides: Mapping[str, Any],
+         saved: Mapping[str, Any] | None) -> Plan | None:
   """The fine-tuning run `config` asks for in `workdir`, or None for an ordinary run.
 
   Call it before `config.load`: the model group that load then checks (lengths against max_len,
@@ -115,6 +114,7 @@ def plan(config: Mapping[str, Any], workdir: Path,
     workdir: the new run's workdir.
     model_overrides: the config.model fields the user set explicitly (train.py passes the
       command line's `--config.model.X=...`), e.g. {"dropout_rate": 0.2}.
+    saved: the workdir's config.json, as the trainer read it (None: it has none yet).
 
   Returns:
     None without init_from (and for a workdir that no fine-tuning run wrote); else the config
@@ -127,15 +127,18 @@ def plan(config: Mapping[str, Any], workdir: Path,
     return None  # config.load names the missing groups.
   spec = parse_group(TrainConfig, config["train"]).init_from
   resuming = bool(workdir_lib.saved_steps(workdir))
-  if not spec and not (resuming and _fine_tuned(workdir)):
+  fine_tuned = bool(saved and saved.get("train", {}).get("init_from"))
+  if not spec and not (resuming and fine_tuned):
     return None
   settings = _as_dict(config)
   try:
     if resuming:  # The run's own checkpoints and model; the source is not read.
+      if saved is None:
+        raise ConfigError(f"{_KEY}={spec!r}: {workdir} has checkpoints but no "
+                          f"{workdir_lib.CONFIG_FILE} to resume them with.")
       logging.info("%s has checkpoints of a fine-tuning run: resuming them with its own model "
                    "(%s=%r is not read).", workdir, _KEY, spec)
-      settings["model"] = _model(workdir, workdir_lib.read_config(workdir)["model"],
-                                 model_overrides, "this workdir's")
+      settings["model"] = _model(workdir, saved["model"], model_overrides, "this workdir's")
       return Plan(settings, None)
     source = parse_source(spec)
     _check_vocabularies(source.workdir, workdir,
@@ -147,15 +150,6 @@ def plan(config: Mapping[str, Any], workdir: Path,
   except (OSError, ValueError, KeyError) as error:  # An unreadable config.json or vocabulary.
     raise ConfigError(f"{_KEY}={spec!r}: {_first_line(error)}") from None
   return Plan(settings, source)
-
-
-def _fine_tuned(workdir: Path) -> bool:
-  """Whether `workdir`'s config.json says a fine-tuning run wrote it (a restart that left out
-  init_from still resumes with the workdir's own model)."""
-  try:
-    return bool(workdir_lib.read_config(workdir).get("train", {}).get("init_from"))
-  except (OSError, ValueError):
-    return False
 
 
 def _first_line(error: BaseException) -> str:
@@ -204,13 +198,6 @@ def _check_vocabularies(source: Path, workdir: Path, vocab_path: str) -> None:
     raise ConfigError(
         f"{workdir} already holds another vocabulary ({', '.join(f.name for f in mine)}) than "
         f"{_KEY} ({', '.join(str(f) for f in files)}); use a new --workdir.")
-
-
-def copy_vocabulary(source: Source, workdir: Path) -> None:
-  """Copies the source's vocabulary files into `workdir` (atomically; every process may)."""
-  workdir.mkdir(parents=True, exist_ok=True)
-  for file in workdir_lib.vocabulary_files(source.workdir):
-    files.atomic_write(workdir / file.name, file.read_bytes())
 
 
 def load_params(source: Source, abstract_params: Any, shardings: Any) -> Any:

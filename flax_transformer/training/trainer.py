@@ -19,45 +19,37 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import grain
 import jax
 import ml_collections
+import orbax.checkpoint as ocp
 
 from flax_transformer import config as config_lib
 from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import TranslateConfig
 from flax_transformer.data import pipeline
+from flax_transformer.data.tokenizer import TextTokenizer
 from flax_transformer.files import Path, to_path
+from flax_transformer.model.config import ModelConfig, describe_model, model_group
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.serving.translator import Translator
-from flax_transformer.training import (
-  checkpoints,
-  evaluation,
-  init_from,
-  loop,
-  optim,
-  steps,
-  vocabulary,
-)
+from flax_transformer.training import checkpoints, evaluation, init_from, loop, vocabulary
 from flax_transformer.training import metrics as metrics_lib
-from flax_transformer.training import sharding as sharding_lib
+from flax_transformer.training import recipe as recipe_lib
 from flax_transformer.training import state as state_lib
 
 
 @dataclasses.dataclass
 class _Job:
-  """What the setup builds: the model, optimizer, mesh, state, data and sinks."""
+  """What the setup builds: the train step's recipe, the state, data and sinks."""
 
   exp: config_lib.Experiment
-  model: Transformer
-  optimizer: Any
-  schedule: Any
-  mesh: Any
-  shardings: state_lib.TrainState
+  recipe: recipe_lib.TrainRecipe
   state: state_lib.TrainState
-  tokenizer: Any
-  train_iter: Any
-  manager: Any
+  tokenizer: TextTokenizer
+  train_iter: grain.DatasetIterator
+  manager: ocp.CheckpointManager
   writer: metrics_lib.MetricWriter
 
 
@@ -79,23 +71,27 @@ def train_and_evaluate(
     training.loop.NonFiniteStepError: when a step's loss or gradient norm is NaN or infinite.
   """
   workdir = to_path(workdir)
-  config, exp, source = _resolve(config, workdir, model_overrides or {})
+  saved = workdir_lib.saved_config(workdir)  # The one read of this workdir's config.json.
+  config, exp, source = _resolve(config, workdir, model_overrides or {}, saved)
   # Every process writes its checkpoint shards: a bucket that cannot be written is one line
   # now, before anything compiles (checked by writing, not by looking the bucket up).
   files.check_storage(workdir)
   with _trainer_lock(workdir, exp.checkpoint.lease_stale_seconds) as hold:
-    return _train(config, exp, workdir, source, hold)
+    return _train(config, exp, workdir, source, saved, hold)
 
 
-def _resolve(config: ml_collections.ConfigDict, workdir: Path, model_overrides: Mapping[str, Any]
+def _resolve(config: ml_collections.ConfigDict, workdir: Path, model_overrides: Mapping[str, Any],
+             saved: dict[str, Any] | None
              ) -> tuple[Any, config_lib.Experiment, init_from.Source | None]:
   """(the config to run, its parsed groups, the init_from source or None); reads, writes
   nothing, and raises ConfigError before anything compiles."""
-  fine_tuning = init_from.plan(config, workdir, model_overrides)
+  fine_tuning = init_from.plan(config, workdir, model_overrides, saved)
   source = None
   if fine_tuning is not None:
     config, source = fine_tuning.config, fine_tuning.source
-  return config, config_lib.load(config), source
+  exp = config_lib.load(config)
+  logging.info("Model: %s.", describe_model(exp.model, exp.preset))
+  return config, exp, source
 
 
 def _trainer_lock(workdir: Path, stale_seconds: float) -> contextlib.AbstractContextManager:
@@ -107,28 +103,28 @@ def _trainer_lock(workdir: Path, stale_seconds: float) -> contextlib.AbstractCon
 
 
 def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path,
-           source: init_from.Source | None, hold: Any) -> dict[str, evaluation.SplitResult]:
+           source: init_from.Source | None, saved: dict[str, Any] | None,
+           hold: workdir_lib.WorkdirLock | workdir_lib.BucketLease | None
+           ) -> dict[str, evaluation.SplitResult]:
   """The job itself, once the config is valid and the workdir is ours."""
-  job = _setup(config, exp, workdir, source)
-  writer = job.writer
-  train_step = steps.jit_train_step(
-      job.mesh, job.shardings, model=job.model, optimizer=job.optimizer, schedule=job.schedule,
-      label_smoothing=exp.train.label_smoothing, accum_steps=exp.train.grad_accum_steps)
-  batches = _device_batches(job.train_iter, job.mesh)
-  first = next(batches)
-  train_step = _compile(train_step, job.state, first, writer)
-  evaluators = _evaluators(exp, job.model, job.mesh, job.shardings.params, job.tokenizer)
-  last_eval = {}
+  job = _setup(config, exp, workdir, source, saved)
+  writer, recipe = job.writer, job.recipe
+  try:  # Closed on every path, a failed compile included (grain's workers, the writer's spool).
+    batches = (recipe.place_batch(batch) for batch in job.train_iter)
+    first = next(batches)
+    train_step = _compile(recipe, job.state, first, writer)
+    evaluators = _evaluators(exp, recipe, job.tokenizer)
+    last_eval = {}
 
-  def evaluate(state, step):
-    last_eval["eval"] = (step, evaluators["eval"].run(
-        state.params, step, writer, exp.eval.num_examples_to_show))
+    def evaluate(state, step):
+      last_eval["eval"] = (step, evaluators["eval"].run(
+          state.params, step, writer, exp.eval.num_examples_to_show))
 
-  try:
     state = loop.run(
         job.state, train_step=train_step, batches=_chain(first, batches),
-        data_iter=job.train_iter, manager=job.manager, settings=_loop_settings(exp, job.model),
-        writer=writer, evaluate=evaluate, check_hold=hold.check if hold else None)
+        data_iter=job.train_iter, manager=job.manager,
+        settings=_loop_settings(exp, recipe.model), writer=writer, evaluate=evaluate,
+        check_hold=hold.check if hold else None)
     return _final_evaluation(exp, state, evaluators, writer, last_eval)
   finally:
     job.manager.close()
@@ -137,33 +133,26 @@ def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
 
 
 def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path,
-           source: init_from.Source | None) -> _Job:
+           source: init_from.Source | None, saved: dict[str, Any] | None) -> _Job:
   """Builds everything, and restores the latest checkpoint or initialises (from `source`'s
   parameters when fine-tuning)."""
-  if source is not None:
-    init_from.copy_vocabulary(source, workdir)
   is_chief = jax.process_index() == 0
-  tokenizer = vocabulary.train_or_load_tokenizer(exp.data, str(workdir))
-  _keep_vocabulary(exp, workdir, is_chief)
-  model = Transformer(exp.model_config(tokenizer.vocab_size))
-  optimizer, schedule = optim.make_optimizer(exp.train, model.config.emb_dim)
-  mesh = sharding_lib.make_mesh()
-  abstract, shardings = state_lib.state_shardings(
-      model, optimizer, mesh, fsdp=exp.train.fsdp, seed=exp.train.seed)
+  tokenizer = vocabulary.prepare_vocabulary(
+      exp.data, workdir, source=None if source is None else source.workdir, is_chief=is_chief)
+  recipe = recipe_lib.from_experiment(exp, vocab_size=tokenizer.vocab_size)
   train_iter = pipeline.train_iterator(
       exp.data, tokenizer, process_index=jax.process_index(),
       process_count=jax.process_count())
   manager = checkpoints.make_manager(
       workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save)
-  _log_config_changes(config, workdir)
-  state = _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter,
-                           source)
+  record = _record(config, recipe.model.config, exp.preset)
+  _log_config_changes(record, saved, workdir)
+  state = _restore_or_init(recipe, manager, train_iter, source)
   if is_chief:  # Only once the checkpoint is known to fit the config.
-    files.write_json(workdir / workdir_lib.CONFIG_FILE, _json(config))
-  logging.info("Model: %s; %s parameters; mesh %s; fsdp=%s.", model.config,
-               f"{_count(abstract.params):,}", dict(mesh.shape), exp.train.fsdp)
-  return _Job(exp=exp, model=model, optimizer=optimizer, schedule=schedule, mesh=mesh,
-              shardings=shardings, state=state, tokenizer=tokenizer, train_iter=train_iter,
+    files.write_json(workdir / workdir_lib.CONFIG_FILE, record)
+  logging.info("%s parameters; mesh %s; fsdp=%s.", f"{recipe.parameter_count:,}",
+               dict(recipe.mesh.shape), exp.train.fsdp)
+  return _Job(exp=exp, recipe=recipe, state=state, tokenizer=tokenizer, train_iter=train_iter,
               manager=manager, writer=metrics_lib.MetricWriter(workdir, enabled=is_chief))
 
 
@@ -178,13 +167,6 @@ def _loop_settings(exp: config_lib.Experiment, model: Transformer) -> loop.LoopS
           jax.devices()[0], exp.train.peak_flops_per_device))
 
 
-def _keep_vocabulary(exp, workdir: Path, is_chief: bool) -> None:
-  """Copies a given vocab_path into WORKDIR/vocab.model so the workdir restores on its own."""
-  target = workdir / workdir_lib.VOCAB_FILE
-  if is_chief and exp.data.vocab_path and not target.exists():
-    files.atomic_write(target, to_path(exp.data.vocab_path).read_bytes())
-
-
 def _json(config: Mapping[str, Any]) -> dict[str, Any]:
   """The config as config.json holds it (a ConfigDict, or the dict of a fine-tuning plan)."""
   if isinstance(config, ml_collections.ConfigDict):
@@ -192,34 +174,37 @@ def _json(config: Mapping[str, Any]) -> dict[str, Any]:
   return json.loads(json.dumps(config))
 
 
-def _restore_or_init(exp, manager, model, optimizer, abstract, shardings, train_iter,
-                     source: init_from.Source | None):
+def _record(config: Mapping[str, Any], model: ModelConfig, preset: str) -> dict[str, Any]:
+  """What config.json holds: the config, its model group resolved to every field (so the
+  workdir restores the same model even if a preset's definition changes), with the preset's
+  name kept for people."""
+  return {**_json(config), "model": model_group(model, preset)}
+
+
+def _restore_or_init(recipe: recipe_lib.TrainRecipe, manager: ocp.CheckpointManager,
+                     train_iter: grain.DatasetIterator,
+                     source: init_from.Source | None) -> state_lib.TrainState:
   step = manager.latest_step()
   if step is None and source is not None:
-    params = init_from.load_params(source, abstract.params, shardings.params)
-    return state_lib.state_from_params(params, optimizer, shardings, seed=exp.train.seed)
+    params = init_from.load_params(source, recipe.abstract_state.params,
+                                   recipe.shardings.params)
+    return recipe.state_from_params(params)
   if step is None:
     logging.info("No checkpoint in %s: starting from scratch.", manager.directory)
-    return state_lib.create_train_state(model, optimizer, shardings, seed=exp.train.seed)
-  state = checkpoints.restore(manager, step, abstract, shardings, train_iter)
+    return recipe.init_state()
+  state = checkpoints.restore(manager, step, recipe.abstract_state, recipe.shardings,
+                              train_iter)
   logging.info("Restored step %d from %s.", step, manager.directory)
   return state
 
 
-def _log_config_changes(config: Mapping[str, Any], workdir: Path) -> None:
+def _log_config_changes(record: Mapping[str, Any], saved: Mapping[str, Any] | None,
+                        workdir: Path) -> None:
   """Logs every value that differs from the saved config.json (a restart)."""
-  path = workdir / workdir_lib.CONFIG_FILE
-  if path.exists():
-    current = _json(config)
-    changes = checkpoints.config_differences(json.loads(path.read_text()), current)
-    logging.info("Config changes since the saved %s:%s", path,
+  if saved is not None:
+    changes = checkpoints.config_differences(saved, record)
+    logging.info("Config changes since the saved %s:%s", workdir / workdir_lib.CONFIG_FILE,
                  "".join(f"\n  {line}" for line in changes) or " none.")
-
-
-def _device_batches(train_iter, mesh):
-  sharding = sharding_lib.batch_sharding(mesh)
-  for batch in train_iter:
-    yield sharding_lib.global_batch(batch, sharding)
 
 
 def _chain(first, rest):
@@ -227,23 +212,24 @@ def _chain(first, rest):
   yield from rest
 
 
-def _compile(train_step, state, batch, writer):
+def _compile(recipe: recipe_lib.TrainRecipe, state: state_lib.TrainState,
+             batch: dict[str, jax.Array], writer: metrics_lib.MetricWriter
+             ) -> recipe_lib.TrainStep:
   """Compiles ahead of the loop so step timings exclude compilation; logs compile time."""
   start = time.perf_counter()
-  compiled = train_step.lower(state, batch).compile()
+  compiled = recipe.lower(state, batch).compile()
   seconds = time.perf_counter() - start
   logging.info("Compiled the train step in %.1f s.", seconds)
   writer.write(int(state.step), "train", {"compile_seconds": seconds})
   return compiled
 
 
-def _evaluators(exp, model, mesh, param_shardings, tokenizer) -> dict:
-  eval_step = steps.jit_eval_step(
-      mesh, param_shardings, model=model, label_smoothing=exp.train.label_smoothing)
+def _evaluators(exp: config_lib.Experiment, recipe: recipe_lib.TrainRecipe,
+                tokenizer: TextTokenizer) -> dict[str, evaluation.SplitEvaluator]:
   translator = None
   if exp.eval.translate:
-    translator = Translator(model.config, None, tokenizer, TranslateConfig(search=exp.search),
-                            mesh=mesh)
+    translator = Translator(recipe.model.config, None, tokenizer,
+                            TranslateConfig(search=exp.search), mesh=recipe.mesh)
   evaluators = {}
   for name, split in (("eval", exp.data.eval_split), ("test", exp.data.test_split)):
     if name == "test" and not exp.eval.test_at_end:
@@ -253,7 +239,7 @@ def _evaluators(exp, model, mesh, param_shardings, tokenizer) -> dict:
                                     process_count=jax.process_count())
     evaluators[name] = evaluation.SplitEvaluator(
         name=name, batches=batches, pairs=pipeline.split_texts(exp.data, split),
-        eval_step=eval_step, translator=translator, mesh=mesh)
+        eval_step=recipe.eval_step, translator=translator, mesh=recipe.mesh)
   return evaluators
 
 
@@ -267,7 +253,3 @@ def _final_evaluation(exp, state, evaluators, writer, done) -> dict[str, evaluat
     else:
       results[name] = evaluator.run(state.params, step, writer, exp.eval.num_examples_to_show)
   return results
-
-
-def _count(params: Any) -> int:
-  return sum(x.size for x in jax.tree.leaves(params))

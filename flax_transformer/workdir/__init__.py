@@ -28,6 +28,7 @@ from flax_transformer.workdir.layout import (
     model_config,
     open_workdir,
     read_config,
+    saved_config,
     vocabulary_files,
 )
 from flax_transformer.workdir.trainer_lock import (
@@ -63,6 +64,7 @@ __all__ = [
     "read_config",
     "restore_params",
     "save_params",
+    "saved_config",
     "saved_steps",
     "shape_differences",
     "vocabulary_files",

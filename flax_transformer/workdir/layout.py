@@ -29,10 +29,12 @@ through `flax_transformer.workdir` alone, so nothing here imports the training c
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from typing import Any
 
+from flax_transformer.config import TranslateConfig, search_config_from
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
@@ -61,6 +63,12 @@ def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
     raise ValueError(f"{path}: not valid JSON ({error}).") from None
 
 
+def saved_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
+  """WORKDIR/config.json as a dict, or None where there is none yet (a new run's workdir);
+  ValueError naming the file when it is not valid JSON."""
+  return read_config(workdir) if (to_path(workdir) / CONFIG_FILE).is_file() else None
+
+
 def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
   """The workdir's vocabulary files: [vocab.model], or Marian's three; [] when it has none.
 
@@ -86,14 +94,24 @@ def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
 def load_tokenizer(workdir: str | os.PathLike) -> TextTokenizer:
   """The workdir's vocabulary: the shared SentencePiece `Tokenizer` (vocab.model) or, for a
   workdir from Marian, a `MarianTokenizer` (source.spm, target.spm, vocab.json)."""
-  files = vocabulary_files(workdir)
-  if not files:
+  return _read_vocabulary(workdir)[0]
+
+
+def _read_vocabulary(workdir: str | os.PathLike) -> tuple[TextTokenizer, str]:
+  """(the workdir's tokenizer, SHA-256 of its vocabulary files' bytes, in `vocabulary_files`
+  order), each file read once."""
+  paths = vocabulary_files(workdir)
+  if not paths:
     raise FileNotFoundError(
         f"No vocabulary in {workdir}: expected {VOCAB_FILE}, or "
         f"{', '.join(marian_tokenizer.FILES)} for a model imported from Marian.")
-  if files[0].name == VOCAB_FILE:
-    return Tokenizer.load(files[0])
-  return MarianTokenizer.load(workdir)
+  contents = {path.name: path.read_bytes() for path in paths}
+  digest = hashlib.sha256()
+  for data in contents.values():
+    digest.update(data)
+  if paths[0].name == VOCAB_FILE:
+    return Tokenizer(contents[VOCAB_FILE], str(paths[0])), digest.hexdigest()
+  return MarianTokenizer.from_files(contents, workdir), digest.hexdigest()
 
 
 def model_config(config: dict[str, Any], tokenizer: TextTokenizer) -> ModelConfig:
@@ -103,12 +121,24 @@ def model_config(config: dict[str, Any], tokenizer: TextTokenizer) -> ModelConfi
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:
-  """An opened workdir: what config.json and the vocabulary say (the params are read apart,
-  by `restore_params`, once the caller has checked its own settings)."""
+  """An opened workdir: what config.json and the vocabulary say, each read once (the params are
+  read apart, by `restore_params`, once the caller has checked its own settings). A command
+  opens its workdir once and hands this down."""
+
   path: Path
   config: dict[str, Any]  # config.json.
   tokenizer: TextTokenizer
   model_config: ModelConfig
+  vocab_sha256: str  # SHA-256 of the vocabulary files' bytes (a bulk job's identity).
+
+  def translate_config(self, **settings: Any) -> TranslateConfig:
+    """The serving settings: config.json's search group with `settings` (`TranslateConfig`
+    fields) applied; a bad search group is a ValueError naming config.json."""
+    try:
+      search = search_config_from(self.config)
+    except ValueError as error:
+      raise ValueError(f"{self.path / CONFIG_FILE}: {error}") from None
+    return TranslateConfig(search=search).replace(**settings)
 
 
 def open_workdir(workdir: str | os.PathLike) -> Workdir:
@@ -119,5 +149,6 @@ def open_workdir(workdir: str | os.PathLike) -> Workdir:
     ValueError: an unreadable config.json or an inconsistent vocabulary.
   """
   config = read_config(workdir)
-  tokenizer = load_tokenizer(workdir)
-  return Workdir(to_path(workdir), config, tokenizer, model_config(config, tokenizer))
+  tokenizer, vocab_sha256 = _read_vocabulary(workdir)
+  return Workdir(to_path(workdir), config, tokenizer, model_config(config, tokenizer),
+                 vocab_sha256)
