@@ -48,3 +48,9 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> 
       "bleu_details": str(bleu_score),
       "num_sentences": len(hypotheses),
   }
+
+
+def summary(scores: dict[str, Any]) -> str:
+  """Two lines for people: BLEU and chrF with their signatures."""
+  return (f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})\n"
+          f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})")

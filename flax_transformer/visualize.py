@@ -114,8 +114,10 @@ def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple
   return dict(series)
 
 
-def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) -> None:
-  """Loss (train and eval), BLEU/chrF and learning rate against steps, one panel each."""
+def plot_training_curves(workdir: str | os.PathLike,
+                         output: str | os.PathLike) -> str | os.PathLike:
+  """Loss (train and eval), BLEU/chrF and learning rate against steps, one panel each, drawn
+  to the PNG file `output`; returns `output`."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -142,6 +144,7 @@ def plot_training_curves(workdir: str | os.PathLike, output: str | os.PathLike) 
   figure.tight_layout()
   _save_figure(figure, output)
   plt.close(figure)
+  return output
 
 
 def _save_figure(figure: Any, output: str | os.PathLike) -> None:

@@ -306,3 +306,33 @@ def test_an_unusable_default_compilation_cache_only_warns(tmp_path, monkeypatch,
   monkeypatch.setenv("FLAX_TRANSFORMER_COMPILATION_CACHE", str(home_is_a_file / "cache"))
   with pytest.raises(CompilationCacheError, match="cannot be created"):
     enable_compilation_cache()
+
+
+@pytest.mark.parametrize("command", ["translate", "score", "evaluate"])
+def test_a_command_reads_its_workdir_once(workdir, workdir_test_split, tmp_path, monkeypatch,
+                                          command):
+  """config.json parsed once, the vocabulary read once, the settings resolved once."""
+  from flax_transformer.workdir import layout
+
+  calls = {"config.json": 0, "vocabulary": 0, "settings": 0}
+
+  def counted(name, function):
+    def wrapper(*args, **kwargs):
+      calls[name] += 1
+      return function(*args, **kwargs)
+    return wrapper
+
+  monkeypatch.setattr(layout, "read_config", counted("config.json", layout.read_config))
+  monkeypatch.setattr(layout, "_read_vocabulary", counted("vocabulary", layout._read_vocabulary))
+  monkeypatch.setattr(layout.Workdir, "translate_config",
+                      counted("settings", layout.Workdir.translate_config))
+  source, target = tmp_path / "src.txt", tmp_path / "tgt.txt"
+  source.write_text("".join(s + "\n" for s, _ in workdir_test_split[:4]))
+  target.write_text("".join(t + "\n" for _, t in workdir_test_split[:4]))
+  flags = {"translate": ["--input", str(source)],
+           "score": ["--src", str(source), "--tgt", str(target)],
+           "evaluate": ["--src", str(source), "--ref", str(target)]}[command]
+  output = ["--output", str(tmp_path / "out.txt")]
+  assert main([command, "--workdir", str(workdir), *flags, *output, "--beam_size", "2"][
+      : None if command != "score" else -2]) == 0
+  assert calls == {"config.json": 1, "vocabulary": 1, "settings": 1}

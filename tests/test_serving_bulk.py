@@ -34,8 +34,8 @@ from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
 from flax_transformer.progress import ProgressBar
+from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.serving import bulk
-from flax_transformer.serving import translator as translate_lib
 from flax_transformer.serving.batching import group_steps, plan_batches
 from flax_transformer.serving.chunk_tasks import TranslationTask
 
@@ -272,7 +272,7 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir
               "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
           for i in range(2)]
   assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
-  monkeypatch.setattr(translate_lib, "local_mesh",
+  monkeypatch.setattr(sharding_lib, "local_mesh",
                       lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
   assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
   errors = [run.communicate(timeout=300)[1] for run in gloo]
@@ -378,7 +378,8 @@ def _written(path) -> tuple[int, int]:
 
 
 def test_stdin_lines_come_back_in_order_while_input_is_still_open(workdir, tmp_path):
-  from flax_transformer.serving.translator import Translator, local_mesh
+  from flax_transformer.runtime.sharding import local_mesh
+  from flax_transformer.serving.translator import Translator
 
   run = cli("translate", "--workdir", str(workdir), "--input", "-", "--output", "-",
             "--method", "greedy", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -400,7 +401,8 @@ def test_stdin_lines_come_back_in_order_while_input_is_still_open(workdir, tmp_p
 
 # ------------------------------------------------------------------ n-best, sampling, score
 def test_nbest_writes_moses_entries_equal_to_translate_nbest(workdir, tmp_path, capsys):
-  from flax_transformer.serving.translator import Translator, local_mesh
+  from flax_transformer.runtime.sharding import local_mesh
+  from flax_transformer.serving.translator import Translator
 
   source, output = tmp_path / "in.txt", tmp_path / "nbest.txt"
   lines = write_input(source, 14, seed=6, empty_every=4)
@@ -423,7 +425,8 @@ def test_nbest_writes_moses_entries_equal_to_translate_nbest(workdir, tmp_path, 
 
 
 def test_samples_depend_on_the_seed_and_line_not_on_batching(workdir, tmp_path):
-  from flax_transformer.serving.translator import Translator, local_mesh
+  from flax_transformer.runtime.sharding import local_mesh
+  from flax_transformer.serving.translator import Translator
 
   source = tmp_path / "in.txt"
   lines = write_input(source, 60, seed=7)

@@ -8,3 +8,30 @@ Optional dependencies are imported inside the functions that need them: reading
 model.safetensors needs only `safetensors` (into NumPy); pytorch_model.bin needs torch;
 CTranslate2 export needs `ctranslate2`. Nothing here imports `flax_transformer.training`.
 """
+
+from __future__ import annotations
+
+import os
+
+FORMATS = ("ctranslate2", "marian")
+QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")  # CTranslate2's.
+
+
+def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *, format: str,
+                   quantization: str = "none", step: int | None = None,
+                   checkpoint: str | os.PathLike | None = None) -> os.PathLike:
+  """A workdir's checkpoint (`step`, default the latest, or an averaged `checkpoint`) written as
+  a model folder of another engine: `format` "ctranslate2" (weights stored as `quantization`)
+  or "marian" (a Hugging Face Marian folder); returns the folder."""
+  if format == "ctranslate2":
+    from flax_transformer.interop.ctranslate2 import export_ctranslate2
+
+    return export_ctranslate2(workdir, output, quantization=quantization, step=step,
+                              checkpoint=checkpoint)
+  if format != "marian":
+    raise ValueError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")
+  if quantization != "none":
+    raise ValueError("--quantization applies to --format ctranslate2 only.")
+  from flax_transformer.interop.marian import export_marian
+
+  return export_marian(workdir, output, step=step, checkpoint=checkpoint)

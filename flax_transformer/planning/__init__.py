@@ -2,7 +2,7 @@
 machine, with memory per chip, fit and FLOPs from the compiler."""
 
 from flax_transformer.planning.plans import Memory, Plan, plan_decode, plan_train
-from flax_transformer.planning.report import as_json, describe, verdict
+from flax_transformer.planning.report import as_json, describe, plan_config, report, verdict
 from flax_transformer.planning.topology import (
     FAMILIES,
     PlanError,
@@ -13,5 +13,5 @@ from flax_transformer.planning.topology import (
 
 __all__ = [
     "FAMILIES", "Memory", "Plan", "PlanError", "Topology", "as_json", "describe", "parse_topology",
-    "plan_decode", "plan_train", "topology_devices", "verdict",
+    "plan_config", "plan_decode", "plan_train", "report", "topology_devices", "verdict",
 ]

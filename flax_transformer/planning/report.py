@@ -4,6 +4,7 @@ of one that does not fit (with what to change), and the same as JSON."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -122,3 +123,27 @@ def _tera(flops: float) -> str:
     if flops >= scale:
       return f"{flops / scale:.3g} {unit}"
   return f"{flops / 1e6:.3g} MFLOP"
+
+
+def plan_config(config: Any, topology: str, *, num_slices: int = 1, decode: bool = False,
+                batch_tokens: int | None = None) -> list[Plan]:
+  """What `flax-transformer plan` compiles: the train step of `config` (an experiment
+  ConfigDict) for `topology` ("v5e:2x4") and, with `decode`, translate's search at every length
+  bucket's largest batch."""
+  from flax_transformer.planning import plans
+  from flax_transformer.planning import topology as topology_lib
+
+  parsed = topology_lib.parse_topology(topology, num_slices)
+  devices = topology_lib.topology_devices(parsed)
+  programs = [plans.plan_train(config, devices, parsed)]
+  if decode:
+    programs += plans.plan_decode(config, devices, parsed, batch_tokens=batch_tokens)
+  return programs
+
+
+def report(plans: Sequence[Plan], as_json_text: bool = False) -> tuple[str, list[str]]:
+  """(what `plan` prints on stdout: the figures, or JSON; the verdict line of each program that
+  does not fit, for stderr)."""
+  text = (json.dumps(as_json(plans), indent=1) if as_json_text
+          else "\n".join(describe(plan) for plan in plans))
+  return text, [line for plan in plans if (line := verdict(plan))]

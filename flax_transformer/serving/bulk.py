@@ -37,12 +37,15 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flax_transformer import files
 from flax_transformer.files import Path, atomic_write, to_path
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime.processes import Processes
+
+if TYPE_CHECKING:
+  from flax_transformer.workdir import Workdir
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -214,26 +217,22 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   return FileJob(tuple(inputs), output, chunk_lines, num_lines, manifest)
 
 
-def checkpoint_identity(workdir: str, output: str, step: int | None,
+def checkpoint_identity(opened: Workdir, output: str, step: int | None,
                         checkpoint: str | None) -> tuple[dict[str, Any], int | None]:
   """The checkpoint part of a bulk job's manifest (workdir, step or averaged checkpoint,
   SHA-256 of the vocabulary files, the model config), and the step to restore: `step`, else
   the step a partial run of `output` used (if it is still saved), else the latest; None for an
-  averaged `checkpoint`."""
-  from flax_transformer import workdir as workdir_lib  # JAX and orbax: only when restoring.
+  averaged `checkpoint`. `opened`: the command's workdir, as `open_workdir` read it."""
+  from flax_transformer.workdir import saved_steps  # orbax: only when restoring.
 
   if step is None and checkpoint is None:
-    saved = workdir_lib.saved_steps(workdir)
+    saved = saved_steps(opened.path)
     previous = (read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}
     step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
-  opened = workdir_lib.open_workdir(workdir)
-  vocab = hashlib.sha256()
-  for path in workdir_lib.vocabulary_files(workdir):  # vocab.model, or Marian's three.
-    vocab.update(path.read_bytes())
   identity = {
-      "workdir": str(files.absolute(workdir)), "step": step,
+      "workdir": str(files.absolute(opened.path)), "step": step,
       "averaged": str(files.absolute(checkpoint)) if checkpoint else None,
-      "vocab_sha256": vocab.hexdigest(),
+      "vocab_sha256": opened.vocab_sha256,
       "model": dataclasses.asdict(opened.model_config)}
   return identity, None if checkpoint else step
 

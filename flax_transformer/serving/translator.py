@@ -12,7 +12,7 @@ Sentences are tokenized once, sorted by length, grouped into a few padded bucket
 search compiles a handful of times, not once per batch; `flax_transformer.serving.batching`),
 encoded once per batch, searched with the cached beam search (or greedy decoding, or sampling:
 `config.search.method`), and returned in the input order. With a `mesh`, every step searches
-one device batch per device of the mesh's first axis; a device batch's shape never depends on
+one device batch per device of the mesh's 'data' axis; a device batch's shape never depends on
 the number of devices, so the output does not either. Sampling draws each sentence's noise from
 `fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
 (files of any size, several processes, resuming) are `flax_transformer.serving.bulk`.
@@ -31,14 +31,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from flax_transformer import workdir as workdir_lib
-from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig, search_config_from
+from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
-from flax_transformer.files import to_path
 from flax_transformer.model.transformer import Transformer
+from flax_transformer.runtime import sharding
 from flax_transformer.serving.batching import (
   Step,
   fill_rows,
@@ -48,7 +48,6 @@ from flax_transformer.serving.batching import (
 )
 
 Array = jax.Array
-MESH_AXIS = "data"  # The axis of `local_mesh`, as training's mesh names it.
 
 
 def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
@@ -108,21 +107,10 @@ def _jitted(model_config: ModelConfig, mesh: Mesh | None) -> tuple[Callable, Cal
   them, so that a new Translator (each CLI call in one process, a notebook's second one)
   reuses what an earlier one compiled."""
   model = Transformer(model_config)
-  replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+  replicated = None if mesh is None else sharding.replicated(mesh)
   search_fn = jax.jit(functools.partial(search_batch, model),
                       static_argnames=("settings", "max_decode_len"), out_shardings=replicated)
   return search_fn, jax.jit(functools.partial(score_batch, model), out_shardings=replicated)
-
-
-def local_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A 1-D mesh over this process's devices (default: all of them), for `Translator(mesh=)`;
-  the same object for the same devices (so Translators on it share compiled programs)."""
-  return _mesh(tuple(jax.local_devices() if devices is None else devices))
-
-
-@functools.cache
-def _mesh(devices: tuple[jax.Device, ...]) -> Mesh:
-  return Mesh(np.asarray(devices), (MESH_AXIS,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +143,7 @@ class Translator:
       that pass none; None for a translator that is always given them (training's evaluation).
     tokenizer: the shared vocabulary. settings: how to search and batch (default: defaults).
     step: the checkpoint step the parameters come from (for reports).
-    mesh: search one device batch per device of this mesh's first axis at every step;
+    mesh: search one device batch per device of this mesh's 'data' axis at every step;
       parameters stay where they are (`from_workdir(mesh=...)` replicates them on it). With
       several processes, every process passes the same sentences. None: one device.
     search_fn, score_fn: the batched search (params, inputs [B, S], rng, *, settings,
@@ -194,31 +182,40 @@ class Translator:
     return Transformer(self.model_config)
 
   @classmethod
-  def from_workdir(cls, workdir: str | os.PathLike, step: int | None = None, *,
-                   checkpoint: str | os.PathLike | None = None, mesh: Mesh | None = None,
-                   **settings: Any) -> Translator:
+  def from_workdir(cls, workdir: str | os.PathLike | workdir_lib.Workdir,
+                   step: int | None = None, *, checkpoint: str | os.PathLike | None = None,
+                   mesh: Mesh | None = None, **settings: Any) -> Translator:
     """Restores a training workdir: its config.json, vocabulary and a checkpoint's params.
 
     Args:
-      workdir: the training workdir.
+      workdir: the training workdir, or one `open_workdir` has opened (not read again).
       step: the checkpoint step (default: the latest).
       checkpoint: instead of a step, an averaged checkpoint written by `average_checkpoints`.
-      mesh: search over this mesh (e.g. `local_mesh()`); the params are replicated on it.
+      mesh: search over this mesh (e.g. `runtime.sharding.local_mesh()`); the params are
+        replicated on it.
       **settings: `TranslateConfig` fields, its search group's included (beam_size,
         length_penalty, batch_tokens, ...); the defaults come from the workdir's config.search.
     """
-    opened = workdir_lib.open_workdir(workdir)
-    translate_config = translate_config_from(opened.config, workdir, **settings)  # Before params.
-    params, step = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
+    opened = (workdir if isinstance(workdir, workdir_lib.Workdir)
+              else workdir_lib.open_workdir(workdir))
+    return cls.restore(opened, opened.translate_config(**settings), step,  # Settings first.
+                       checkpoint=checkpoint, mesh=mesh)
+
+  @classmethod
+  def restore(cls, opened: workdir_lib.Workdir, settings: TranslateConfig,
+              step: int | None = None, *, checkpoint: str | os.PathLike | None = None,
+              mesh: Mesh | None = None) -> Translator:
+    """A Translator of an opened workdir with resolved `settings`: restores only the params
+    (`step`, default the latest, or the averaged `checkpoint`), replicated on `mesh`."""
+    params, step = workdir_lib.restore_params(opened.path, step, checkpoint=checkpoint)
     if mesh is not None:
-      params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
-    return cls(opened.model_config, params, opened.tokenizer, translate_config, step=step,
-               mesh=mesh)
+      params = jax.device_put(params, sharding.replicated(mesh))
+    return cls(opened.model_config, params, opened.tokenizer, settings, step=step, mesh=mesh)
 
   @property
   def num_devices(self) -> int:
-    """Device batches per step: the size of the mesh's first axis, or 1."""
-    return 1 if self.mesh is None else self.mesh.shape[self.mesh.axis_names[0]]
+    """Device batches per step: the size of the mesh's 'data' axis, or 1."""
+    return 1 if self.mesh is None else self.mesh.shape[sharding.DATA_AXIS]
 
   def translate(self, sentences: Sequence[str], *, params: Any = None,
                 **settings: Any) -> list[str]:
@@ -347,23 +344,12 @@ class Translator:
       yield pending[0], jax.device_get(pending[1])
 
   def _place(self, array: np.ndarray) -> Array:
-    """The array on the device, or its rows split over the mesh's first axis (every process
+    """The array on the device, or its rows split over the mesh's 'data' axis (every process
     passes the same whole array and keeps its own rows)."""
     if self.mesh is None:
       return jnp.asarray(array)
-    sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
-    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
-
-
-def translate_config_from(config: dict[str, Any], workdir: str | os.PathLike,
-                          **settings: Any) -> TranslateConfig:
-  """The serving settings of a workdir's config.json (its search group) with `settings` applied;
-  errors name the file."""
-  try:
-    search_config = search_config_from(config)
-  except ValueError as error:
-    raise ValueError(f"{to_path(workdir) / workdir_lib.CONFIG_FILE}: {error}") from None
-  return TranslateConfig(search=search_config).replace(**settings)
+    rows = sharding.batch_sharding(self.mesh)
+    return jax.make_array_from_callback(array.shape, rows, lambda index: array[index])
 
 
 def translate_lines(translator: Translator, lines: Sequence[str], *,

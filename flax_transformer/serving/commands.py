@@ -1,0 +1,174 @@
+"""What `flax-transformer translate`, `score` and `evaluate` run once their flags are parsed.
+
+Each takes the command's workdir opened once (`workdir.open_workdir`) and its resolved settings,
+restores the parameters once, and runs:
+
+* `run_bulk`: a resumable file job (`bulk.plan_file_job` + `bulk.run_file_job`, with the
+  parameters' fingerprint in its manifest), or a stream when the input or the output is '-';
+* `read_evaluation` + `evaluate`: translations of a source file scored against line-aligned
+  references (the files are checked before the workdir is opened).
+
+Imports JAX only when a translator is built, so a bad flag or file is reported first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flax_transformer import files
+from flax_transformer.config import TranslateConfig
+from flax_transformer.progress import ProgressBar
+from flax_transformer.runtime import processes
+from flax_transformer.scoring import score_translations
+from flax_transformer.serving import bulk
+from flax_transformer.workdir import Workdir
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """Which parameters a command restores: a step (None: the latest, or for a resumed file job
+  the step it started with) or an averaged checkpoint folder."""
+
+  step: int | None = None
+  averaged: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+  """How a file job's chunks are shared between processes (all None: this process alone, or
+  the launcher's environment under SLURM, Open MPI and on TPU pods)."""
+
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+
+
+def open_job(workdir: str, step: int | None = None, averaged: str | None = None,
+             **settings: Any) -> tuple[Workdir, TranslateConfig, Checkpoint]:
+  """(the command's workdir, opened once; its settings: config.search with `settings` applied;
+  the checkpoint to restore): bad settings and a bad workdir fail here, before anything is
+  restored."""
+  from flax_transformer.workdir import open_workdir
+
+  opened = open_workdir(workdir)
+  return opened, opened.translate_config(**settings), Checkpoint(step, averaged)
+
+
+def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
+               step: int | None = None) -> Any:
+  """The command's `Translator` over this process's devices (`step` overrides the
+  checkpoint's: a resumed file job's)."""
+  from flax_transformer.runtime import sharding
+  from flax_transformer.serving.translator import Translator
+
+  return Translator.restore(opened, settings, checkpoint.step if step is None else step,
+                            checkpoint=checkpoint.averaged, mesh=sharding.local_mesh())
+
+
+def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
+             command: str, inputs: Sequence[str], output: str,
+             make_task: Callable[[Any], bulk.ChunkTask], job_settings: dict[str, Any],
+             chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing()) -> None:
+  """Translates or scores `inputs` into `output`: a resumable file job, or a stream when an
+  input or the output is '-'.
+
+  Args:
+    opened, settings, checkpoint: the workdir, the resolved settings and the parameters.
+    command: "translate" or "score" (part of the job's identity).
+    inputs: line-aligned input files ('-' for stdin: one input only).
+    output: the output file ('-' for stdout).
+    make_task: the chunk task of a translator (`chunk_tasks.TranslationTask`, ...).
+    job_settings: every setting that changes the output (the job's manifest keeps them).
+    chunk_lines: input lines per chunk. sharing: several processes' shares.
+  """
+  streamed = "-" in (*inputs, output)
+  processes.check_flags(sharing.num_processes, sharing.process_id,
+                        sharing.coordinator_address, streamed)
+  if streamed:
+    chunks = (files.prompt_chunks("-", chunk_lines) if list(inputs) == ["-"]
+              else bulk.record_chunks(inputs, chunk_lines))
+    if list(inputs) == ["-"]:
+      chunks = ([(line,) for line in lines] for lines in chunks)
+    task = make_task(translator(opened, settings, checkpoint))
+    bulk.run_stream_job(chunks, task, output)
+  else:
+    mine = processes.join(sharing.coordinator_address, sharing.num_processes,
+                          sharing.process_id)
+    identity, step = bulk.checkpoint_identity(opened, output, checkpoint.step,
+                                              checkpoint.averaged)
+    job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
+        "command": command, "checkpoint": identity, "settings": job_settings})
+    task = make_task(restored := translator(opened, settings, checkpoint, step))
+    bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
+                      processes=mine)
+  if task.truncated:
+    bulk.say(f"Warning: {task.truncated} line(s) of {', '.join(inputs)} exceeded the model's "
+             "max_len and were truncated.")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationInputs:
+  """A source file and its line-aligned references, read and checked (`read_evaluation`)."""
+
+  src: str
+  ref: str
+  sources: list[str]
+  references: list[str]
+
+
+def read_evaluation(src: str, ref: str, output: str | None = None) -> EvaluationInputs:
+  """Reads `src` and `ref` and checks them (line-aligned) and `output` (writable): call it
+  before the workdir is opened, so that bad files fail first."""
+  sources, references = files.read_lines(src), files.read_lines(ref)
+  if len(sources) != len(references):
+    raise ValueError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; they "
+                     "must be line-aligned.")
+  if output:
+    files.check_writable(output)
+  return EvaluationInputs(src, ref, sources, references)
+
+
+def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
+             inputs: EvaluationInputs, output: str | None = None) -> dict[str, Any]:
+  """BLEU and chrF of the translations of `inputs.sources` against `inputs.references`, with
+  what was searched and how; the translations are also written to `output` when given."""
+  from flax_transformer.serving.translator import translate_lines
+
+  restored = translator(opened, settings, checkpoint)
+  bar = ProgressBar(sum(1 for line in inputs.sources if line.strip()), unit="sentences")
+  hypotheses, truncated = translate_lines(restored, inputs.sources, progress=bar.advance)
+  bar.close("Translated")
+  if truncated:
+    bulk.say(f"Warning: {truncated} line(s) of {inputs.src} exceeded the model's max_len and "
+             "were truncated.")
+  if output:
+    files.write_lines_atomically(output, hypotheses)
+  scores = score_translations(hypotheses, inputs.references)
+  search = settings.search
+  scores.update(step=restored.step, checkpoint=checkpoint.averaged, src=inputs.src,
+                ref=inputs.ref, method=search.method, beam_size=search.beam_size,
+                length_penalty=search.length_penalty,
+                length_normalization=search.length_normalization,
+                finish_rule=search.finish_rule)
+  return scores
+
+
+def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
+  """ValueError unless `nbest` hypotheses per line can come from `settings`' search."""
+  if nbest is None:
+    return
+  search = settings.search
+  if nbest < 1:
+    raise ValueError(f"--nbest must be >= 1, got {nbest}.")
+  if nbest > 1 and search.method != "beam":
+    raise ValueError(f"--nbest {nbest} needs --method beam (got {search.method}, which gives "
+                     "one hypothesis per line).")
+  if search.method == "beam" and nbest > search.beam_size:
+    raise ValueError(f"--nbest {nbest} needs --beam_size >= {nbest} (it is "
+                     f"{search.beam_size}).")
+
+
+__all__ = ["Checkpoint", "EvaluationInputs", "Sharing", "check_nbest", "evaluate", "open_job",
+           "read_evaluation", "run_bulk", "translator"]
