@@ -11,7 +11,6 @@ in the harness's README. `OursTrain` is the training job's own jitted step; `Our
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -20,10 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.config import TrainConfig
 from flax_transformer.decoding import bridge, search
-from flax_transformer.runtime import sharding as sharding_lib
-from flax_transformer.training import optim, steps
-from flax_transformer.training import state as state_lib
+from flax_transformer.training import recipe
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "shared", "bench"))
@@ -45,24 +43,20 @@ class OursTrain:
 
   def __init__(self, preset: dict, seed: int):
     self.preset, self.seed = preset, seed
-    config = _model_config(preset, 0.1)
-    model = Transformer(config)
-    train = argparse.Namespace(
+    train = TrainConfig(
         schedule="warmup_rsqrt", learning_rate=0.002, warmup_steps=1000,
         num_train_steps=10**6, end_learning_rate_factor=0.0, optimizer="adamw", adam_b1=0.9,
-        adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0)
-    optimizer, schedule = optim.make_optimizer(train, config.emb_dim)
-    self.mesh = sharding_lib.make_mesh(jax.devices()[:1])
-    _, shardings = state_lib.state_shardings(model, optimizer, self.mesh, fsdp=False)
-    self.state = state_lib.create_train_state(model, optimizer, shardings, seed=seed)
-    self.param_count = int(sum(x.size for x in jax.tree.leaves(self.state.params)))
-    self._sharding = sharding_lib.batch_sharding(self.mesh)
-    self._jitted = steps.jit_train_step(self.mesh, shardings, model=model, optimizer=optimizer,
-                                        schedule=schedule, label_smoothing=0.1)
+        adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0,
+        label_smoothing=0.1, fsdp=False, seed=seed)
+    # The train step train.py runs (training/recipe.py), on one device.
+    self.recipe = recipe.build(_model_config(preset, 0.1), train, rows=preset["train_batch"],
+                               length=preset["train_src_len"], devices=jax.devices()[:1])
+    self.state = self.recipe.init_state()
+    self.param_count = self.recipe.parameter_count
+    self._jitted = self.recipe.train_step
 
   def make_batch(self, i: int):
-    return sharding_lib.global_batch(h.make_train_batch(self.preset, self.seed, i),
-                                     self._sharding)
+    return self.recipe.place_batch(h.make_train_batch(self.preset, self.seed, i))
 
   def compile(self):
     self._compiled, timings = h.aot_compile(self._jitted, self.state,

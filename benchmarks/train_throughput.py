@@ -32,11 +32,10 @@ import jax
 import numpy as np
 import optax
 
-from flax_transformer import ModelConfig, Transformer
-from flax_transformer.runtime import sharding as sharding_lib
+from flax_transformer import ModelConfig
+from flax_transformer.config import TrainConfig
 from flax_transformer.training import metrics as metrics_lib
-from flax_transformer.training import optim, steps
-from flax_transformer.training import state as state_lib
+from flax_transformer.training import recipe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import profile_summary
@@ -48,11 +47,11 @@ SIZES = {  # name: (preset, vocab, rows, length)
 }
 
 
-def _optimizer_settings(warmup: int = 10):
-  return argparse.Namespace(
-      schedule="rsqrt", learning_rate=1.0, warmup_steps=warmup, num_train_steps=10**6,
-      end_learning_rate_factor=0.0, optimizer="adam", adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
-      weight_decay=0.0, grad_clip_norm=0.0)
+def _train_settings(fsdp: bool = False, warmup: int = 10) -> TrainConfig:
+  """The paper's optimizer and schedule (Adam 0.9, 0.98, 1e-9; rsqrt), label smoothing 0.1."""
+  return TrainConfig(schedule="rsqrt", learning_rate=1.0, warmup_steps=warmup,
+                     num_train_steps=10**6, optimizer="adam", adam_b1=0.9, adam_b2=0.98,
+                     adam_eps=1e-9, grad_clip_norm=0.0, label_smoothing=0.1, fsdp=fsdp, seed=0)
 
 
 def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_steps: int,
@@ -65,19 +64,13 @@ def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_
   config = getattr(ModelConfig, preset)(
       vocab, dropout_rate=0.1, attention_dropout_rate=attention_dropout, dtype=dtype,
       max_len=max(256, length), attention_implementation=attention_implementation)
-  model = Transformer(config)
-  optimizer, schedule = optim.make_optimizer(_optimizer_settings(), config.emb_dim)
-  mesh = sharding_lib.make_mesh()
-  _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=fsdp)
-  state = state_lib.create_train_state(model, optimizer, shardings, seed=0)
+  train = recipe.build(config, _train_settings(fsdp), rows=rows, length=length)
+  state = train.init_state()
   rng = np.random.default_rng(0)
-  batch = {k: rng.integers(3, vocab, (rows, length), dtype=np.int32)
-           for k in ("inputs", "targets")}
-  batch = sharding_lib.global_batch(batch, sharding_lib.batch_sharding(mesh))
-  step = steps.jit_train_step(mesh, shardings, model=model, optimizer=optimizer,
-                              schedule=schedule, label_smoothing=0.1)
+  batch = train.place_batch({k: rng.integers(3, vocab, (rows, length), dtype=np.int32)
+                             for k in ("inputs", "targets")})
   start = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
+  compiled = train.lower(state, batch).compile()
   compile_seconds = time.perf_counter() - start
   for _ in range(warmup_steps):
     state, metrics = compiled(state, batch)
@@ -104,7 +97,7 @@ def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_
     flops = metrics_lib.train_flops_per_step(config, rows, length)
     record["mfu"] = round(flops / seconds / peak, 4)
   if time_optimizer:
-    record["optimizer_update_ms"] = _optimizer_ms(optimizer, state)
+    record["optimizer_update_ms"] = _optimizer_ms(train.optimizer, state)
   if profile_dir:
     directory = os.path.join(profile_dir, f"{size}_{dtype}_attdrop{attention_dropout}_"
                                           f"{record['attention_kernel']}")

@@ -7,19 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import ModelConfig, Transformer
-from flax_transformer.runtime import sharding as sharding_lib
-from flax_transformer.training import checkpoints, loop, optim, steps
+from flax_transformer import ModelConfig
+from flax_transformer.training import checkpoints, loop, recipe
 from flax_transformer.training import metrics as metrics_lib
-from flax_transformer.training import state as state_lib
 from flax_transformer.training.state import TrainState
 from flax_transformer.workdir import restore_params
 
 
-def _optimizer():
+def _recipe(config: ModelConfig, **train) -> recipe.TrainRecipe:
   from test_training_steps import _train_config
 
-  return optim.make_optimizer(_train_config(), 32)[0]
+  return recipe.build(config, _train_config(seed=0, **train), rows=8, length=12)
 
 
 # The tiny preset shrunk further, with the sizes the mismatch message below names.
@@ -30,11 +28,7 @@ SHRUNK = dict(emb_dim=32, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1
 def fsdp_checkpoint(tmp_path_factory):
   """An 8-device FSDP state of a 1+1-layer tiny model, D 32 and F 64, saved at step 0."""
   workdir = tmp_path_factory.mktemp("fsdp")
-  model = Transformer(ModelConfig.tiny(48, **SHRUNK))
-  optimizer = _optimizer()
-  mesh = sharding_lib.make_mesh()
-  _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=True)
-  state = state_lib.create_train_state(model, optimizer, shardings, seed=0)
+  state = _recipe(ModelConfig.tiny(48, **SHRUNK), fsdp=True).init_state()
   manager = checkpoints.make_manager(workdir, max_to_keep=2)
   checkpoints.save(manager, state, None)
   manager.wait_until_finished()
@@ -56,13 +50,10 @@ def test_params_from_8_devices_restore_on_one(fsdp_checkpoint):
 
 def test_checkpoint_of_another_model_shape_fails_clearly(fsdp_checkpoint):
   workdir, _ = fsdp_checkpoint
-  other = Transformer(ModelConfig.tiny(48, **{**SHRUNK, "mlp_dim": 128}))
-  optimizer = _optimizer()
-  abstract, shardings = state_lib.state_shardings(
-      other, optimizer, sharding_lib.make_mesh(), fsdp=False)
+  other = _recipe(ModelConfig.tiny(48, **{**SHRUNK, "mlp_dim": 128}))
   manager = checkpoints.make_manager(workdir, read_only=True, async_save=False)
   with pytest.raises(checkpoints.CheckpointMismatchError) as error:
-    checkpoints.restore(manager, 0, abstract, shardings, None)
+    checkpoints.restore(manager, 0, other.abstract_state, other.shardings, None)
   message = str(error.value)
   assert "does not match the configured model" in message
   assert "(checkpoint vs model)" in message
@@ -122,16 +113,13 @@ def test_gradients_that_overflow_float32_stop_the_real_step(tmp_path):
   pass overflows float32, and the update would make every parameter NaN."""
   from test_training_steps import _model, _packed_batch, _train_config
 
-  model = _model(dropout=0.0)
-  optimizer, schedule = optim.make_optimizer(_train_config(), model.config.emb_dim)
-  mesh = sharding_lib.make_mesh(jax.devices()[:1])
-  _, shardings = state_lib.state_shardings(model, optimizer, mesh, fsdp=False)
-  state = state_lib.create_train_state(model, optimizer, shardings, seed=0)
+  train = recipe.build(_model(dropout=0.0).config, _train_config(seed=0), rows=8, length=12,
+                       devices=jax.devices()[:1])
+  state = train.init_state()
   params = dict(state.params, embedder={"embedding": state.params["embedder"]["embedding"] * 3e18})
-  state = state.replace(params=jax.device_put(params, shardings.params))
-  train_step = steps.jit_train_step(mesh, shardings, model=model, optimizer=optimizer,
-                                    schedule=schedule, label_smoothing=0.1)
-  batch = sharding_lib.global_batch(_packed_batch(8), sharding_lib.batch_sharding(mesh))
+  state = state.replace(params=jax.device_put(params, train.shardings.params))
+  train_step = train.train_step
+  batch = train.place_batch(_packed_batch(8))
   _, metrics = train_step(jax.tree.map(jnp.copy, state), batch)  # The premise, checked.
   assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
 
