@@ -19,42 +19,52 @@ Training runs from `train.py` (`flax_transformer.training.trainer.train_and_eval
 `flax-transformer` command serves (`flax_transformer.cli`); `flax_transformer.planning` compiles
 a config's train step and search for a TPU topology from any machine (`flax-transformer plan`).
 
-Importing the package leaves "tpu" out of JAX's platforms on a machine that shows no TPU, so that
-an installed libtpu does not print its errors there; JAX_PLATFORMS, when set, decides instead
-(`flax_transformer.runtime.platforms`).
+Importing the package loads no JAX: each public name is imported when first used (about 0.02 s
+for `import flax_transformer`). Once JAX loads, "tpu" is left out of its platforms on a machine
+that shows no TPU, so that an installed libtpu does not print its errors there; JAX_PLATFORMS,
+when set, decides instead (`flax_transformer.runtime.platforms`).
 """
 
-from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
-from flax_transformer.config import load as load_config
-from flax_transformer.decoding.bridge import prepare_search
-from flax_transformer.decoding.loop import LoopOptions
-from flax_transformer.decoding.search import (
-    Ranking,
-    SearchProblem,
-    beam_search,
-    greedy_search,
-    sample,
-)
-from flax_transformer.model.transformer import Transformer
+import importlib
+
 from flax_transformer.runtime import platforms as _platforms
-from flax_transformer.serving.translator import Translator
 
-# Before anything starts JAX's backends (none of the imports above does).
-_platforms.skip_absent_tpu()
+# Public name -> "module:attribute": imported on first use, so `import flax_transformer` loads
+# no JAX (as gemma's `epy.lazy_api_imports` does); `dir()` and `from flax_transformer import *`
+# list them all.
+_LAZY = {
+    "LoopOptions": "flax_transformer.decoding.loop:LoopOptions",
+    "ModelConfig": "flax_transformer.config:ModelConfig",
+    "Ranking": "flax_transformer.decoding.search:Ranking",
+    "SearchConfig": "flax_transformer.config:SearchConfig",
+    "SearchProblem": "flax_transformer.decoding.search:SearchProblem",
+    "Transformer": "flax_transformer.model.transformer:Transformer",
+    "TranslateConfig": "flax_transformer.config:TranslateConfig",
+    "Translator": "flax_transformer.serving.translator:Translator",
+    "beam_search": "flax_transformer.decoding.search:beam_search",
+    "greedy_search": "flax_transformer.decoding.search:greedy_search",
+    "load_config": "flax_transformer.config:load",
+    "prepare_search": "flax_transformer.decoding.bridge:prepare_search",
+    "sample": "flax_transformer.decoding.search:sample",
+}
 
-__all__ = [
-    "LoopOptions",
-    "ModelConfig",
-    "Ranking",
-    "SearchConfig",
-    "SearchProblem",
-    "Transformer",
-    "TranslateConfig",
-    "Translator",
-    "beam_search",
-    "greedy_search",
-    "load_config",
-    "prepare_search",
-    "sample",
-]
+# Before anything starts JAX's backends: now if JAX is loaded, else as soon as it is.
+_platforms.skip_absent_tpu_once_jax_loads()
+
+
+def __getattr__(name: str):
+  target = _LAZY.get(name)
+  if target is None:
+    raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
+  module, _, attribute = target.partition(":")
+  value = getattr(importlib.import_module(module), attribute)
+  globals()[name] = value  # Later lookups skip __getattr__.
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *_LAZY})
+
+
+__all__ = sorted(_LAZY)
 __version__ = "0.1.0"

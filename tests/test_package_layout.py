@@ -204,3 +204,24 @@ def test_no_module_builds_a_pathlib_path_from_a_users_path():
   found = sorted(name for name, path in _modules().items()
                  if name not in PATHLIB_ALLOWED and _imports_pathlib(path))
   assert not found, f"modules importing pathlib outside files.py: {found}"
+
+
+def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
+  import subprocess
+  import sys
+
+  code = ("import sys, flax_transformer as ft\n"
+          "assert 'jax' not in sys.modules and 'flax' not in sys.modules, 'eager import'\n"
+          "assert set(ft.__all__) <= set(dir(ft))\n"
+          "names = {name: getattr(ft, name) for name in ft.__all__}\n"
+          "assert 'jax' in sys.modules\n"
+          "from flax_transformer.serving.translator import Translator\n"
+          "assert names['Translator'] is Translator\n"
+          "try:\n"
+          "  ft.NoSuchName\n"
+          "except AttributeError as error:\n"
+          "  print(error)\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=PACKAGE.parent)
+  assert result.returncode == 0, result.stderr
+  assert "has no attribute 'NoSuchName'" in result.stdout

@@ -36,8 +36,11 @@ themselves.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -93,3 +96,33 @@ def skip_absent_tpu() -> str | None:
   platforms = platforms_without_tpu(priorities)
   jax.config.update("jax_platforms", platforms)
   return platforms
+
+
+def skip_absent_tpu_once_jax_loads() -> None:
+  """`skip_absent_tpu` now if JAX is imported already, else right after JAX's own import (an
+  import hook that removes itself), so that importing `flax_transformer` does not load JAX and
+  JAX still never starts a TPU the machine does not have."""
+  if "jax" in sys.modules:
+    skip_absent_tpu()
+  elif not any(isinstance(finder, _AfterJaxImport) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _AfterJaxImport())
+
+
+class _AfterJaxImport(importlib.abc.MetaPathFinder):
+  """Finds `jax` as the other finders do and runs `skip_absent_tpu` once its module has run."""
+
+  def find_spec(self, name, path, target=None):
+    if name != "jax":
+      return None
+    sys.meta_path.remove(self)  # Once, and never in the way of the search below.
+    spec = importlib.util.find_spec("jax")
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+      return spec
+    run_module = spec.loader.exec_module
+
+    def run_then_skip(module) -> None:
+      run_module(module)
+      skip_absent_tpu()
+
+    spec.loader.exec_module = run_then_skip
+    return spec
