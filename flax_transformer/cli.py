@@ -43,14 +43,15 @@ def _add_settings_arguments(parser: argparse.ArgumentParser, *names: str) -> Non
   with its choices and help from the field; default: the workdir's config.search."""
   from flax_transformer.config import TranslateConfig
 
-  for field, hint in TranslateConfig.setting_fields():
-    if names and field.name not in names:
-      continue
+  for field, hint in [(f, h) for f, h in TranslateConfig.setting_fields()
+                      if f.name in names or not names]:
     choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
     doc = field.metadata["doc"].rstrip(".").replace("%", "%%")
     parser.add_argument(f"--{field.name}", type=None if choices else hint, choices=choices,
-                        default=None,
                         help=f"{doc} (default: the workdir's config, else {field.default}).")
+  if not names:
+    parser.add_argument("--warmup", action="store_true", help="Compile the search of every "
+                        "length bucket and batch size first, with a progress bar.")
 
 
 def _add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,8 +93,9 @@ def run_bulk(args: argparse.Namespace) -> int:
     make_task = lambda translator: chunk_tasks.ScoringTask(translator, args.normalize)
   commands.run_bulk(opened, settings, checkpoint, command=args.command, inputs=inputs,
                     output=args.output, make_task=make_task, job_settings=job,
-                    chunk_lines=args.chunk_lines, sharing=commands.Sharing(
-                        args.coordinator_address, args.num_processes, args.process_id))
+                    chunk_lines=args.chunk_lines, warmup=getattr(args, "warmup", False),
+                    sharing=commands.Sharing(args.coordinator_address, args.num_processes,
+                                             args.process_id))
   return 0
 
 
@@ -103,7 +105,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
   from flax_transformer.serving.commands import evaluate, read_evaluation
 
   inputs = read_evaluation(args.src, args.ref, args.output)  # Before the workdir is read.
-  scores = evaluate(*_open(args), inputs, output=args.output)
+  scores = evaluate(*_open(args), inputs, output=args.output, warmup=args.warmup)
   print(json.dumps(scores, indent=2) if args.json else summary(scores))
   return 0
 

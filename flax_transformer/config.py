@@ -269,7 +269,7 @@ class SearchConfig:
                                "Sampling: keep the smallest set with this probability.")
   grow_cache: Literal["auto", "yes", "no"] = checked_field(
       "auto", doc="Grow the self-attention cache with the output: faster search, longer "
-      "compiles (auto = yes for beam search on CPU).")
+      "compiles (auto = yes for beam search on CPU, in batches of more than 8 rows).")
 
   def __post_init__(self):
     check_fields(self)

@@ -193,6 +193,11 @@ def test_grow_cache_runs_one_loop_per_segment_and_by_default_only_for_beams_on_c
   assert loops(method="greedy", grow_cache=True) == 4
   # "auto": beam search grows on CPU only; greedy decoding and sampling never.
   assert grows_cache("auto", "beam") == (jax.default_backend() == "cpu")
+  # A few sentences (a notebook, a short command) keep the cache fixed: their program loads
+  # in half the time; a bulk job's batches grow it.
+  assert not grows_cache("auto", "beam", rows=8)
+  assert grows_cache("auto", "beam", rows=9) == (jax.default_backend() == "cpu")
+  assert grows_cache("yes", "beam", rows=1)
   assert not grows_cache("auto", "greedy") and not grows_cache("auto", "sample")
   assert grows_cache("yes", "greedy") and not grows_cache("no", "beam")
   with pytest.raises(ValueError, match="grow_cache must be one of"):

@@ -7,9 +7,12 @@ took 43 s, while each 32-sentence beam search runs in milliseconds there). With 
 later run with the same shapes, model and JAX version loads the compiled programs from disk.
 
 Where: `--compilation_cache_dir` (train.py and the CLI commands), else the environment variable
-FLAX_TRANSFORMER_COMPILATION_CACHE, else ~/.cache/flax_transformer/xla. An empty string turns
-the cache off. Entries are keyed by the program, the devices and the JAX version, so one folder
-can serve many models; delete it to reclaim the space.
+FLAX_TRANSFORMER_COMPILATION_CACHE, else ~/.cache/flax_transformer/xla (on Colab:
+/root/.cache/flax_transformer/xla, which lasts as long as the runtime; point the variable at a
+mounted Drive folder to keep it). An empty string turns the cache off. A `Translator` (the
+Python API, a notebook) uses the same folder under the same switch, unless the process has set
+JAX's cache folder itself. Entries are keyed by the program, the devices and the JAX version, so
+one folder can serve many models; delete it to reclaim the space.
 """
 
 from __future__ import annotations
@@ -64,5 +67,26 @@ def enable_compilation_cache(directory: str | None = None) -> str | None:
     logging.warning("%s Running without a compilation cache.", message)
     return None
   jax.config.update("jax_compilation_cache_dir", path)
+  # JAX decides once, at its first compile, whether a cache is used: start that over, so a
+  # process that computed before (a notebook) uses the folder from now on.
+  from jax.experimental.compilation_cache import compilation_cache
+
+  compilation_cache.reset_cache()
   logging.info("Persistent compilation cache: %s", path)
   return path
+
+
+_DEFAULT_CHOSEN = False
+
+
+def enable_default_compilation_cache() -> str | None:
+  """What a `Translator` does when it is made: `enable_compilation_cache(None)` (the CLI's
+  folder, under the same variable; FLAX_TRANSFORMER_COMPILATION_CACHE='' turns it off) once per
+  process, unless JAX's cache folder is set already (by the CLI, train.py or the user's own
+  `jax.config.update("jax_compilation_cache_dir", ...)`, which stands). Returns the folder in
+  use, or None."""
+  global _DEFAULT_CHOSEN
+  if jax.config.jax_compilation_cache_dir is not None or _DEFAULT_CHOSEN:
+    return jax.config.jax_compilation_cache_dir
+  _DEFAULT_CHOSEN = True
+  return enable_compilation_cache(None)

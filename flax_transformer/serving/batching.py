@@ -6,6 +6,13 @@ padding) padded to one bucket length. `plan_batches` makes them from the sentenc
 the token budget alone. `group_steps` then deals device batches of one shape to the devices, D at
 a time, padding a step with empty device batches when fewer than D of that shape are left.
 
+Row counts climb a short ladder (`ROW_LADDER`: 8, 64, 512, ... up to what the bucket's budget
+holds): any number of sentences up to 8 in a bucket shares one compiled program, up to 64 a
+second. A notebook or a short CLI call thus compiles once per bucket instead of once per number
+of sentences (each compile costs about 3 s on a CPU, even for the tiny model); the price is
+padding rows when few sentences are searched (at most 8x the rows, never more than the bucket's
+full batch), which a bulk job, whose batches are full, never pays.
+
 So the shape a sentence is searched in never depends on the number of devices. This matters for
 byte-identical output: XLA's CPU matmuls may round differently for another number of rows, and a
 beam search turns a last-bit difference into another hypothesis at a near-tie. With this plan, one
@@ -23,6 +30,7 @@ import numpy as np
 
 T = TypeVar("T")
 MIN_BUCKET = 8  # Shortest padded length; buckets double from here up to max_len.
+ROW_LADDER = 8  # Row counts of a bucket: 8, 64, 512, ... (times 8), and its full batch.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +38,7 @@ class Batch:
   """One device batch: which sentences, padded to which shape."""
 
   indices: np.ndarray  # int [rows used], positions in the input list
-  rows: int  # padded row count (a power of two)
+  rows: int  # padded row count (a rung of `rows_for`'s ladder)
   length: int  # padded source length (a bucket)
   target_length: int = 0  # padded target length when targets are given (scoring), else 0
 
@@ -56,8 +64,9 @@ class Step:
 
   def row_positions(self) -> np.ndarray:
     """int [sentences]: the row of the step's [D * rows, ...] arrays holding each sentence."""
-    return np.concatenate([d * self.rows + np.arange(len(b.indices))
-                           for d, b in enumerate(self.batches) if b is not None])
+    parts = [d * self.rows + np.arange(len(b.indices))
+             for d, b in enumerate(self.batches) if b is not None]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def bucket_length(length: int, max_len: int) -> int:
@@ -73,10 +82,10 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,
   """Groups sentences of similar length into device batches of at most `batch_tokens` padded
   tokens (at least one row).
 
-  Example: lengths [3, 30, 5] with batch_tokens 64 give Batch([0, 2], rows=2, length=8) and
-  Batch([1], rows=1, length=32). Row counts are powers of two, so with B buckets there are at
-  most B * log2(rows) shapes to compile. With `target_lengths` (scoring), sentences are bucketed
-  by both lengths and the budget counts the longer of the two.
+  Example: lengths [3, 30, 5] with batch_tokens 64 give Batch([0, 2], rows=8, length=8) and
+  Batch([1], rows=2, length=32). Row counts come from `rows_for`'s ladder, so with B buckets
+  there are at most B * (1 + log8(rows)) shapes to compile. With `target_lengths` (scoring),
+  sentences are bucketed by both lengths and the budget counts the longer of the two.
   """
   order = np.argsort(np.asarray(lengths), kind="stable")
   by_bucket: dict[tuple[int, int], list[int]] = {}
@@ -89,9 +98,30 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,
     capacity = _floor_power_of_two(max(1, batch_tokens // max(length, target)))
     for start in range(0, len(indices), capacity):
       chunk = np.asarray(indices[start:start + capacity])
-      batches.append(Batch(chunk, rows=min(capacity, _ceil_power_of_two(len(chunk))),
-                           length=length, target_length=target))
+      batches.append(Batch(chunk, rows=rows_for(len(chunk), capacity), length=length,
+                           target_length=target))
   return batches
+
+
+def rows_for(count: int, capacity: int) -> int:
+  """The padded rows of a device batch of `count` sentences in a bucket that holds `capacity`
+  (a power of two): the first rung of 8, 64, 512, ... that fits them, at most `capacity`."""
+  rung = ROW_LADDER
+  while rung < count:
+    rung *= ROW_LADDER
+  return min(rung, capacity)
+
+
+def row_counts(capacity: int) -> list[int]:
+  """Every row count `rows_for` gives in a bucket of `capacity`: its ladder, smallest first."""
+  return sorted({rows_for(count, capacity) for count in range(1, capacity + 1)})
+
+
+def search_shapes(batch_tokens: int, max_len: int) -> list[tuple[int, int]]:
+  """(rows, length) of every device batch `plan_batches` can make: each bucket's row ladder,
+  shortest bucket first (what `Translator.compile` compiles ahead of time)."""
+  return [(rows, length) for capacity, length in largest_shapes(batch_tokens, max_len)
+          for rows in row_counts(capacity)]
 
 
 def largest_shapes(batch_tokens: int, max_len: int) -> list[tuple[int, int]]:
@@ -146,5 +176,3 @@ def _floor_power_of_two(n: int) -> int:
   return 1 << (n.bit_length() - 1)
 
 
-def _ceil_power_of_two(n: int) -> int:
-  return 1 << (n - 1).bit_length()

@@ -57,20 +57,25 @@ def open_job(workdir: str, step: int | None = None, averaged: str | None = None,
 
 
 def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
-               step: int | None = None) -> Any:
+               step: int | None = None, warmup: bool = False) -> Any:
   """The command's `Translator` over this process's devices (`step` overrides the
-  checkpoint's: a resumed file job's)."""
+  checkpoint's: a resumed file job's); `warmup`: its searches compiled first
+  (`Translator.compile`, a progress bar)."""
   from flax_transformer.runtime import sharding
   from flax_transformer.serving.translator import Translator
 
-  return Translator.restore(opened, settings, checkpoint.step if step is None else step,
-                            checkpoint=checkpoint.averaged, mesh=sharding.local_mesh())
+  restored = Translator.restore(opened, settings, checkpoint.step if step is None else step,
+                                checkpoint=checkpoint.averaged, mesh=sharding.local_mesh())
+  if warmup:
+    restored.compile()
+  return restored
 
 
 def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
              command: str, inputs: Sequence[str], output: str,
              make_task: Callable[[Any], bulk.ChunkTask], job_settings: dict[str, Any],
-             chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing()) -> None:
+             chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing(),
+             warmup: bool = False) -> None:
   """Translates or scores `inputs` into `output`: a resumable file job, or a stream when an
   input or the output is '-'.
 
@@ -82,6 +87,7 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
     make_task: the chunk task of a translator (`chunk_tasks.TranslationTask`, ...).
     job_settings: every setting that changes the output (the job's manifest keeps them).
     chunk_lines: input lines per chunk. sharing: several processes' shares.
+    warmup: compile every search shape before the first chunk (`Translator.compile`).
   """
   streamed = "-" in (*inputs, output)
   processes.check_flags(sharing.num_processes, sharing.process_id,
@@ -91,7 +97,7 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
               else bulk.record_chunks(inputs, chunk_lines))
     if list(inputs) == ["-"]:
       chunks = ([(line,) for line in lines] for lines in chunks)
-    task = make_task(translator(opened, settings, checkpoint))
+    task = make_task(translator(opened, settings, checkpoint, warmup=warmup))
     bulk.run_stream_job(chunks, task, output)
   else:
     mine = processes.join(sharing.coordinator_address, sharing.num_processes,
@@ -100,7 +106,7 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
                                               checkpoint.averaged)
     job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
         "command": command, "checkpoint": identity, "settings": job_settings})
-    task = make_task(restored := translator(opened, settings, checkpoint, step))
+    task = make_task(restored := translator(opened, settings, checkpoint, step, warmup))
     bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
                       processes=mine)
   if task.truncated:
@@ -131,12 +137,14 @@ def read_evaluation(src: str, ref: str, output: str | None = None) -> Evaluation
 
 
 def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
-             inputs: EvaluationInputs, output: str | None = None) -> dict[str, Any]:
+             inputs: EvaluationInputs, output: str | None = None,
+             warmup: bool = False) -> dict[str, Any]:
   """BLEU and chrF of the translations of `inputs.sources` against `inputs.references`, with
-  what was searched and how; the translations are also written to `output` when given."""
+  what was searched and how; the translations are also written to `output` when given
+  (`warmup`: every search shape compiled first)."""
   from flax_transformer.serving.translator import translate_lines
 
-  restored = translator(opened, settings, checkpoint)
+  restored = translator(opened, settings, checkpoint, warmup=warmup)
   bar = ProgressBar(sum(1 for line in inputs.sources if line.strip()), unit="sentences")
   hypotheses, truncated = translate_lines(restored, inputs.sources, progress=bar.advance)
   bar.close("Translated")

@@ -25,6 +25,7 @@ import functools
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -38,7 +39,9 @@ from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
 from flax_transformer.model.transformer import Transformer
-from flax_transformer.runtime import sharding
+from flax_transformer.progress import ProgressBar
+from flax_transformer.runtime import compilation_cache, sharding
+from flax_transformer.serving import batching, programs
 from flax_transformer.serving.batching import (
   Step,
   fill_rows,
@@ -62,7 +65,7 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
       max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
       min_length=settings.min_length,
-      grow_cache=bridge.grows_cache(settings.grow_cache, settings.method))
+      grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)))
   if settings.method == "beam":
     ranking = search.Ranking(settings.length_penalty, settings.length_normalization,
                              settings.finish_rule)
@@ -99,6 +102,9 @@ def _row_keys(key: Array, line_numbers: Array) -> Array:
 
 
 _row_keys_jit = jax.jit(_row_keys)
+# (search function, settings, rows, length, output length) of every search called in this
+# process: its first call is timed and logged (compiling, or loading from the cache).
+_SEEN_SHAPES: set[tuple[Any, ...]] = set()
 
 
 @functools.cache
@@ -111,6 +117,13 @@ def _jitted(model_config: ModelConfig, mesh: Mesh | None) -> tuple[Callable, Cal
   search_fn = jax.jit(functools.partial(search_batch, model),
                       static_argnames=("settings", "max_decode_len"), out_shardings=replicated)
   return search_fn, jax.jit(functools.partial(score_batch, model), out_shardings=replicated)
+
+
+@functools.cache
+def _stored(model_config: ModelConfig, mesh: Mesh | None) -> programs.StoredPrograms:
+  """`_jitted`'s search, its programs exported once per machine (`serving.programs`)."""
+  return programs.StoredPrograms(_jitted(model_config, mesh)[0],
+                                 name=f"{model_config!r} on {mesh!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +162,12 @@ class Translator:
     search_fn, score_fn: the batched search (params, inputs [B, S], rng, *, settings,
       max_decode_len) -> (sequences [B, K, L], scores [B, K]) and scoring (params, inputs,
       targets) -> log p [B]; default: `search_batch` and `score_batch` of the model, jitted
-      once per model config and mesh.
+      once per model config and mesh, the search's programs exported to the persistent
+      compilation cache's folder so that a new process does not trace them again
+      (`serving.programs`).
+
+  Making one turns on the persistent compilation cache (the CLI's folder, under the same
+  switch: FLAX_TRANSFORMER_COMPILATION_CACHE, '' for off) unless the process chose one.
   """
 
   model_config: ModelConfig
@@ -170,9 +188,10 @@ class Translator:
           f"model expects {self.model_config.vocab_size}.")
     if self.settings is None:
       object.__setattr__(self, "settings", TranslateConfig())
-    search_fn, score_fn = _jitted(self.model_config, self.mesh)
+    compilation_cache.enable_default_compilation_cache()  # Before anything compiles.
+    score_fn = _jitted(self.model_config, self.mesh)[1]
     if self.search_fn is None:
-      object.__setattr__(self, "search_fn", search_fn)
+      object.__setattr__(self, "search_fn", _stored(self.model_config, self.mesh))
     if self.score_fn is None:
       object.__setattr__(self, "score_fn", score_fn)
 
@@ -326,9 +345,39 @@ class Translator:
       line_numbers = np.zeros(len(inputs), np.uint32)
       line_numbers[step.row_positions()] = first_index + step.indices
       rng = _row_keys_jit(rng, self._place(line_numbers))
-    return self.search_fn(
-        params, self._place(inputs), rng, settings=options.search,
-        max_decode_len=decode_length(options.search, step.length, self.model_config.max_len))
+    decode_len = decode_length(options.search, step.length, self.model_config.max_len)
+    shape = (self.search_fn, options.search, len(inputs), step.length, decode_len)
+    start = time.perf_counter()
+    outputs = self.search_fn(params, self._place(inputs), rng, settings=options.search,
+                             max_decode_len=decode_len)
+    if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
+      _SEEN_SHAPES.add(shape)
+      logging.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
+                   "(or loaded it from the persistent compilation cache).",
+                   options.search.method, len(inputs), step.length, decode_len,
+                   time.perf_counter() - start)
+    return outputs
+
+  def compile(self, *, params: Any = None, progress: bool = True, **settings: Any) -> int:
+    """Compiles ahead of time the search of every shape a call with these `settings` can use
+    (every length bucket up to the model's max_len, every row count of its ladder:
+    `batching.search_shapes`), so that no later call compiles: a long job or a notebook pays
+    once, visibly (a progress bar on stderr). With the persistent compilation cache, a later
+    process loads them instead. Returns how many programs there are.
+
+    `params`: these weights' shapes instead of the translator's (the programs depend on the
+    shapes only); `settings`: `TranslateConfig` fields, as `translate` takes them.
+    """
+    options = self.settings.replace(**settings)
+    params = self._params(params)
+    shapes = batching.search_shapes(options.batch_tokens, self.model_config.max_len)
+    bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
+    for rows, length in shapes:
+      empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
+      jax.block_until_ready(self._search_step(params, empty, [], 0, options))
+      bar.advance(1)
+    bar.close("Compiled")
+    return len(shapes)
 
   def _pipelined(self, steps: Sequence[Step], call: Callable[[Step], Any]
                  ) -> Iterator[tuple[Step, Any]]:

@@ -1,0 +1,138 @@
+"""Search programs that a new process does not trace again: each shape's program is exported
+(`jax.export`, StableHLO) into the persistent compilation cache's folder the first time this
+machine needs it, and later processes load it from there.
+
+Why: with JAX's persistent compilation cache warm, a new process still traces the search in
+Python before it can find the compiled program (the tiny model's beam search: 0.3-0.6 s of
+tracing, then 0.1-0.4 s to load the executable, per shape). An exported program skips the
+tracing: it is deserialized in milliseconds and lowered, and its executable comes from the
+compilation cache as before. Every process, the first one included, runs the exported program,
+so the outputs never depend on which process exported it.
+
+A program is stored under SHA-256 of everything it depends on: this package's source, the JAX
+and jaxlib versions, the model config, the search settings, the shapes, dtypes and placement of
+every argument (parameters included) and the devices. A stale or damaged file is rebuilt; a
+program that cannot be exported (a backend's custom call that `jax.export` does not allow) is
+jitted as before. The folder is `<JAX's compilation cache folder>/flax_transformer_programs`: on
+and off with that cache (FLAX_TRANSFORMER_COMPILATION_CACHE='' turns both off), local folders
+only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jaxlib
+from jax import export
+
+from flax_transformer import files
+
+FORMAT = 1
+FOLDER = "flax_transformer_programs"
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StoredPrograms:
+  """`jitted(params, inputs, rng, *, settings, max_decode_len)` (a jitted search with `settings`
+  and `max_decode_len` static), with each shape's program exported once per machine and loaded
+  by later processes. `name` tells programs of different models and meshes apart (with the
+  arguments' shapes, which the key holds too)."""
+
+  def __init__(self, jitted: Callable[..., Any], name: str):
+    self.jitted = jitted
+    self.name = name
+    self._programs: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+  def __call__(self, params: Any, inputs: jax.Array, rng: jax.Array, *, settings: Any,
+               max_decode_len: int) -> Any:
+    key = (settings, max_decode_len, _avals((params, inputs, rng)))
+    program = self._programs.get(key)
+    if program is None:
+      program = self._programs[key] = self._program(params, inputs, rng, settings,
+                                                    max_decode_len)
+    return program(params, inputs, rng)
+
+  def _program(self, params: Any, inputs: jax.Array, rng: jax.Array, settings: Any,
+               max_decode_len: int) -> Callable[..., Any]:
+    """The exported program of this call's shape (loaded, or exported and stored), else the
+    plain jitted one. The program takes the parameters as a flat list of arrays (any pytree
+    of them serializes), rebuilt inside."""
+    bound = functools.partial(self.jitted, settings=settings, max_decode_len=max_decode_len)
+    folder = _folder()
+    if folder is None:
+      return bound
+    path = os.path.join(folder, f"{self._digest(params, inputs, rng, settings, max_decode_len)}"
+                        ".bin")
+    exported = _load(path) if os.path.isfile(path) else None
+    if exported is None:
+      treedef = jax.tree.structure(params)
+      flat = lambda leaves, inputs, rng: bound(jax.tree.unflatten(treedef, leaves), inputs, rng)
+      try:
+        exported = export.export(jax.jit(flat))(jax.tree.leaves(params), inputs, rng)
+        serialized = exported.serialize()
+      except Exception as error:  # E.g. a custom call jax.export does not allow.
+        logging.info("The search of %s is jitted, not exported (%s).", self.name, error)
+        return bound
+      try:
+        os.makedirs(folder, exist_ok=True)
+        files.atomic_write(path, bytes(serialized))
+      except OSError as error:
+        logging.warning("Could not store the search program in %s (%s).", folder, error)
+    call = jax.jit(exported.call)
+    return lambda params, inputs, rng: call(jax.tree.leaves(params), inputs, rng)
+
+  def _digest(self, params: Any, inputs: jax.Array, rng: jax.Array, settings: Any,
+              max_decode_len: int) -> str:
+    devices = jax.devices()
+    text = "\n".join(map(str, (
+        FORMAT, _source_digest(), jax.__version__, jaxlib.__version__, self.name, settings,
+        max_decode_len,
+        _avals((params, inputs, rng)), jax.tree.structure(params),
+        [d.device_kind for d in devices], len(devices), jax.default_backend())))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _load(path: str) -> export.Exported | None:
+  """The program stored at `path`, or None (with a warning) when it cannot be read."""
+  try:
+    with open(path, "rb") as stored:
+      return export.deserialize(bytearray(stored.read()))
+  except Exception as error:  # A damaged or foreign file: the caller exports it again.
+    logging.warning("Exporting again: the stored search program %s is unreadable (%s).", path,
+                    error)
+    return None
+
+
+def _avals(tree: Any) -> tuple[Any, ...]:
+  """(shape, dtype, placement) of every leaf: what a compiled program depends on."""
+  return tuple((tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None)))
+               for x in jax.tree.leaves(tree))
+
+
+def _folder() -> str | None:
+  """Where programs are stored: beside JAX's compilation cache (None: no cache, or not a
+  local folder)."""
+  cache = jax.config.jax_compilation_cache_dir
+  if not cache or "://" in cache:
+    return None
+  return os.path.join(cache, FOLDER)
+
+
+@functools.cache
+def _source_digest() -> str:
+  """SHA-256 of every Python file of this package: a program stored by other code never
+  loads."""
+  digest = hashlib.sha256()
+  for root, dirs, names in sorted(os.walk(_PACKAGE)):
+    dirs.sort()
+    for name in sorted(names):
+      if name.endswith(".py"):
+        with open(os.path.join(root, name), "rb") as source:
+          digest.update(name.encode() + b"\0" + source.read())
+  return digest.hexdigest()

@@ -1,0 +1,132 @@
+"""Search programs stored once per machine (`serving/programs.py`) and `Translator.compile`: a
+new process loads the stored program instead of tracing, translates exactly as the plain jitted
+search does, rebuilds a damaged file, keys programs by everything they depend on; `compile`
+leaves nothing for later calls to compile; a Translator turns the persistent cache on."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import REPO
+from test_serving_translator import sentences, tokenizer  # noqa: F401 (a fixture)
+
+from flax_transformer import ModelConfig, Transformer
+from flax_transformer.config import TranslateConfig
+from flax_transformer.serving import programs
+from flax_transformer.serving import translator as translator_lib
+from flax_transformer.serving.batching import plan_batches, search_shapes
+from flax_transformer.serving.translator import Translator
+
+
+@pytest.fixture
+def stored_in(tmp_path, monkeypatch):
+  """Programs are stored in tmp_path/programs (JAX's own cache settings stay as they are)."""
+  folder = tmp_path / "programs"
+  monkeypatch.setattr(programs, "_folder", lambda: str(folder))
+  return folder
+
+
+def _translator(tokenizer, search_fn=None, **settings) -> Translator:  # noqa: F811
+  config = ModelConfig.tiny(tokenizer.vocab_size, max_len=32, dropout_rate=0.0,
+                            attention_dropout_rate=0.0)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = Transformer(config).init(jax.random.key(2), tokens, tokens)["params"]
+  return Translator(config, params, tokenizer, TranslateConfig().replace(**settings),
+                    search_fn=search_fn)
+
+
+def _fresh(translator: Translator) -> programs.StoredPrograms:
+  """The search of a new process: nothing in memory, the same jitted function."""
+  return programs.StoredPrograms(translator.search_fn.jitted, translator.search_fn.name)
+
+
+def test_a_new_process_loads_the_stored_program_and_translates_alike(
+    tokenizer, stored_in, monkeypatch):  # noqa: F811
+  texts = sentences(5, seed=7)
+  first = _translator(tokenizer, beam_size=3)
+  assert isinstance(first.search_fn, programs.StoredPrograms)
+  translations = first.translate_nbest(texts, n=2)
+  stored = sorted(os.listdir(stored_in))  # One program per shape searched.
+  shapes = {b.shape for b in plan_batches([len(tokenizer.tokenize(t)) + 1 for t in texts],
+                                           first.settings.batch_tokens, 32)}
+  assert len(stored) == len(shapes) >= 2 and all(name.endswith(".bin") for name in stored)
+  # The plain jitted search (no export) gives the same hypotheses and scores.
+  jitted = first.search_fn.jitted
+  plain = _translator(tokenizer, search_fn=jitted, beam_size=3)
+  assert plain.translate_nbest(texts, n=2) == translations
+
+  # A new process reads the file: it never exports (nor traces the search) again.
+  exports = []
+  real_export = programs.export.export
+  monkeypatch.setattr(programs.export, "export",
+                      lambda *a, **k: exports.append(1) or real_export(*a, **k))
+  again = _translator(tokenizer, search_fn=_fresh(first), beam_size=3)
+  assert again.translate_nbest(texts, n=2) == translations
+  assert exports == []
+
+  # A damaged file is exported again (and stored whole), with the same result.
+  (stored_in / stored[0]).write_bytes(b"not a program")
+  damaged = _translator(tokenizer, search_fn=_fresh(first), beam_size=3)
+  assert damaged.translate_nbest(texts, n=2) == translations
+  assert exports == [1] and (stored_in / stored[0]).stat().st_size > 1000
+
+  # Other settings are other programs, in other files.
+  _translator(tokenizer, search_fn=_fresh(first), beam_size=2).translate(texts)
+  assert len(os.listdir(stored_in)) == 2 * len(shapes)
+
+
+def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monkeypatch):  # noqa: F811
+  def refuse(*args, **kwargs):
+    raise ValueError("Cannot serialize code with custom calls whose targets have no "
+                     "compatibility guarantees")
+
+  monkeypatch.setattr(programs.export, "export", refuse)
+  translator = _translator(tokenizer)
+  texts = sentences(3, seed=8)
+  plain = _translator(tokenizer, search_fn=translator.search_fn.jitted)
+  assert translator.translate(texts) == plain.translate(texts)
+  assert not stored_in.exists()
+
+
+def test_compile_leaves_nothing_for_later_calls_to_compile(tokenizer, stored_in, monkeypatch):  # noqa: F811
+  translator = _translator(tokenizer, batch_tokens=64, beam_size=2)
+  built = []
+  real = programs.StoredPrograms._program
+  monkeypatch.setattr(programs.StoredPrograms, "_program",
+                      lambda self, *a: built.append(a[1].shape) or real(self, *a))
+  count = translator.compile(progress=False)
+  shapes = search_shapes(64, 32)
+  assert count == len(shapes) == len(built) and set(built) == set(shapes)
+  built.clear()
+  for number in (1, 2, 3, 5, 8, 9, 20):
+    translator.translate(sentences(number, seed=number))
+  assert built == []
+
+
+def test_a_translator_turns_the_persistent_cache_on_under_the_clis_switch(tmp_path):
+  code = ("import jax\n"
+          "from flax_transformer.runtime.compilation_cache import "
+          "enable_default_compilation_cache as enable\n"
+          "print(enable(), jax.config.jax_compilation_cache_dir)\n")
+  runs = {}
+  for name, value in (("folder", str(tmp_path / "xla")), ("off", "")):
+    env = {**os.environ, "FLAX_TRANSFORMER_COMPILATION_CACHE": value}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    runs[name] = result.stdout.split()
+  assert runs == {"folder": [str(tmp_path / "xla")] * 2, "off": ["None", "None"]}
+
+
+def test_making_a_translator_asks_for_the_default_cache(tokenizer, monkeypatch):  # noqa: F811
+  asked = []
+  monkeypatch.setattr(translator_lib.compilation_cache, "enable_default_compilation_cache",
+                      lambda: asked.append(1))
+  _translator(tokenizer, search_fn=functools.partial(lambda *a, **k: None))
+  assert asked == [1]
