@@ -82,3 +82,17 @@ def test_recipe_places_the_batch_and_state_as_the_step_takes_them():
   assert not embedding.is_fully_replicated
   assert train.parameter_count == sum(x.size for x in jax.tree.leaves(
       train.abstract_state.params))
+
+
+def test_a_restart_reads_config_json_once_and_writes_no_vocabulary(tmp_path, monkeypatch):
+  from flax_transformer.training import vocabulary
+  from flax_transformer.workdir import layout
+
+  workdir = tmp_path / "work"
+  _train_py_program(_config(), workdir)  # Writes vocab.model and config.json.
+  reads, writes = [], []
+  real_read = layout.read_config
+  monkeypatch.setattr(layout, "read_config", lambda path: reads.append(path) or real_read(path))
+  monkeypatch.setattr(vocabulary, "_write", lambda *args: writes.append(args))
+  _train_py_program(_config(), workdir)
+  assert [str(path) for path in reads] == [str(workdir)] and writes == []
