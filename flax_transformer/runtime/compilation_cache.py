@@ -67,6 +67,9 @@ def enable_compilation_cache(directory: str | None = None) -> str | None:
     logging.warning("%s Running without a compilation cache.", message)
     return None
   jax.config.update("jax_compilation_cache_dir", path)
+  # Every program, not only those that took JAX's default 1 s to compile: a beam search of a
+  # few sentences compiles in 0.5-1 s on a CPU and is what a short call waits for.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   # JAX decides once, at its first compile, whether a cache is used: start that over, so a
   # process that computed before (a notebook) uses the folder from now on.
   from jax.experimental.compilation_cache import compilation_cache
