@@ -69,6 +69,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def micro_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Gradient accumulation's [k, B / k, ...] micro-batches: each one's rows split over 'data'."""
+  return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   """The sharding that keeps a full copy on every device of `mesh`."""
   return NamedSharding(mesh, PartitionSpec())

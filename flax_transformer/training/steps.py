@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import loss as loss_lib
@@ -104,7 +104,7 @@ def jit_train_step(
   step = functools.partial(
       train_step, model=model, optimizer=optimizer, schedule=schedule,
       label_smoothing=label_smoothing, accum_steps=accum_steps,
-      micro_sharding=NamedSharding(mesh, PartitionSpec(None, sharding_lib.DATA_AXIS)))
+      micro_sharding=sharding_lib.micro_batch_sharding(mesh))
   return jax.jit(
       _with_activation_sharding(step, mesh),
       in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh)),
