@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from flax_transformer import planning  # noqa: E402
-from flax_transformer.experiment_flags import read_config  # noqa: E402
+from flax_transformer.experiment_flags import config_from_flags  # noqa: E402
 
 CONFIGS = {
     "base": "configs/wmt14_en_de_base.py:bf16",
@@ -73,7 +73,7 @@ def _plan(name: str, topology: str, overrides: dict, batch_tokens: int | None, d
   if key in done:
     return done[key]
   argv = [f"--config={REPO / CONFIGS[name]}", *(f"--config.{k}={v}" for k, v in settings.items())]
-  config = read_config(argv)
+  config = config_from_flags(argv)
   parsed = planning.parse_topology(topology)
   plan = planning.plan_train(config, planning.topology_devices(parsed), parsed)
   row = {"key": key, "config": name, "topology": topology, "fsdp": settings["train.fsdp"],

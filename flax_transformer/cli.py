@@ -139,11 +139,11 @@ def run_plan(args: argparse.Namespace) -> int:
   """Compiles the config's train step (and search) for --topology and prints the figures; 1 and
   one line on stderr when a program does not fit."""
   from flax_transformer import planning
-  from flax_transformer.experiment_flags import read_config
+  from flax_transformer.experiment_flags import config_from_flags
 
-  plans = planning.plan_config(read_config([f"--config={args.config}", *args.config_overrides]),
-                               args.topology, num_slices=args.num_slices, decode=args.decode,
-                               batch_tokens=args.batch_tokens)
+  config = config_from_flags([f"--config={args.config}", *args.config_overrides])
+  plans = planning.plan_config(config, args.topology, num_slices=args.num_slices,
+                               decode=args.decode, batch_tokens=args.batch_tokens)
   text, problems = planning.report(plans, args.json)
   print(text)
   for line in problems:

@@ -28,7 +28,7 @@ def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,
       accept_new_attributes=True, sys_argv=None if argv is None else list(argv))
 
 
-def read_config(argv: Sequence[str]) -> ml_collections.ConfigDict:
+def config_from_flags(argv: Sequence[str]) -> ml_collections.ConfigDict:
   """The config that `argv` (--config=... and --config.*=... only) gives.
 
   Raises:

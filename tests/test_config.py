@@ -238,7 +238,7 @@ def _read(shipped: str, *overrides: str):
   local_dir = ["--config.data.local_dir=/x"] if name.startswith("multi30k") else []
   argv = [f"--config={CONFIGS / name}.py" + (f":{variant}" if variant else ""), *local_dir,
           *(f"--config.{override}" for override in overrides)]
-  return experiment_flags.read_config(argv)
+  return experiment_flags.config_from_flags(argv)
 
 
 def _dims(model: ModelConfig) -> tuple[int, ...]:

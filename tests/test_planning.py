@@ -15,7 +15,7 @@ import pytest
 
 from flax_transformer import cli, planning
 from flax_transformer.decoding import bridge
-from flax_transformer.experiment_flags import read_config
+from flax_transformer.experiment_flags import config_from_flags
 from flax_transformer.model import attention
 from flax_transformer.planning import plans
 from flax_transformer.runtime import accelerators
@@ -186,7 +186,7 @@ def test_topology_names_give_the_chips_of_each_family():
 
 
 def test_compiling_for_tpu_makes_every_trace_time_choice_a_tpu_hosts():
-  search_config = read_config([f"--config={DEFAULT}"]).search
+  search_config = config_from_flags([f"--config={DEFAULT}"]).search
   assert jax.default_backend() == "cpu"
   assert not attention._use_fused_attention(None)
   assert bridge.grows_cache(search_config.grow_cache, "beam")  # "auto" on CPU.

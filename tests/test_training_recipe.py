@@ -10,7 +10,7 @@ from conftest import REPO
 
 from flax_transformer import planning
 from flax_transformer.config import load
-from flax_transformer.experiment_flags import read_config
+from flax_transformer.experiment_flags import config_from_flags
 from flax_transformer.planning import plans
 from flax_transformer.training import recipe, trainer
 
@@ -22,7 +22,7 @@ class _Lowered(Exception):
 
 
 def _config(*overrides: str):
-  return read_config([f"--config={DEFAULT}", "--config.data.synthetic_num_train=2000",
+  return config_from_flags([f"--config={DEFAULT}", "--config.data.synthetic_num_train=2000",
                       "--config.data.vocab_size=256", *overrides])
 
 
