@@ -108,16 +108,16 @@ def test_plan_batches_covers_every_sentence_once_in_few_shapes():
   assert isinstance(small[0], Batch)
 
 
-def test_any_number_of_sentences_up_to_a_rung_shares_one_shape():
-  """1 to 8 sentences of a bucket are searched as 8 rows, 9 to 64 as 64, ...: one compile per
-  rung, never one per number of sentences; a bucket's full batch is the last rung."""
+def test_up_to_8_sentences_of_a_bucket_share_one_shape():
+  """1 to 8 sentences of a bucket are searched as 8 rows (one compile, not one per number of
+  sentences); above 8 the rows are the next power of two, capped by the bucket's batch."""
   for count in (1, 2, 3, 5, 8):
     assert {b.shape for b in plan_batches([5] * count, 4096, 256)} == {(8, 8, 0)}
-  assert {b.shape for b in plan_batches([5] * 9, 4096, 256)} == {(64, 8, 0)}
-  assert {b.shape for b in plan_batches([5] * 65, 4096, 256)} == {(512, 8, 0)}
+  assert {b.shape for b in plan_batches([5] * 9, 4096, 256)} == {(16, 8, 0)}
+  assert {b.shape for b in plan_batches([5] * 65, 4096, 256)} == {(128, 8, 0)}
   assert [b.shape for b in plan_batches([100] * 20, 4096, 256)] == [(32, 128, 0)]
   assert [b.shape for b in plan_batches([200] * 20, 4096, 256)] == [(16, 256, 0), (8, 256, 0)]
-  assert row_counts(512) == [8, 64, 512] and row_counts(16) == [8, 16] and row_counts(4) == [4]
+  assert row_counts(512) == [8, 16, 32, 64, 128, 256, 512] and row_counts(4) == [4]
 
 
 def test_bucket_length():

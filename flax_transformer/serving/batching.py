@@ -6,12 +6,14 @@ padding) padded to one bucket length. `plan_batches` makes them from the sentenc
 the token budget alone. `group_steps` then deals device batches of one shape to the devices, D at
 a time, padding a step with empty device batches when fewer than D of that shape are left.
 
-Row counts climb a short ladder (`ROW_LADDER`: 8, 64, 512, ... up to what the bucket's budget
-holds): any number of sentences up to 8 in a bucket shares one compiled program, up to 64 a
-second. A notebook or a short CLI call thus compiles once per bucket instead of once per number
-of sentences (each compile costs about 3 s on a CPU, even for the tiny model); the price is
-padding rows when few sentences are searched (at most 8x the rows, never more than the bucket's
-full batch), which a bulk job, whose batches are full, never pays.
+Row counts are powers of two of at least `MIN_ROWS` (8), up to what the bucket's budget holds:
+any number of sentences up to 8 in a bucket shares one compiled program. A notebook or a short
+CLI call thus compiles once per bucket for a handful of sentences instead of once per number of
+them (each compile costs about 3 s on a CPU, even for the tiny model); the price is padding
+rows when fewer than 8 sentences are searched. Above 8, a batch's rows are the next power of two
+as before: a coarser ladder (8, 64, 512, ...) was measured and dropped, because a file's last,
+partial batch of each bucket then padded up to 8x and a 1,000-line file translated at 0.76x
+(BENCHMARKS.md, "Issue 32").
 
 So the shape a sentence is searched in never depends on the number of devices. This matters for
 byte-identical output: XLA's CPU matmuls may round differently for another number of rows, and a
@@ -30,7 +32,7 @@ import numpy as np
 
 T = TypeVar("T")
 MIN_BUCKET = 8  # Shortest padded length; buckets double from here up to max_len.
-ROW_LADDER = 8  # Row counts of a bucket: 8, 64, 512, ... (times 8), and its full batch.
+MIN_ROWS = 8  # Fewest rows of a batch: 1 to 8 sentences of a bucket share one program.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Batch:
   """One device batch: which sentences, padded to which shape."""
 
   indices: np.ndarray  # int [rows used], positions in the input list
-  rows: int  # padded row count (a rung of `rows_for`'s ladder)
+  rows: int  # padded row count (`rows_for`: a power of two, at least 8 unless capped)
   length: int  # padded source length (a bucket)
   target_length: int = 0  # padded target length when targets are given (scoring), else 0
 
@@ -83,8 +85,8 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,
   tokens (at least one row).
 
   Example: lengths [3, 30, 5] with batch_tokens 64 give Batch([0, 2], rows=8, length=8) and
-  Batch([1], rows=2, length=32). Row counts come from `rows_for`'s ladder, so with B buckets
-  there are at most B * (1 + log8(rows)) shapes to compile. With `target_lengths` (scoring),
+  Batch([1], rows=2, length=32). Row counts come from `rows_for`, so with B buckets there are at
+  most B * log2(rows / 4) shapes to compile. With `target_lengths` (scoring),
   sentences are bucketed by both lengths and the budget counts the longer of the two.
   """
   order = np.argsort(np.asarray(lengths), kind="stable")
@@ -105,20 +107,17 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,
 
 def rows_for(count: int, capacity: int) -> int:
   """The padded rows of a device batch of `count` sentences in a bucket that holds `capacity`
-  (a power of two): the first rung of 8, 64, 512, ... that fits them, at most `capacity`."""
-  rung = ROW_LADDER
-  while rung < count:
-    rung *= ROW_LADDER
-  return min(rung, capacity)
+  (a power of two): the next power of two, at least `MIN_ROWS`, at most `capacity`."""
+  return min(max(MIN_ROWS, 1 << (count - 1).bit_length()), capacity)
 
 
 def row_counts(capacity: int) -> list[int]:
-  """Every row count `rows_for` gives in a bucket of `capacity`: its ladder, smallest first."""
+  """Every row count `rows_for` gives in a bucket of `capacity`, smallest first."""
   return sorted({rows_for(count, capacity) for count in range(1, capacity + 1)})
 
 
 def search_shapes(batch_tokens: int, max_len: int) -> list[tuple[int, int]]:
-  """(rows, length) of every device batch `plan_batches` can make: each bucket's row ladder,
+  """(rows, length) of every device batch `plan_batches` can make: each bucket's row counts,
   shortest bucket first (what `Translator.compile` compiles ahead of time)."""
   return [(rows, length) for capacity, length in largest_shapes(batch_tokens, max_len)
           for rows in row_counts(capacity)]

@@ -360,7 +360,7 @@ class Translator:
 
   def compile(self, *, params: Any = None, progress: bool = True, **settings: Any) -> int:
     """Compiles ahead of time the search of every shape a call with these `settings` can use
-    (every length bucket up to the model's max_len, every row count of its ladder:
+    (every length bucket up to the model's max_len, every row count it can have:
     `batching.search_shapes`), so that no later call compiles: a long job or a notebook pays
     once, visibly (a progress bar on stderr). With the persistent compilation cache, a later
     process loads them instead. Returns how many programs there are.
