@@ -84,7 +84,11 @@ class StoredPrograms:
         files.atomic_write(path, bytes(serialized))
       except OSError as error:
         logging.warning("Could not store the search program in %s (%s).", folder, error)
-    call = jax.jit(exported.call)
+
+    def stored_search_batch(leaves, inputs, rng):  # The name of its XLA program and cache entry.
+      return exported.call(leaves, inputs, rng)
+
+    call = jax.jit(stored_search_batch)
     return lambda params, inputs, rng: call(jax.tree.leaves(params), inputs, rng)
 
   def _digest(self, params: Any, inputs: jax.Array, rng: jax.Array, settings: Any,
