@@ -338,3 +338,22 @@ def test_a_command_reads_its_workdir_once(workdir, workdir_test_split, tmp_path,
   assert main([command, "--workdir", str(workdir), *flags, *output, "--beam_size", "2"][
       : None if command != "score" else -2]) == 0
   assert calls == {"config.json": 1, "vocabulary": 1, "settings": 1}
+
+
+def test_warmup_compiles_every_shape_first_and_changes_no_output(workdir, workdir_test_split,
+                                                                 tmp_path, capsys):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(s + "\n" for s, _ in workdir_test_split[:6]))
+  outputs = []
+  for warmup in ([], ["--warmup"]):
+    output = tmp_path / f"out{len(warmup)}.txt"
+    # batch_tokens 64: one row count per bucket, so the warm-up compiles only a few programs.
+    assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+                 str(output), "--batch_tokens", "64", *warmup]) == 0
+    outputs.append(read_lines(str(output)))
+  from flax_transformer.serving.batching import search_shapes
+  from flax_transformer.workdir import open_workdir
+
+  count = len(search_shapes(64, open_workdir(workdir).model_config.max_len))
+  assert f"Compiled {count} programs" in capsys.readouterr().err
+  assert outputs[1] == outputs[0] and len(outputs[0]) == 6
