@@ -197,7 +197,8 @@ COMMON_FIELDS = dict(
     positional_encoding="sinusoidal", norm_placement="post", layer_norm_epsilon=1e-6,
     attention_bias=False, activation="relu", sinusoid_layout="interleaved",
     scale_embeddings=True, logits_bias=False, share_embeddings=True, tie_output_projection=True,
-    share_layer_weights=False, param_dtype="float32", attention_implementation=None)
+    share_layer_weights=False, param_dtype="float32", attention_implementation=None,
+    alignment_layer=-1, alignment_heads=0)  # Fields added later (issue 33) keep defaults.
 # Every shipped config's resolved model as it was on 2026-11-26, before the config files were cut
 # down to their preset plus the fields that differ from it: the regression target.
 QUICK_START = dict(vocab_size=512, emb_dim=64, num_heads=4, mlp_dim=256, num_encoder_layers=2,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from flax_transformer.validation import (
     FRACTION,
+    NON_NEGATIVE,
     POSITIVE,
     ConfigError,
     check_fields,
@@ -65,12 +66,27 @@ class ModelConfig:
   param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Master weights.
   # jax.nn.dot_product_attention's implementation; None lets the package decide per backend.
   attention_implementation: Literal["xla", "cudnn", None] = None
+  # Word alignments (`model.alignment`): the cross-attention of this decoder layer (negative
+  # counts from the top: -1 is the last, as fairseq's and CTranslate2's default), averaged over
+  # its first `alignment_heads` heads (0 = all heads, fairseq's default; CTranslate2's is 1,
+  # and `export` writes ours into the CTranslate2 model). Guided alignment training
+  # (config.train.guided_alignment_weight) supervises the same layer and heads.
+  alignment_layer: int = -1
+  alignment_heads: int = checked_field(0, NON_NEGATIVE)
 
   def __post_init__(self):
     check_fields(self)
     if self.emb_dim % self.num_heads:
       raise ConfigError(f"config.model.emb_dim ({self.emb_dim}) must be divisible by "
                         f"config.model.num_heads ({self.num_heads}).")
+    layers = self.num_decoder_layers
+    if not -layers <= self.alignment_layer < layers:
+      raise ConfigError(f"config.model.alignment_layer ({self.alignment_layer}) must name one "
+                        f"of the {layers} decoder layers: 0 .. {layers - 1}, or -1 .. -{layers} "
+                        "from the top.")
+    if self.alignment_heads > self.num_heads:
+      raise ConfigError(f"config.model.alignment_heads ({self.alignment_heads}) must be at most "
+                        f"config.model.num_heads ({self.num_heads}); 0 averages all heads.")
 
   @property
   def head_dim(self) -> int:
