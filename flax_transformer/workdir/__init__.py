@@ -1,20 +1,24 @@
 """The training workdir, as serving, export and training read it: `layout` (names, config.json,
 vocabulary, `open_workdir`), `checkpoints` (restore, save and average params; unreadable
-checkpoints named) and `trainer_lock` (one trainer per workdir: a flock, or a lease object on
-gs://). Nothing here imports the training code (or grain); the names below are the package's
-interface."""
+checkpoints named), `ensemble` (checkpoints of one vocabulary and architecture, their params
+stacked, to translate with together) and `trainer_lock` (one trainer per workdir: a flock, or a
+lease object on gs://). Nothing here imports the training code (or grain); the names below are
+the package's interface."""
 
 from flax_transformer.workdir.checkpoints import (
     PARAMS_ITEM,
     UnreadableCheckpointError,
     average_checkpoints,
     checkpoint_manager,
+    checkpoint_workdir,
     read_checkpoint,
+    restore_checkpoint,
     restore_params,
     save_params,
     saved_steps,
     shape_differences,
 )
+from flax_transformer.workdir.ensemble import Ensemble, open_ensemble
 from flax_transformer.workdir.layout import (
     AVERAGED_DIR,
     CHECKPOINT_DIR,
@@ -49,19 +53,23 @@ __all__ = [
     "TENSORBOARD_DIR",
     "VOCAB_FILE",
     "BucketLease",
+    "Ensemble",
     "UnreadableCheckpointError",
     "Workdir",
     "WorkdirInUseError",
     "WorkdirLock",
     "average_checkpoints",
     "checkpoint_manager",
+    "checkpoint_workdir",
     "load_tokenizer",
     "lock",
     "lock_object",
     "model_config",
+    "open_ensemble",
     "open_workdir",
     "read_checkpoint",
     "read_config",
+    "restore_checkpoint",
     "restore_params",
     "save_params",
     "saved_config",

@@ -3,8 +3,11 @@ restoring params alone onto any device (whatever wrote them), saving params alon
 last K, and one `UnreadableCheckpointError` naming a damaged checkpoint.
 
 `restore_params` restores the params item alone onto one device, whatever the number of devices
-or processes the checkpoint was written from. `read_checkpoint` turns any failure to read a
-checkpoint into one `UnreadableCheckpointError` naming it, for serving and training alike.
+or processes the checkpoint was written from; `restore_checkpoint` does the same for a checkpoint
+folder named by its path (WORKDIR/checkpoints/<step> or WORKDIR/averaged/step_S_last_K), and
+`checkpoint_workdir` names the workdir such a folder belongs to. `read_checkpoint` turns any
+failure to read a checkpoint into one `UnreadableCheckpointError` naming it, for serving and
+training alike.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -143,8 +146,9 @@ def restore_params(
     checkpoint: str | os.PathLike | None = None, device: jax.Device | None = None,
     target: Any | None = None,
 ) -> tuple[Any, int]:
-  """Restores the params of WORKDIR's checkpoint `step` (default: the latest), or of an
-  averaged `checkpoint` (a folder written by `average_checkpoints`).
+  """Restores the params of WORKDIR's checkpoint `step` (default: the latest), or of the
+  checkpoint folder `checkpoint` instead (`restore_checkpoint`: WORKDIR/checkpoints/<step> or
+  WORKDIR/averaged/step_S_last_K, of this or any workdir).
 
   Args:
     target: optional abstract params (`jax.ShapeDtypeStruct`s with shardings) to restore
@@ -157,55 +161,146 @@ def restore_params(
   Raises:
     FileNotFoundError: no such checkpoint, naming the saved steps.
     UnreadableCheckpointError: the checkpoint exists but cannot be read, naming it and why.
-    ValueError: `target`'s shapes differ from the checkpoint's, naming the parameters.
+    ValueError: `target`'s shapes differ from the checkpoint's, naming the parameters; or
+      `checkpoint` is no checkpoint folder.
   """
-  sharding = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
-  place = (lambda metadata: _on(sharding, metadata)) if target is None else (
-      lambda metadata: _matching(target, metadata))
   if checkpoint is not None:
-    return _restore_averaged(files.to_path(checkpoint), place)
+    return restore_checkpoint(checkpoint, device=device, target=target)
   directory = files.to_path(workdir) / CHECKPOINT_DIR
-  steps = saved_steps(workdir)
-  if step is None and not steps:
-    raise FileNotFoundError(f"No finished checkpoint in {directory}.")
-  step = max(steps) if step is None else step
-  if step not in steps:
-    raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
+  if step is None:
+    steps = saved_steps(workdir)
+    if not steps:
+      raise FileNotFoundError(f"No finished checkpoint in {directory}.")
+    step = max(steps)
+  located = _Located(files.to_path(workdir), directory / str(step), step, averaged=False)
+  return _read_params(located, _placement(device, target)), step
 
-  def read() -> Any:
-    metadata = manager.item_metadata(step)[PARAMS_ITEM]
-    return manager.restore(step, args=ocp.args.Composite(
-        **{PARAMS_ITEM: ocp.args.StandardRestore(place(getattr(metadata, "tree", metadata)))}))
 
+def restore_checkpoint(path: str | os.PathLike, *, device: jax.Device | None = None,
+                       target: Any | None = None) -> tuple[Any, int]:
+  """Restores the params of the checkpoint folder `path`: one of a workdir's steps,
+  WORKDIR/checkpoints/<step> (its params item alone: the training items beside it, such as the
+  optimizer state, are not read), or an averaged one, WORKDIR/averaged/step_S_last_K (written
+  by `average_checkpoints`). Local or gs:// alike.
+
+  Args:
+    device: where the params go (default: the first local device); ignored with `target`.
+    target: optional abstract params (`jax.ShapeDtypeStruct`s with shardings) to restore
+      into; their shapes must be the checkpoint's.
+
+  Returns:
+    (params as in variables['params'], the checkpoint's step: the folder's name, or S of an
+    averaged one).
+
+  Raises:
+    ValueError: `path` is no checkpoint folder (`checkpoint_workdir`), or `target`'s shapes
+      differ from the checkpoint's, naming the parameters.
+    FileNotFoundError: no such folder or no finished step, naming the saved steps.
+    UnreadableCheckpointError: the checkpoint exists but cannot be read, naming it and why.
+  """
+  located = _locate(path)
+  return _read_params(located, _placement(device, target)), located.step
+
+
+def checkpoint_metadata(path: str | os.PathLike) -> Any:
+  """The params tree of the checkpoint folder `path` (as `restore_checkpoint` takes it) as
+  orbax metadata, each leaf with the parameter's `.shape` and `.dtype`; no array is read.
+
+  Raises:
+    As `restore_checkpoint`.
+  """
+  return _read_params(_locate(path), None)
+
+
+def checkpoint_workdir(path: str | os.PathLike) -> Path:
+  """The workdir the checkpoint folder `path` belongs to: the parent of its checkpoints/ or
+  averaged/ folder, e.g. /runs/x for runs/x/checkpoints/600 or runs/x/averaged/step_600_last_5
+  (made absolute when local; gs:// paths as given).
+
+  Raises:
+    ValueError: `path` names neither WORKDIR/checkpoints/<step> nor
+      WORKDIR/averaged/step_S_last_K, e.g. a workdir itself.
+    FileNotFoundError: no such folder; for a step, naming the workdir's saved steps.
+  """
+  return _locate(path).workdir
+
+
+class _Located(NamedTuple):
+  """Where a checkpoint's params are."""
+
+  workdir: Path
+  folder: Path  # The checkpoint's folder, as the caller spelled it (errors name it).
+  step: int
+  averaged: bool  # WORKDIR/averaged/<name> (one StandardCheckpointer item), else a step.
+
+
+def _locate(path: str | os.PathLike) -> _Located:
+  """The checkpoint folder `path`, checked to be one and to exist (`checkpoint_workdir`)."""
+  given, folder = files.to_path(path), files.absolute(path)
+  averaged = _AVERAGED_NAME.search(folder.name) if folder.parent.name == AVERAGED_DIR else None
+  is_step = folder.parent.name == CHECKPOINT_DIR and re.fullmatch(r"[0-9]+", folder.name)
+  if not (averaged or is_step):
+    raise ValueError(
+        f"{os.fspath(path)} is not a checkpoint folder: expected WORKDIR/{CHECKPOINT_DIR}/<step> "
+        f"or WORKDIR/{AVERAGED_DIR}/step_S_last_K (written by `flax-transformer average`).")
+  workdir = folder.parent.parent
+  if not folder.is_dir():
+    saved = "" if averaged else f"; saved steps: {saved_steps(workdir)}"
+    raise FileNotFoundError(f"No checkpoint folder {os.fspath(path)}{saved}.")
+  step = int(averaged.group(1)) if averaged else int(folder.name)
+  return _Located(workdir, given, step, averaged=averaged is not None)
+
+
+def _placement(device: jax.Device | None, target: Any | None) -> Callable[[Any], Any]:
+  """Metadata -> what orbax restores into: `target` once checked, else arrays on `device`."""
+  if target is not None:
+    return lambda metadata: _matching(target, metadata)
+  sharding = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+  return lambda metadata: _on(sharding, metadata)
+
+
+def _read_params(located: _Located, place: Callable[[Any], Any] | None) -> Any:
+  """The params of `located` restored into `place(metadata)`, or their metadata alone when
+  `place` is None."""
+  if located.averaged:
+    return _read_averaged(located.folder, place)
+  directory = located.workdir / CHECKPOINT_DIR
+  step = located.step
   with _serving_read():
-    manager = _params_manager(workdir)
+    manager = _params_manager(located.workdir)
     try:
-      restored = read_checkpoint(read, directory / str(step), steps,
-                                 "Pass --step with an earlier one to use it instead")
+      steps = sorted(manager.all_steps())
+      if step not in steps:
+        raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
+
+      def read() -> Any:
+        metadata = manager.item_metadata(step)[PARAMS_ITEM]
+        tree = getattr(metadata, "tree", metadata)
+        if place is None:
+          return tree
+        return manager.restore(step, args=ocp.args.Composite(
+            **{PARAMS_ITEM: ocp.args.StandardRestore(place(tree))}))[PARAMS_ITEM]
+
+      return read_checkpoint(read, directory / str(step), steps,
+                             "Pass --step with an earlier one to use it instead")
     finally:
       manager.close()
-  return restored[PARAMS_ITEM], step
 
 
-def _restore_averaged(path: Path, place: Any) -> tuple[Any, int]:
-  match = _AVERAGED_NAME.search(path.name)
-  if not path.is_dir() or match is None:
-    raise FileNotFoundError(
-        f"{path} is not an averaged checkpoint (expected WORKDIR/{AVERAGED_DIR}/step_S_last_K, "
-        "written by `flax-transformer average`).")
+def _read_averaged(path: Path, place: Callable[[Any], Any] | None) -> Any:
   checkpointer = ocp.StandardCheckpointer()
   location = files.absolute(path)
 
   def read() -> Any:
     metadata = checkpointer.metadata(location)
     tree = getattr(metadata, "item_metadata", metadata)
-    return checkpointer.restore(location, place(getattr(tree, "tree", tree)))
+    tree = getattr(tree, "tree", tree)
+    return tree if place is None else checkpointer.restore(location, place(tree))
 
   try:
-    params = read_checkpoint(read, path, (), "Average the checkpoints again")
+    return read_checkpoint(read, path, (), "Average the checkpoints again")
   finally:
     checkpointer.close()
-  return params, int(match.group(1))
 
 
 def _on(sharding: jax.sharding.Sharding, metadata: Any) -> Any:
