@@ -69,6 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Fine-tune: a workdir, WORKDIR/checkpoints/<step> or WORKDIR/averaged/<name> whose params,
   # model and vocabulary to start from (fresh optimizer, step 0); "" = from scratch.
   train.init_from = ""
+  # Guided alignment: > 0 adds this weight times the cross entropy of model.alignment_layer's
+  # cross-attention (alignment_heads) to the corpus's word alignments ({split}.align beside
+  # local text; the synthetic pair has gold ones) to the loss, per target token. 0 = off.
+  train.guided_alignment_weight = 0.0
 
   # --- checkpoint: orbax CheckpointManager in WORKDIR/checkpoints.
   config.checkpoint = checkpoint = ml_collections.ConfigDict()

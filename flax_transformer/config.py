@@ -191,6 +191,11 @@ class TrainConfig:
   # optimizer and step start fresh. '' = train from scratch. Ignored once the workdir has
   # checkpoints of its own (a restart resumes them).
   init_from: str = ""
+  # Guided alignment (Garg et al., 2019; Marian's --guided-alignment): this weight times the
+  # cross entropy of the alignment layer's cross-attention (config.model.alignment_layer,
+  # alignment_heads) to the word alignments of the corpus (`{split}.align` beside local text;
+  # the synthetic pair's gold ones), per target token, is added to the loss. 0 = off.
+  guided_alignment_weight: float = checked_field(0.0, NON_NEGATIVE)
 
   def __post_init__(self):
     check_fields(self)

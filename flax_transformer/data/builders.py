@@ -6,8 +6,13 @@ Every source goes through TFDS in the array_record format, read back with `as_da
   - `local`: `LocalTranslation`, a GeneratorBasedBuilder over a folder of line-aligned files
     `{split}.{lang}` or `{split}.{lang}.gz` (the pattern is configurable). Its config name holds
     a hash of the folder, languages, pattern and the files' sizes and mtimes, so edited files are
-    prepared again and unchanged ones are reused.
-  - `synthetic`: `SyntheticTranslation` over `synthetic.generate_splits`.
+    prepared again and unchanged ones are reused. With `alignments`, for guided alignment
+    training, only the splits that have word alignments beside their text are prepared
+    (`{split}.align`: the pattern with 'align' for `{lang}`, Moses `i-j` lines, source word i
+    of the first language, target word j of the second), each example with an 'alignment'
+    feature; every line is checked against its sentence pair as it is prepared.
+  - `synthetic`: `SyntheticTranslation` over `synthetic.generate_aligned_splits`: every example
+    carries its gold word alignment ('alignment', English word i - target word j).
   - `tfds`: any TFDS translation dataset by name, e.g. 'wmt14_translate/de-en'. TFDS's WMT
     builders import TensorFlow to *prepare* the data (install the `wmt` extra); reading an
     array_record copy needs no TensorFlow.
@@ -34,10 +39,13 @@ from etils import epath
 
 from flax_transformer.config import DEFAULT_LOCAL_PATTERN
 from flax_transformer.data import synthetic
+from flax_transformer.data.alignments import AlignmentError, format_alignment, parse_alignment
 from flax_transformer.files import Path, absolute, iter_raw_lines, to_path
 from flax_transformer.files import stat as file_stat
 
 ARRAY_RECORD = "array_record"
+ALIGNMENT = "alignment"  # The feature holding an example's word alignment, a Moses 'i-j' line.
+ALIGNMENT_LANG = "align"  # `{lang}` of the alignment files: train.align beside train.en.
 
 
 class DataError(ValueError):
@@ -72,6 +80,9 @@ class LocalTranslationConfig(tfds.core.BuilderConfig):
   directory: str = ""
   languages: tuple[str, str] = ("de", "en")  # sorted, so both directions share one copy
   pattern: str = DEFAULT_LOCAL_PATTERN
+  # (source, target) of the word alignments, for guided alignment training; () = no alignments.
+  # With them, only splits that have a `{split}.align` file are prepared.
+  alignments: tuple[str, ...] = ()
 
 
 class LocalTranslation(_OwnBuilder):
@@ -82,17 +93,30 @@ class LocalTranslation(_OwnBuilder):
   BUILDER_CONFIGS: ClassVar[list] = []  # Built per folder by `local_builder_config`.
 
   def _info(self) -> tfds.core.DatasetInfo:
+    config = self.builder_config
+    features = tfds.features.Translation(languages=config.languages)
+    if config.alignments:
+      features = tfds.features.FeaturesDict(
+          {**{lang: tfds.features.Text() for lang in config.alignments},
+           ALIGNMENT: tfds.features.Text()})
     return self.dataset_info_from_configs(
-        features=tfds.features.Translation(languages=self.builder_config.languages),
-        description=f"Parallel text from {self.builder_config.directory}.",
+        features=features, description=f"Parallel text from {config.directory}.",
         disable_shuffling=True)  # Keep the files' line order.
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Local files only.
     config = self.builder_config
-    return {split: self._generate_examples(files)
-            for split, files in find_local_splits(
-                to_path(config.directory), config.languages, config.pattern).items()}
+    directory = to_path(config.directory)
+    found = find_local_splits(directory, config.languages, config.pattern)
+    if not config.alignments:
+      return {split: self._generate_examples(files) for split, files in found.items()}
+    generators = {}
+    for split, files in found.items():
+      alignment = local_file(directory, config.pattern, split, ALIGNMENT_LANG)
+      if alignment is not None:
+        ordered = {lang: files[lang] for lang in config.alignments}  # (source, target)
+        generators[split] = self._generate_aligned_examples(ordered, alignment)
+    return generators
 
   def _generate_examples(self, files: dict[str, Path]) -> Iterator[tuple[int, dict[str, str]]]:
     (lang_a, path_a), (lang_b, path_b) = files.items()
@@ -105,6 +129,27 @@ class LocalTranslation(_OwnBuilder):
     if dropped:
       logging.warning("Dropped %d pairs with an empty line from %s and %s.",
                       dropped, path_a, path_b)
+
+  def _generate_aligned_examples(self, files: dict[str, Path], alignment: Path
+                                 ) -> Iterator[tuple[int, dict[str, str]]]:
+    """Examples with their alignment line, checked against the pair's whitespace words."""
+    (source_lang, source_path), (target_lang, target_path) = files.items()
+    lines = _aligned_lines(source_path, target_path, alignment)
+    for number, (source, target, pairs) in enumerate(lines, start=1):
+      if not source.strip() or not target.strip():
+        continue  # Dropped as `_generate_examples` drops it.
+      checked = check_alignment_line(pairs, source, target, f"{alignment} line {number}")
+      yield number, {source_lang: source, target_lang: target, ALIGNMENT: checked}
+
+
+def check_alignment_line(line: str, source: str, target: str, where: str) -> str:
+  """`line` normalised ('i-j' pairs, sorted) once checked against the words of `source` and
+  `target`; DataError naming `where` (file and line) when malformed or out of range."""
+  try:
+    pairs = parse_alignment(line, len(source.split()), len(target.split()), where=where)
+  except AlignmentError as e:
+    raise DataError(str(e)) from e
+  return format_alignment(pairs)
 
 
 def _pattern_regex(pattern: str, lang: str) -> re.Pattern:
@@ -163,35 +208,58 @@ def _read_lines(path: Path) -> Iterator[str]:
                          f"{e.start}).") from e
 
 
-def _aligned_lines(path_a: Path, path_b: Path) -> Iterator[tuple[str, str]]:
-  """Pairs of lines; raises with both counts and both paths when the files differ in length."""
+def _aligned_lines(*paths: Path) -> Iterator[tuple[str, ...]]:
+  """Tuples of lines; raises with every count and path when the files differ in length."""
   sentinel = object()
-  pairs = itertools.zip_longest(_read_lines(path_a), _read_lines(path_b), fillvalue=sentinel)
-  for count, (line_a, line_b) in enumerate(pairs):
-    if line_a is sentinel or line_b is sentinel:
-      rest = sum(1 for _ in pairs) + 1
-      count_a, count_b = (count, count + rest) if line_a is sentinel else (count + rest, count)
-      raise DataError(f"Line counts differ: {path_a} has {count_a} lines, {path_b} has "
-                       f"{count_b} lines; parallel files must be line-aligned.")
-    yield line_a, line_b
+  rows = itertools.zip_longest(*map(_read_lines, paths), fillvalue=sentinel)
+  for count, row in enumerate(rows):
+    if sentinel in row:
+      rest = sum(1 for _ in rows) + 1
+      counts = [count if line is sentinel else count + rest for line in row]
+      described = ", ".join(f"{path} has {n} lines" for path, n in zip(paths, counts,
+                                                                        strict=True))
+      raise DataError(f"Line counts differ: {described}; parallel files must be line-aligned.")
+    yield row
 
 
-def local_builder_config(directory: str, languages: Sequence[str],
-                         pattern: str) -> LocalTranslationConfig:
-  """A config whose name changes when the folder, languages, pattern or files change."""
+def check_local_alignments(directory: Path, pattern: str, split: str) -> Path:
+  """The alignment file of `split` (`local_file` with lang 'align'); MissingDataError naming
+  the expected path when there is none."""
+  path = local_file(directory, pattern, split, ALIGNMENT_LANG)
+  if path is None:
+    expected = directory / pattern.format(split=split, lang=ALIGNMENT_LANG)
+    raise MissingDataError(
+        f"config.train.guided_alignment_weight > 0 needs word alignments of split {split!r}: no "
+        f"file {expected} or {expected}.gz (Moses 'i-j' lines, one per sentence pair, as "
+        "fast_align and eflomal write them).")
+  return path
+
+
+def local_builder_config(directory: str, languages: Sequence[str], pattern: str, *,
+                         alignments: bool = False) -> LocalTranslationConfig:
+  """A config whose name changes when the folder, languages, pattern or files change.
+
+  With `alignments`, `languages` is (source, target), the direction of the `{split}.align`
+  files, and the copy holds the splits that have one (each example with its alignment line).
+  """
   folder = absolute(directory)
   langs = tuple(sorted(languages))
   found = find_local_splits(folder, langs, pattern)
   stamp = [str(folder), *langs, pattern]
   for split, paths in found.items():
-    for path in paths.values():
+    alignment = local_file(folder, pattern, split, ALIGNMENT_LANG) if alignments else None
+    for path in [*paths.values(), *([alignment] if alignment else [])]:
       stat = file_stat(path)
       stamp.append(f"{split}:{path.name}:{stat.size}:{stat.version}")
+  direction = tuple(languages) if alignments else ()
+  if direction:
+    stamp.append("alignments:" + "-".join(direction))
   digest = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:12]
   slug = re.sub(r"[^a-z0-9]+", "_", folder.name.lower()).strip("_") or "root"
+  kind = f"_aligned_{direction[0]}_{direction[1]}" if direction else f"_{langs[0]}_{langs[1]}"
   return LocalTranslationConfig(
-      name=f"{slug}_{langs[0]}_{langs[1]}_{digest}", directory=str(folder), languages=langs,
-      pattern=pattern)
+      name=f"{slug}{kind}_{digest}", directory=str(folder), languages=langs, pattern=pattern,
+      alignments=direction)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,26 +277,31 @@ class SyntheticTranslationConfig(tfds.core.BuilderConfig):
 class SyntheticTranslation(_OwnBuilder):
   """The embedded English -> German-like pair of `flax_transformer.data.synthetic`."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES: ClassVar[dict[str, str]] = {"1.0.0": "Initial release."}
+  # A new version is a new folder: data prepared by an older version is prepared again.
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES: ClassVar[dict[str, str]] = {
+      "1.0.0": "Initial release.",
+      "1.1.0": "Gold word alignments ('alignment', English word i - target word j)."}
   BUILDER_CONFIGS: ClassVar[list] = []  # Built per seed and sizes by `synthetic_builder_config`.
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=tfds.features.Translation(
-            languages=(synthetic.SOURCE_LANG, synthetic.TARGET_LANG)),
+        features=tfds.features.FeaturesDict(
+            {synthetic.SOURCE_LANG: tfds.features.Text(),
+             synthetic.TARGET_LANG: tfds.features.Text(), ALIGNMENT: tfds.features.Text()}),
         description=synthetic.__doc__,
         disable_shuffling=True)
 
   def _split_generators(self, dl_manager):
     del dl_manager
     config = self.builder_config
-    splits = synthetic.generate_splits(config.seed, dict(config.split_sizes))
-    return {name: self._generate_examples(pairs) for name, pairs in splits.items()}
+    splits = synthetic.generate_aligned_splits(config.seed, dict(config.split_sizes))
+    return {name: self._generate_examples(triples) for name, triples in splits.items()}
 
-  def _generate_examples(self, pairs):
-    for i, (source, target) in enumerate(pairs):
-      yield i, {synthetic.SOURCE_LANG: source, synthetic.TARGET_LANG: target}
+  def _generate_examples(self, triples):
+    for i, (source, target, pairs) in enumerate(triples):
+      yield i, {synthetic.SOURCE_LANG: source, synthetic.TARGET_LANG: target,
+                ALIGNMENT: format_alignment(pairs)}
 
 
 def synthetic_builder_config(seed: int, split_sizes: Sequence[tuple[str, int]]):

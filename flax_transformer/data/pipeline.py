@@ -13,6 +13,16 @@ process_count rows per process and L = max_length:
     inputs_segment_ids  [1, 1, 1, 2, 2, 0]     targets_segment_ids  [1, 1, 2, 2, 2, 0]
     inputs_positions    [0, 1, 2, 0, 1, 0]     targets_positions    [0, 1, 0, 1, 2, 0]
 
+With `alignments=True` (guided alignment training) batches also hold
+
+  alignment  bool [R, L, L]: alignment[r, t, s] is True when target piece t of row r is aligned
+             to source piece s (`data.alignments.piece_alignment`: every piece of target word j
+             to every piece of source word i for each word pair (i, j), target EOS to source
+             EOS); each example's block sits at its packed positions, so examples of one row
+             are never aligned to each other. Above, a's word pair (0, 0) and b's (0, 0):
+               t=0 -> s=0, 1 (a: "▁x" "y" = one source word); t=1 -> s=2 (EOS);
+               t=2, 3 -> s=3 (b's word); t=4 -> s=4 (EOS); t=5: none (padding).
+
 The order of examples is a deterministic function of `data.seed` and the epoch (a different
 permutation each epoch), so the iterator's state (`get_state()`, or grain's orbax
 `CheckpointSave`/`CheckpointRestore`) is a small JSON dict and a restored iterator continues with
@@ -34,25 +44,34 @@ import numpy as np
 from absl import flags
 
 from flax_transformer.config import ConfigError, DataConfig
-from flax_transformer.data import builders
+from flax_transformer.data import alignments as alignments_lib
+from flax_transformer.data import builders, synthetic
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.files import to_path
 
 TRAIN_KEYS = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
               "inputs_positions", "targets_positions")
+ALIGNMENT_KEY = builders.ALIGNMENT  # bool [R, L, L] in train batches with alignments.
 
 
 # ---------------------------------------------------------------------------------------------
 # Split readers.
 # ---------------------------------------------------------------------------------------------
-def _builder(data: DataConfig, split: str):
-  """The prepared TFDS builder that holds `split` of `data`'s source."""
+def _builder(data: DataConfig, split: str, alignments: bool = False):
+  """The prepared TFDS builder that holds `split` of `data`'s source (with word alignments)."""
   data_dir = data.tfds_data_dir or None
   langs = (data.source_lang, data.target_lang)
+  if alignments and data.source == "tfds":
+    raise ConfigError("config.train.guided_alignment_weight > 0 needs word alignments, which "
+                      "config.data.source='tfds' does not have: use source='local' with "
+                      "{split}.align files beside the text, or 'synthetic'.")
   if data.source == "local":
     directory = to_path(data.local_dir)
     builders.check_local_split(directory, langs, data.local_pattern, split)
-    config = builders.local_builder_config(str(directory), langs, data.local_pattern)
+    if alignments:
+      builders.check_local_alignments(directory, data.local_pattern, split)
+    config = builders.local_builder_config(str(directory), langs, data.local_pattern,
+                                           alignments=alignments)
     return _prepared(builders.LocalTranslation, config, data_dir)
   if data.source == "synthetic":
     sizes = ((data.test_split, data.synthetic_num_test), (data.eval_split, data.synthetic_num_eval),
@@ -85,9 +104,12 @@ def _check_tfds_builder(data: DataConfig, builder, split: str) -> None:
         f"Split {split!r} not in {data.tfds_name}; its splits are {known}.")
 
 
-def open_split(data: DataConfig, split: str) -> Sequence[dict[str, Any]]:
-  """Random-access reader (tfds.data_source) of `split`: examples {lang: text bytes}."""
-  return _Reader(_builder(data, split).as_data_source(split=split))
+def open_split(data: DataConfig, split: str, *,
+               alignments: bool = False) -> Sequence[dict[str, Any]]:
+  """Random-access reader (tfds.data_source) of `split`: examples {lang: text bytes}, and with
+  `alignments` also {'alignment': Moses 'i-j' line} (local: `{split}.align` checked, missing
+  one: MissingDataError; tfds: ConfigError)."""
+  return _Reader(_builder(data, split, alignments).as_data_source(split=split))
 
 
 class _Reader:
@@ -124,10 +146,31 @@ def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+class _WordPairs:
+  """Picklable example -> its word pairs (i, j) as (source word, target word) of `data`'s
+  direction (the synthetic pair stores English -> target; the other way round they swap)."""
+
+  def __init__(self, data: DataConfig):
+    self.swap = data.source == "synthetic" and data.source_lang != synthetic.SOURCE_LANG
+
+  def __call__(self, example: Mapping[str, Any]) -> list[tuple[int, int]]:
+    pairs = alignments_lib.parse_alignment(_text(example[ALIGNMENT_KEY]))
+    return sorted((j, i) for i, j in pairs) if self.swap else pairs
+
+
 def split_texts(data: DataConfig, split: str) -> list[tuple[str, str]]:
   """The (source, target) text pairs of `split`, in the dataset's order (for BLEU)."""
   return [_Pair(data.source_lang, data.target_lang)(example)
           for example in _read_all(open_split(data, split))]
+
+
+def split_alignments(data: DataConfig, split: str
+                     ) -> list[tuple[str, str, list[tuple[int, int]]]]:
+  """(source text, target text, word pairs (i, j)) of every pair of `split` with its word
+  alignment (local: `{split}.align`; synthetic: the gold ones), in the dataset's order."""
+  pair, word_pairs = _Pair(data.source_lang, data.target_lang), _WordPairs(data)
+  return [(*pair(example), word_pairs(example))
+          for example in _read_all(open_split(data, split, alignments=True))]
 
 
 def _read_all(reader: _Reader, chunk: int = 4096) -> list[Any]:
@@ -172,9 +215,12 @@ class _TokenizeAndFilter:
   process, and per grain worker when num_workers > 0).
   """
 
-  def __init__(self, tokenizer: TextTokenizer, data: DataConfig, epoch_size: int):
+  def __init__(self, tokenizer: TextTokenizer, data: DataConfig, epoch_size: int,
+               alignments: bool = False):
     self.tokenizer, self.max_length, self.epoch_size = tokenizer, data.max_length, epoch_size
     self.pair = _Pair(data.source_lang, data.target_lang)
+    self.word_pairs = _WordPairs(data) if alignments else None
+    self._pieces: list[str] | None = None  # id -> piece, read once (with alignments).
     self._lock = threading.Lock()
     self.kept = self.dropped = 0
 
@@ -185,9 +231,28 @@ class _TokenizeAndFilter:
     keep = [len(source) < self.max_length and len(target) < self.max_length
             for source, target in zip(sources, targets, strict=True)]
     self._count(chunk_index * _READ_CHUNK, keep)
-    return [{"inputs": np.array([*source, EOS_ID], np.int32),
-             "targets": np.array([*target, EOS_ID], np.int32)}
-            for source, target, k in zip(sources, targets, keep, strict=True) if k]
+    kept = []
+    for example, source, target, k in zip(examples, sources, targets, keep, strict=True):
+      if k:
+        kept.append({"inputs": np.array([*source, EOS_ID], np.int32),
+                     "targets": np.array([*target, EOS_ID], np.int32)})
+        if self.word_pairs is not None:
+          kept[-1][ALIGNMENT_KEY] = self._alignment(self.word_pairs(example), source, target)
+    return kept
+
+  def _alignment(self, word_pairs: list[tuple[int, int]], source: list[int],
+                 target: list[int]) -> np.ndarray:
+    """bool [T + 1, L]: the example's piece alignment (EOS included), source pieces in the
+    first S + 1 columns; the packer places it, `_PlaceAlignment` shifts its columns."""
+    if self._pieces is None:
+      self._pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
+    source_words = alignments_lib.word_of_pieces([self._pieces[i] for i in source])
+    target_words = alignments_lib.word_of_pieces([self._pieces[i] for i in target])
+    matrix = alignments_lib.piece_alignment(word_pairs, source_words, target_words,
+                                            len(source) + 1, len(target) + 1)
+    out = np.zeros((len(target) + 1, self.max_length), bool)
+    out[:, :len(source) + 1] = matrix > 0
+    return out
 
   def _count(self, first: int, keep: list[bool]) -> None:
     """Adds one chunk's filter results; logs when the chunk holds the last pair of an epoch."""
@@ -211,6 +276,28 @@ class _TokenizeAndFilter:
     self._lock = threading.Lock()
 
 
+class _PlaceAlignment:
+  """A packed row: moves each example's alignment columns to its packed source positions.
+
+  The packer put example k's rows [T_k + 1, L] at its target positions, its columns still
+  counting from 0; they move right by the position of k's first source piece.
+  """
+
+  def __call__(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    row = dict(row)
+    local = row.pop(ALIGNMENT_KEY)  # [L, L], columns per example
+    del row[f"{ALIGNMENT_KEY}_segment_ids"], row[f"{ALIGNMENT_KEY}_positions"]
+    segments = row["inputs_segment_ids"]  # [L]
+    length = len(segments)
+    first = np.full(length + 1, length, np.int64)  # segment id -> its first source position
+    np.minimum.at(first, segments, np.arange(length))
+    shift = np.where(row["targets_segment_ids"] > 0, first[row["targets_segment_ids"]], 0)
+    columns = np.arange(length)[None, :] - shift[:, None]  # [L, L] column to read
+    placed = np.take_along_axis(local, np.clip(columns, 0, length - 1), axis=1)
+    row[ALIGNMENT_KEY] = placed & (columns >= 0)
+    return row
+
+
 class _Flatten(grain.experimental.FlatMapTransform):
   """A list of examples -> its examples, one by one."""
 
@@ -221,23 +308,29 @@ class _Flatten(grain.experimental.FlatMapTransform):
 
 
 def train_dataset(data: DataConfig, tokenizer: TextTokenizer, *, process_index: int = 0,
-                  process_count: int = 1) -> grain.IterDataset:
-  """The endless packed train dataset of one process (see the module docstring)."""
+                  process_count: int = 1, alignments: bool = False) -> grain.IterDataset:
+  """The endless packed train dataset of one process (see the module docstring); with
+  `alignments`, batches hold the piece alignment too (guided alignment training)."""
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, process_count={process_count}).")
   rows = data.rows_per_process(process_count)
-  shard = grain.MapDataset.source(open_split(data, data.train_split))[process_index::process_count]
+  reader = open_split(data, data.train_split, alignments=alignments)
+  shard = grain.MapDataset.source(reader)[process_index::process_count]
   if len(shard) == 0:
     raise builders.DataError(f"Train split {data.train_split!r} has no examples for process "
                      f"{process_index} of {process_count}.")
   ds = shard.shuffle(seed=data.seed).repeat()  # A new permutation each epoch.
   ds = ds.batch(_READ_CHUNK, batch_fn=list)  # Chunks may straddle epochs, as the stream does.
-  ds = ds.map_with_index(_TokenizeAndFilter(tokenizer, data, len(shard)))
+  ds = ds.map_with_index(_TokenizeAndFilter(tokenizer, data, len(shard), alignments))
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
   ds = grain.experimental.FlatMapIterDataset(ds, _Flatten())
   length = {"inputs": data.max_length, "targets": data.max_length}
+  if alignments:  # Rows [T + 1, L] of each example, packed along the target like `targets`.
+    length[ALIGNMENT_KEY] = data.max_length
   ds = grain.experimental.FirstFitPackIterDataset(
       ds, length_struct=length, num_packing_bins=rows, seed=data.seed, shuffle_bins=False)
+  if alignments:
+    ds = ds.map(_PlaceAlignment())
   ds = ds.batch(rows, drop_remainder=True)
   if data.num_workers:
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app (tests,
@@ -262,14 +355,15 @@ def _ignore_stop_signals(worker_index: int, worker_count: int) -> None:
 
 
 def train_iterator(data: DataConfig, tokenizer: TextTokenizer, *, process_index: int = 0,
-                   process_count: int = 1) -> grain.DatasetIterator:
-  """An endless iterator of packed batches, dict of int32 [R, L] (module docstring).
+                   process_count: int = 1, alignments: bool = False) -> grain.DatasetIterator:
+  """An endless iterator of packed batches, dict of int32 [R, L] (module docstring), plus
+  'alignment' bool [R, L, L] with `alignments`.
 
   Its state (`get_state`/`set_state`, or grain.checkpoint.CheckpointSave/Restore with orbax)
   resumes exactly. With num_workers > 0, the order depends on num_workers too.
   """
   return iter(train_dataset(data, tokenizer, process_index=process_index,
-                            process_count=process_count))
+                            process_count=process_count, alignments=alignments))
 
 
 # ---------------------------------------------------------------------------------------------

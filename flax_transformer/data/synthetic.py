@@ -19,6 +19,15 @@ copying or word-by-word translation scores low:
 
 The lexicon (~100 stems) is fixed; the seed only picks sentences. Sentences have 3-12 source words.
 `generate_splits` returns train/eval/test lists with no source sentence in two splits.
+
+Gold word alignments (`sample_aligned_pair`, `generate_aligned_splits`): the generator knows which
+English word gave each target word, and every target word has exactly one: article -> article
+(the, a, an, some), noun -> noun, each adjective -> its adjective, preposition -> preposition,
+not -> nu, verb -> verb (the English base or -s form). The auxiliary "do"/"does" of "does not"
+has no target word (the target marks number on the verb, negation with "nu") and stays
+unaligned, as do-support is left unaligned in gold alignments. Above (0-based, Moses i-j):
+
+  0-0 2-1 1-2 6-3 7-4 10-5 8-6 9-7 4-8 5-9     ("does", source word 3, unaligned)
 """
 
 from __future__ import annotations
@@ -124,6 +133,12 @@ _PLURALS = {sg: pl for pairs in _NOUNS.values() for sg, pl in pairs}
 _THIRD_PERSON = dict(_TRANSITIVE + _INTRANSITIVE)
 
 
+# A word and its role in the clause; a source and a target word with the same role are aligned.
+# Roles: (phrase, part) with phrase 'subject' | 'object' | 'prep_object' and part 'article' |
+# 'noun' | ('adjective', k); or 'verb', 'negation', 'preposition'; None for "do"/"does".
+_Word = tuple[str, object]
+
+
 @dataclasses.dataclass(frozen=True)
 class _NounPhrase:
   noun: str  # English singular
@@ -131,7 +146,8 @@ class _NounPhrase:
   definite: bool
   adjectives: tuple[str, ...]
 
-  def english(self) -> list[str]:
+  def english(self, phrase: str = "") -> list[_Word]:
+    """[article, *adjectives, noun] with their roles."""
     words = [*self.adjectives, _PLURALS[self.noun] if self.plural else self.noun]
     if self.plural:
       article = "the" if self.definite else "some"
@@ -139,16 +155,20 @@ class _NounPhrase:
       article = "the"
     else:
       article = "an" if words[0][0] in "aeiou" else "a"
-    return [article, *words]
+    roles = [(phrase, ("adjective", k)) for k in range(len(self.adjectives))]
+    return list(zip([article, *words], [(phrase, "article"), *roles, (phrase, "noun")],
+                    strict=True))
 
-  def target(self, case: str) -> list[str]:
+  def target(self, case: str, phrase: str = "") -> list[_Word]:
+    """[article, noun, *adjectives] with their roles, inflected for `case`."""
     agreement = "pl" if self.plural else LEXICON.gender[self.noun]
     noun = LEXICON.noun_stem[self.noun]
     if self.plural:
       noun += _PLURAL_SUFFIX[LEXICON.gender[self.noun]]
-    adjectives = [LEXICON.adjective_stem[a] + _ADJ_ENDINGS[case][agreement]
-                  for a in self.adjectives]
-    return [_ARTICLES[self.definite][case][agreement], noun, *adjectives]
+    adjectives = [(LEXICON.adjective_stem[a] + _ADJ_ENDINGS[case][agreement],
+                   (phrase, ("adjective", k))) for k, a in enumerate(self.adjectives)]
+    return [(_ARTICLES[self.definite][case][agreement], (phrase, "article")),
+            (noun, (phrase, "noun")), *adjectives]
 
 
 def _noun_phrase(rng: random.Random) -> _NounPhrase:
@@ -161,6 +181,13 @@ def _noun_phrase(rng: random.Random) -> _NounPhrase:
 
 def sample_pair(rng: random.Random) -> tuple[str, str]:
   """One (source, target) sentence pair of 3-12 source words."""
+  source, target, _ = sample_aligned_pair(rng)
+  return source, target
+
+
+def sample_aligned_pair(rng: random.Random) -> tuple[str, str, list[tuple[int, int]]]:
+  """(source, target, gold alignment): the pair `sample_pair` draws from the same `rng`, and
+  its word pairs (i, j), source word i gave target word j, sorted (module docstring)."""
   while True:
     subject = _noun_phrase(rng)
     transitive = rng.random() < 0.7
@@ -171,31 +198,40 @@ def sample_pair(rng: random.Random) -> tuple[str, str]:
     source = _english(subject, verb, obj, prep, negated)
     if MIN_WORDS <= len(source) <= MAX_WORDS:
       target = _target(subject, verb, obj, prep, negated)
-      return " ".join(source), " ".join(target)
+      return (" ".join(w for w, _ in source), " ".join(w for w, _ in target),
+              _align(source, target))
 
 
-def _english(subject, verb, obj, prep, negated) -> list[str]:
+def _align(source: list[_Word], target: list[_Word]) -> list[tuple[int, int]]:
+  """Pairs (i, j) of source and target words with the same role."""
+  position = {role: i for i, (_, role) in enumerate(source) if role is not None}
+  return sorted((position[role], j) for j, (_, role) in enumerate(target))
+
+
+def _english(subject, verb, obj, prep, negated) -> list[_Word]:
   if negated:
-    verb_words = ["do" if subject.plural else "does", "not", verb]
+    verb_words = [("do" if subject.plural else "does", None), ("not", "negation"),
+                  (verb, "verb")]
   else:
-    verb_words = [verb if subject.plural else _THIRD_PERSON[verb]]
-  words = subject.english() + verb_words
+    verb_words = [(verb if subject.plural else _THIRD_PERSON[verb], "verb")]
+  words = subject.english("subject") + verb_words
   if obj is not None:
-    words += obj.english()
+    words += obj.english("object")
   if prep is not None:
-    words += [prep[0], *prep[1].english()]
+    words += [(prep[0], "preposition"), *prep[1].english("prep_object")]
   return words
 
 
-def _target(subject, verb, obj, prep, negated) -> list[str]:
-  words = subject.target("nom")
+def _target(subject, verb, obj, prep, negated) -> list[_Word]:
+  words = subject.target("nom", "subject")
   if prep is not None:
-    words += [LEXICON.preposition[prep[0]], *prep[1].target("dat")]
+    words += [(LEXICON.preposition[prep[0]], "preposition"),
+              *prep[1].target("dat", "prep_object")]
   if obj is not None:
-    words += obj.target("acc")
+    words += obj.target("acc", "object")
   if negated:
-    words.append(_NEGATION)
-  words.append(LEXICON.verb_stem[verb] + _VERB_ENDING[subject.plural])
+    words.append((_NEGATION, "negation"))
+  words.append((LEXICON.verb_stem[verb] + _VERB_ENDING[subject.plural], "verb"))
   return words
 
 
@@ -207,20 +243,27 @@ def generate_splits(
   do not depend on the sizes of later ones. Raises if the language cannot supply enough
   distinct sentences (it has far more than 10^9).
   """
+  return {name: [(source, target) for source, target, _ in triples]
+          for name, triples in generate_aligned_splits(seed, sizes).items()}
+
+
+def generate_aligned_splits(
+    seed: int, sizes: dict[str, int]) -> dict[str, list[tuple[str, str, list[tuple[int, int]]]]]:
+  """`generate_splits` with each pair's gold word alignment: (source, target, pairs (i, j))."""
   seen: set[str] = set()
   splits = {}
   for name, size in sizes.items():
     rng = random.Random(f"flax-transformer-synthetic-{seed}-{name}")
-    pairs, attempts = [], 0
-    while len(pairs) < size:
+    triples, attempts = [], 0
+    while len(triples) < size:
       attempts += 1
       if attempts > 20 * size + 1000:
         raise ValueError(f"Could not draw {size} distinct synthetic pairs for split {name!r}.")
-      source, target = sample_pair(rng)
+      source, target, pairs = sample_aligned_pair(rng)
       if source not in seen:
         seen.add(source)
-        pairs.append((source, target))
-    splits[name] = pairs
+        triples.append((source, target, pairs))
+    splits[name] = triples
   return splits
 
 

@@ -140,6 +140,9 @@ def _log_train(step: int, fetched: list[dict], clock: _Clock, settings: LoopSett
                writer: metrics_lib.MetricWriter) -> None:
   sums = {k: sum(float(m[k]) for m in fetched) for k in ("loss", "nll", "correct", "num_tokens")}
   scalars = metrics_lib.reduce_metrics(sums)
+  if "alignment_loss" in fetched[-1]:  # Guided alignment: its cross entropy per target token.
+    scalars["alignment_loss"] = (sum(float(m["alignment_loss"]) for m in fetched)
+                                 / max(sums["num_tokens"], 1.0))
   # `fetched` holds exactly the steps since the clock's last restart.
   elapsed = max(time.perf_counter() - clock.time, 1e-9)
   scalars.update(

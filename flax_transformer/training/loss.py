@@ -1,6 +1,7 @@
-"""Label-smoothed cross entropy and accuracy, summed over real (non-padding) target tokens.
+"""Label-smoothed cross entropy and accuracy, summed over real (non-padding) target tokens, and
+guided alignment's cross entropy.
 
-Letters: B batch, T target length, V vocab.
+Letters: B batch, T target length, S source length, V vocab.
 
 The smoothed target distribution is q = (1 - eps) * onehot(y) + eps / V (Szegedy et al., 2016, as
 the paper uses with eps = 0.1). Its cross entropy with p = softmax(z) is
@@ -75,3 +76,32 @@ def loss_sums(
       nll=jnp.sum(nll * weights),
       correct=jnp.sum(correct * weights),
       num_tokens=jnp.sum(weights))
+
+
+# Marian's guided-alignment epsilon: keeps log finite where the attention underflows to 0.
+ALIGNMENT_EPSILON = 1e-6
+
+
+def alignment_loss_sum(attention: jax.Array, alignment: jax.Array) -> jax.Array:
+  """Guided alignment's cross entropy, summed over the target pieces that have an alignment.
+
+  The target distribution of row t is alignment[t] normalised to sum to 1 (the source pieces
+  target piece t is aligned to, uniformly: `data.alignments.piece_alignment`); rows with no
+  aligned piece (padding, unaligned words) carry no loss. As Garg et al. (2019, fairseq's
+  label_smoothed_cross_entropy_with_alignment) and Marian's `--guided-alignment` (cost "ce"):
+
+    sum_{b, t} sum_s -A[b, t, s] * log(attention[b, t, s] + eps)
+
+  Divide by the real target tokens, as the main loss is (`loss_sums`).
+
+  Args:
+    attention: float [B, T, S], the alignment layer's cross-attention (rows sum to 1).
+    alignment: bool or float >= 0 [B, T, S], nonzero where target piece t is aligned to source
+      piece s (the pipeline's 'alignment'; a normalised matrix gives the same).
+  """
+  aligned = alignment.astype(jnp.float32)
+  # [B, T, 1]: 0 on rows without alignment, whose targets stay all 0.
+  row_sums = jnp.sum(aligned, axis=-1, keepdims=True)
+  target = aligned / jnp.where(row_sums > 0, row_sums, 1.0)
+  log_attention = jnp.log(attention.astype(jnp.float32) + ALIGNMENT_EPSILON)
+  return -jnp.sum(target * log_attention)

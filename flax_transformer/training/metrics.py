@@ -180,7 +180,9 @@ class _LogLines:
 def train_line(step: int, total: int, scalars: dict[str, float]) -> str:
   """'step 100/1000 | loss 3.210 | acc 41.2% | lr 1.2e-04 | 5,400 tok/s | 0.210 s/step | ...'"""
   parts = [f"step {step}/{total}", f"loss {scalars['loss']:.3f}",
-           f"acc {100 * scalars['accuracy']:.1f}%", f"lr {scalars['learning_rate']:.2e}",
+           f"acc {100 * scalars['accuracy']:.1f}%",
+           *([f"align {scalars['alignment_loss']:.3f}"] if "alignment_loss" in scalars else []),
+           f"lr {scalars['learning_rate']:.2e}",
            f"{scalars['tokens_per_second']:,.0f} tok/s",
            f"{scalars['seconds_per_step']:.3f} s/step",
            f"ETA {format_duration(scalars['seconds_per_step'] * (total - step))}"]

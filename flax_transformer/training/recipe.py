@@ -28,7 +28,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from flax_transformer.config import Experiment, TrainConfig
-from flax_transformer.data.pipeline import TRAIN_KEYS
+from flax_transformer.data.pipeline import ALIGNMENT_KEY, TRAIN_KEYS
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.runtime import sharding
@@ -63,9 +63,20 @@ class TrainRecipe:
 
   def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """One global batch as int32 [rows, length] `ShapeDtypeStruct`s, placed as the step takes
-    it: what the data pipeline's packed rows become (`pipeline.TRAIN_KEYS`)."""
-    return {key: jax.ShapeDtypeStruct((self.rows, self.length), jnp.int32,
-                                      sharding=self.batch_sharding) for key in TRAIN_KEYS}
+    it: what the data pipeline's packed rows become (`pipeline.TRAIN_KEYS`), plus, with guided
+    alignment, 'alignment' bool [rows, length, length]."""
+    batch = {key: jax.ShapeDtypeStruct((self.rows, self.length), jnp.int32,
+                                       sharding=self.batch_sharding) for key in TRAIN_KEYS}
+    if self.guided_alignment:
+      batch[ALIGNMENT_KEY] = jax.ShapeDtypeStruct(
+          (self.rows, self.length, self.length), jnp.bool_, sharding=self.batch_sharding)
+    return batch
+
+  @property
+  def guided_alignment(self) -> bool:
+    """Whether the step trains with guided alignment: its batches need 'alignment' arrays
+    (`pipeline.train_iterator(..., alignments=True)`)."""
+    return self.train.guided_alignment_weight > 0
 
   def lower(self, state: TrainState | None = None,
             batch: Mapping[str, jax.Array] | None = None) -> jax.stages.Lowered:
@@ -111,7 +122,8 @@ def build(model_config: ModelConfig, train: TrainConfig, *, rows: int, length: i
                         abstract, shardings)
   train_step = steps.jit_train_step(
       mesh, shardings, model=model, optimizer=optimizer, schedule=schedule,
-      label_smoothing=train.label_smoothing, accum_steps=train.grad_accum_steps)
+      label_smoothing=train.label_smoothing, accum_steps=train.grad_accum_steps,
+      guided_alignment_weight=train.guided_alignment_weight)
   return TrainRecipe(model=model, train=train, optimizer=optimizer, schedule=schedule,
                      mesh=mesh, abstract_state=placed, shardings=shardings,
                      batch_sharding=sharding.batch_sharding(mesh), train_step=train_step,

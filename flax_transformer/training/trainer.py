@@ -142,7 +142,7 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
   recipe = recipe_lib.from_experiment(exp, vocab_size=tokenizer.vocab_size)
   train_iter = pipeline.train_iterator(
       exp.data, tokenizer, process_index=jax.process_index(),
-      process_count=jax.process_count())
+      process_count=jax.process_count(), alignments=recipe.guided_alignment)
   manager = checkpoints.make_manager(
       workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save)
   record = _record(config, recipe.model.config, exp.preset)
