@@ -14,8 +14,20 @@ them as one `SearchProblem`, so callers call the search they want directly:
   sequences, scores = search.sample(problem, key, temperature=0.8)
 
 `sequence_log_probs(model, variables, inputs, targets)` scores given translations by one
-teacher-forced pass (the `score` command). Everything here is a pure function of (variables,
-inputs): call it inside `jax.jit`.
+teacher-forced pass (the `score` command), and `hypothesis_alignments` takes the alignment
+layer's cross-attention of chosen hypotheses by one teacher-forced pass, in the same program as
+the search (`model.alignment`). Everything here is a pure function of (variables, inputs): call
+it inside `jax.jit`.
+
+Ensembles. With `ensemble=True`, every leaf of variables["params"] leads with M, the models'
+axis (M models of one architecture and vocabulary, stacked). The encoder and the decoder step
+run once per model under `jax.vmap`, in one program; each step's distribution is fairseq's
+ensemble rule, the mean of the models' probabilities (in log space: logsumexp of the M
+log-probabilities - log M), which the search then reads as its logits. The self-attention cache
+holds every model's keys/values, [M, B, N, H, L*K] and [M, B, N, L*K, H], with one slot table
+[B, K, L] for all (the beams are the ensemble's), so a beam reorder still moves only the table;
+the cross-attention K/V are [M, B, N, S, H]. An ensemble of one model translates exactly as that
+model alone.
 """
 
 from __future__ import annotations
@@ -27,10 +39,14 @@ import jax.numpy as jnp
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.decoding import search
+from flax_transformer.model.alignment import logits_and_alignment
 from flax_transformer.model.transformer import (
   DECODER_START_ID,
+  CrossAttentionCache,
+  DecoderCache,
   Transformer,
   expand_cache,
+  init_cache,
   reorder_cache,
   resize_cache,
 )
@@ -52,6 +68,39 @@ def make_tokens_to_logits(model: Transformer, variables: Any
     return model.apply(variables, ids, cache, cross, method=Transformer.decode_step)
 
   return tokens_to_logits
+
+
+def ensemble_log_probs(logits: Array) -> Array:
+  """fairseq's ensemble rule: logits f32 [M, ..., V] of M models -> log of the mean of their
+  probabilities [..., V] (normalised)."""
+  models = logits.shape[0]
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(jnp.float32(models))
+
+
+def make_ensemble_tokens_to_logits(model: Transformer, params: Any
+                                   ) -> search.TokensToLogitsWithShared:
+  """The ensemble's decoding step (module docstring, "Ensembles"): (ids [B*K, 1], cache, cross)
+  -> (ensemble log-probabilities [B*K, V], cache); `params` leaves lead with M."""
+
+  def tokens_to_logits(ids: Array, cache: DecoderCache, cross: CrossAttentionCache
+                       ) -> tuple[Array, DecoderCache]:
+    def one_model(model_params: Any, self_attention: Any, layers: Any):
+      logits, new = model.apply(
+          {"params": model_params}, ids, cache.replace(self_attention=self_attention),
+          cross.replace(layers=layers), method=Transformer.decode_step)
+      return logits, new.self_attention, new.slots, new.index
+
+    logits, self_attention, slots, index = jax.vmap(
+        one_model, out_axes=(0, 0, None, None))(params, cache.self_attention, cross.layers)
+    return ensemble_log_probs(logits), DecoderCache(self_attention, slots, index)
+
+  return tokens_to_logits
+
+
+def models_in(params: Any) -> int:
+  """M, the models of a stacked ensemble's params (the leading axis of every leaf)."""
+  return jax.tree.leaves(params)[0].shape[0]
 
 
 def output_length_caps(inputs: Array, max_len_a: float, max_len_b: int | None) -> Array | None:
@@ -99,7 +148,7 @@ def grows_cache(setting: str, method: str, rows: int | None = None) -> bool:
 def prepare_search(
     model: Transformer, variables: Any, inputs: Array, *, max_decode_len: int,
     max_len_a: float = 0.0, max_len_b: int | None = None, min_length: int = 0,
-    grow_cache: bool = False,
+    grow_cache: bool = False, target_prefix: Array | None = None, ensemble: bool = False,
 ) -> search.SearchProblem:
   """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
   decoder step, an empty self-attention cache of one slot per sentence (K slots in beam
@@ -114,16 +163,28 @@ def prepare_search(
       (the paper used source length + 50); defaults: no cap beyond L.
     min_length: fewest tokens before EOS.
     grow_cache: grow the self-attention cache in segments (see `grows_cache`).
+    target_prefix: optional int32 [B, P] (P <= max_decode_len): the tokens every hypothesis of
+      a row starts with, zeros after (`search`'s "Target prefix").
+    ensemble: variables["params"] leaves lead with M models (module docstring, "Ensembles").
   """
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
                      f"{jnp.result_type(inputs)}.")
   batch_size = inputs.shape[0]
-  encoded = model.apply(variables, inputs, method=Transformer.encode)  # [B, S, D]
-  cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
-  cache = model.apply(variables, batch_size, max_decode_len, method=Transformer.init_cache)
+  cache = init_cache(model.config, batch_size, max_decode_len)  # Needs no parameters.
+  if ensemble:
+    params = variables["params"]
+    cross = jax.vmap(lambda p: _cross_attention(model, {"params": p}, inputs))(params)
+    cross = cross.replace(source_mask=cross.source_mask[0])  # [B, S]; layers [M, B, N, S, H]
+    models = models_in(params)
+    cache = cache.replace(self_attention=jax.tree.map(  # [M, B, ...]
+        lambda x: jnp.broadcast_to(x, (models, *x.shape)), cache.self_attention))
+    step = make_ensemble_tokens_to_logits(model, params)
+  else:
+    cross = _cross_attention(model, variables, inputs)
+    step = make_tokens_to_logits(model, variables)
   return search.SearchProblem(
-      tokens_to_logits=make_tokens_to_logits(model, variables), initial_state=cache,
+      tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
       batch_size=batch_size, max_decode_len=max_decode_len, eos_id=EOS_ID,
       bos_id=DECODER_START_ID, shared_state=cross,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
@@ -131,8 +192,35 @@ def prepare_search(
       reorder_state=reorder_cache)
 
 
-def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, targets: Array
-                       ) -> Array:
+def _cross_attention(model: Transformer, variables: Any, inputs: Array) -> CrossAttentionCache:
+  """Encodes inputs [B, S] and projects every decoder layer's cross-attention K/V."""
+  encoded = model.apply(variables, inputs, method=Transformer.encode)  # [B, S, D]
+  return model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
+
+
+def hypothesis_alignments(model: Transformer, variables: Any, inputs: Array, sequences: Array,
+                          *, ensemble: bool = False) -> Array:
+  """f32 [B, n, L, S]: the alignment layer's cross-attention (`model.alignment`) of n
+  hypotheses per sentence, by one teacher-forced pass: row l is the attention of the step that
+  emitted token l (rows after EOS hold a masked query's uniform weights; callers drop them).
+  An ensemble's is the mean of its models'.
+
+  Args:
+    inputs: int32 [B, S] source ids. sequences: int32 [B, n, L], the search's output.
+  """
+  batch, n, length = sequences.shape
+  rows = jnp.repeat(inputs, n, axis=0)  # [B*n, S]
+  targets = sequences.reshape(batch * n, length)  # [B*n, L]
+  align = lambda params: logits_and_alignment(model, {"params": params}, rows, targets)[1]
+  if ensemble:
+    alignment = jnp.mean(jax.vmap(align)(variables["params"]), axis=0)
+  else:
+    alignment = align(variables["params"])
+  return alignment.reshape(batch, n, length, inputs.shape[1])
+
+
+def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, targets: Array,
+                       *, ensemble: bool = False) -> Array:
   """float32 [B]: log p(targets | inputs) under the model, natural log, summed over the target
   tokens (EOS included), by one teacher-forced forward pass.
 
@@ -141,8 +229,13 @@ def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, target
     inputs: int32 [B, S] source ids ending with EOS, padded with 0.
     targets: int32 [B, T] target ids ending with EOS, padded with 0 (padding scores nothing;
       an all-padding row scores 0).
+    ensemble: variables["params"] leads with M models: the ensemble's log-probabilities.
   """
-  logits = model.apply(variables, inputs, targets).astype(jnp.float32)  # [B, T, V]
+  if ensemble:
+    logits = ensemble_log_probs(jax.vmap(
+        lambda params: model.apply({"params": params}, inputs, targets))(variables["params"]))
+  else:
+    logits = model.apply(variables, inputs, targets).astype(jnp.float32)  # [B, T, V]
   # log_softmax at the target only: no [B, T, V] log-probabilities are kept.
   target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
   token_log_probs = target_logits - jax.nn.logsumexp(logits, axis=-1)  # [B, T]

@@ -11,8 +11,9 @@ State protocol
   K beams (rows b*K .. b*K+K-1 belong to sentence b, so the leaves then lead with B*K) and after
   each step reorders those rows once, so that every beam carries the state of the beam it
   extends. 0-d leaves (such as the Transformer cache's `index`, the next position, the same for
-  all rows) are carried unchanged: never repeated, never reordered. `shared_state` (optional)
-  leaves lead with B and are never repeated or reordered; when it is given the callable is
+  all rows) are carried unchanged: never repeated, never reordered. `shared_state` (optional,
+  per sentence: the Transformer's leads with B) is passed as it is, never repeated or
+  reordered; when it is given the callable is
   called as `tokens_to_logits(ids, state, shared_state)`, otherwise `tokens_to_logits(ids,
   state)`. `ids` is int32 [B*K, 1]: the last token of every beam, `bos_id` at the first step.
   Greedy decoding and sampling use the same protocol with K = 1.
@@ -22,7 +23,8 @@ State protocol
   `reorder_state(state, parent)` the state after beam k of sentence b took over the prefix of
   beam parent[b, k] (int32 [B, K]). The callable's rows stay b*K + k. The Transformer's cache
   does this to avoid moving its keys/values (`model.transformer`, "Beam search and the
-  self-attention cache").
+  self-attention cache"). Such a state may lay out its leaves as it likes (an ensemble's cache
+  leads with its models, `decoding.bridge`): the search never touches its rows.
 
 Growing state (optional)
   A state that holds one entry per decoded position (the Transformer's self-attention cache)
@@ -85,6 +87,19 @@ Outputs
   tokens, BOS excluded and EOS included. `max_lengths[b]` allows at most that many tokens before
   EOS (EOS is forced next, as fairseq's max_len_a * src_len + max_len_b); `min_length` forbids
   EOS before that many tokens; `max_decode_len` bounds every output, EOS included.
+
+Target prefix (`target_prefix`, int32 [B, P], P <= L, each row's tokens then zeros)
+  Every hypothesis of sentence b starts with its row's tokens: while step < that row's length
+  the search takes the prefix token, EOS is not allowed and the length caps wait; then the
+  search goes on from there. The rules are CTranslate2's `target_prefix` (hard prefix): the
+  prefix is given, not chosen, so its tokens add 0 to the score (a score is the log-probability
+  of the continuation given the prefix, divided by the length divisor of the whole output,
+  prefix included); in beam search one beam carries the prefix (the others stay empty) and the
+  beams spread out at the first free step; at that step (step 0 for a row whose prefix is
+  empty) with finish rule "top_k", EOS finishes a hypothesis only as the step's best
+  candidate, and where it ranks 2nd to K-th it takes the place of an alive beam without
+  finishing (CTranslate2's guard against short outputs, its issue #277). Rows of different
+  prefix lengths (0: none) share one program: the lengths are data.
 """
 
 from __future__ import annotations
@@ -146,12 +161,14 @@ class SearchProblem:
     initial_state: pytree, leaves [B, ...] (repeated for the K beams) or 0-d (carried as is).
     batch_size: B. max_decode_len: L, output tokens including EOS.
     eos_id: ends a hypothesis (must not be 0, the output padding). bos_id: the first input id.
-    shared_state: optional pytree, leaves [B, ...], passed to every call, never reordered.
+    shared_state: optional pytree (per sentence), passed to every call, never reordered.
     max_lengths: optional int [B], most tokens before EOS per sentence (EOS forced after).
     min_length: fewest tokens before EOS (EOS forbidden earlier).
     resize_state: optional; grows the state in segments (module docstring, "Growing state").
     expand_state, reorder_state: optional, together; replace beam search's repeat and reorder
       of the state's rows (module docstring, "State protocol").
+    target_prefix: optional int32 [B, P], P <= max_decode_len: tokens every hypothesis of the
+      sentence starts with, zeros after (module docstring, "Target prefix").
   """
 
   tokens_to_logits: TokensToLogits | TokensToLogitsWithShared
@@ -166,6 +183,7 @@ class SearchProblem:
   resize_state: ResizeState | None = None
   expand_state: ExpandState | None = None
   reorder_state: ReorderState | None = None
+  target_prefix: Array | None = None
 
   def __post_init__(self):
     if (self.expand_state is None) != (self.reorder_state is None):
@@ -182,9 +200,14 @@ class SearchProblem:
     if not isinstance(self.min_length, int) or self.min_length < 0:
       raise ValueError(f"SearchProblem: min_length must be an int >= 0, got "
                        f"{self.min_length!r}.")
-    _check_leading_dim("initial_state", self.initial_state, self.batch_size)
-    if self.shared_state is not None:
-      _check_leading_dim("shared_state", self.shared_state, self.batch_size)
+    if self.expand_state is None:  # The search repeats and reorders its rows itself.
+      _check_leading_dim("initial_state", self.initial_state, self.batch_size)
+    if self.target_prefix is not None and (
+        jnp.ndim(self.target_prefix) != 2 or jnp.shape(self.target_prefix)[0] != self.batch_size
+        or jnp.shape(self.target_prefix)[1] > self.max_decode_len):
+      raise ValueError(
+          f"SearchProblem: target_prefix must be int [batch_size, P] with P <= max_decode_len = "
+          f"{self.max_decode_len}, got shape {jnp.shape(self.target_prefix)}.")
     if self.max_lengths is not None and jnp.shape(self.max_lengths) != (self.batch_size,):
       raise ValueError(
           f"SearchProblem: max_lengths must have shape (batch_size,) = ({self.batch_size},), "
@@ -201,6 +224,18 @@ class SearchProblem:
     if self.max_lengths is None:
       return jnp.full((self.batch_size,), self.max_decode_len, jnp.int32)
     return jnp.asarray(self.max_lengths, jnp.int32)
+
+  def prefix_at(self, step: Array) -> tuple[Array, Array, Array] | None:
+    """(forcing bool [B], token int32 [B], first_free bool [B]) at `step`: which rows still
+    take their prefix, its token there, and which rows take their first free step; None
+    without a prefix."""
+    if self.target_prefix is None:
+      return None
+    prefix = jnp.asarray(self.target_prefix, jnp.int32)
+    column = jnp.minimum(step, prefix.shape[1] - 1)
+    token = lax.dynamic_index_in_dim(prefix, column, axis=1, keepdims=False)  # [B]
+    lengths = jnp.sum(prefix != OUTPUT_PADDING_ID, axis=1)  # [B]
+    return (step < prefix.shape[1]) & (token != OUTPUT_PADDING_ID), token, step == lengths
 
   def replace(self, **changes: Any) -> SearchProblem:
     """A copy with `changes` applied (checked again)."""
@@ -298,7 +333,7 @@ def beam_search(problem: SearchProblem, *, beam_size: int, ranking: Ranking = Ra
                               problem.max_decode_len, problem.bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, problem.eos_id)
   step = functools.partial(_beam_step, step_fn, reorder, problem.eos_id, ranking,
-                           problem.length_caps(), problem.min_length)
+                           problem.length_caps(), problem.min_length, problem.prefix_at)
   grow = lambda s, capacity: s.replace(
       alive_state=loop.resized(problem.resize_state, s.alive_state, capacity))
   final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
@@ -332,7 +367,9 @@ def _initial_beam_state(beams_state: PyTree, batch_size: int, beam_size: int,
 
 
 def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, ranking: Ranking,
-               max_lengths: Array, min_length: int, state: BeamState) -> BeamState:
+               max_lengths: Array, min_length: int,
+               prefix_at: Callable[[Array], tuple[Array, Array] | None],
+               state: BeamState) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
   A loop iteration runs k steps (`loop.segmented_loop`), so steps can follow the last position or
@@ -349,6 +386,11 @@ def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, rank
   eos_log_probs, token_log_probs, token_ids = _expand(logits.astype(jnp.float32), eos_id, beams)
   forced = state.step >= max_lengths  # [B]: EOS is the only choice from here on.
   eos_allowed = (state.step >= min_length) | forced  # [B]
+  first_free = None
+  if (prefix := prefix_at(state.step)) is not None:
+    forcing, token, first_free = prefix
+    token_log_probs, token_ids = _force_prefix(token_log_probs, token_ids, forcing, token)
+    forced, eos_allowed = forced & ~forcing, eos_allowed & ~forcing
 
   # Alive candidates: the C best non-EOS tokens of every beam -> [B, K*C], keep the K best.
   candidates = state.alive_log_probs[..., None] + token_log_probs.reshape(batch, beams, -1)
@@ -362,6 +404,12 @@ def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, rank
     # The K best extensions of the step lie among the K EOS ones and the K best others.
     kth_best = lax.top_k(jnp.concatenate([eos_sums, alive_log_probs], axis=1), beams)[0]
     finishes &= eos_sums >= kth_best[:, -1:]
+    if first_free is not None:  # A prefix's first free step (module docstring).
+      eos_ranked = jnp.any(finishes, axis=1) & first_free  # [B]; only beam 0 is alive here
+      second = eos_ranked & (jnp.max(eos_sums, axis=1) < alive_log_probs[:, 0])  # [B]
+      finishes &= ~second[:, None]
+      alive_log_probs = alive_log_probs.at[:, -1].set(
+          jnp.where(second, _NEG_INF, alive_log_probs[:, -1]))
   eos_scores = jnp.where(finishes, eos_sums / ranking.divisor(state.step + 1), _NEG_INF)
   at_step = jnp.arange(max_len) == state.step  # [L]
   eos_seqs = jnp.where(at_step, eos_id, state.alive_seqs)  # [B, K, L]
@@ -410,6 +458,19 @@ def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array
   emittable = (top_ids != eos_id) & (top_ids != OUTPUT_PADDING_ID)
   token_log_probs = jnp.where(emittable, top_logits - log_normalizer[:, None], _NEG_INF)
   return eos_log_probs, token_log_probs, top_ids
+
+
+def _force_prefix(token_log_probs: Array, token_ids: Array, forcing: Array, token: Array
+                  ) -> tuple[Array, Array]:
+  """The candidates of rows that take their prefix token: that token alone, adding 0 to the
+  score (module docstring, "Target prefix"). token_log_probs/ids [R, C], forcing bool [B],
+  token int32 [B] (R = B*K) -> (token_log_probs, token_ids)."""
+  beams = token_ids.shape[0] // forcing.shape[0]
+  row_forcing = jnp.repeat(forcing, beams)[:, None]  # [R, 1]
+  first = jnp.arange(token_ids.shape[1]) == 0  # [C]: the prefix token takes the first column.
+  token_log_probs = jnp.where(row_forcing, jnp.where(first, 0.0, _NEG_INF), token_log_probs)
+  token_ids = jnp.where(row_forcing & first, jnp.repeat(token, beams)[:, None], token_ids)
+  return token_log_probs, token_ids
 
 
 def _gather_beams(state: PyTree, parent: Array) -> PyTree:
@@ -592,6 +653,10 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
     logits = logits.astype(jnp.float32)  # [B, V]
     forced = s.step >= max_lengths  # [B]
     tokens = jnp.where(forced, eos_id, choose(logits, (s.step >= min_length) | forced, s.step))
+    forcing = None
+    if (prefix := problem.prefix_at(s.step)) is not None:
+      forcing, token, _ = prefix
+      tokens = jnp.where(forcing, token, tokens)
     silent = s.finished | (s.step >= max_decode_len)  # [B]: emits padding, scores nothing.
     tokens = jnp.where(silent, OUTPUT_PADDING_ID, tokens)  # [B]
     log_probs = (jnp.take_along_axis(logits, tokens[:, None], axis=1)[:, 0]
@@ -599,7 +664,8 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
     return _SequentialState(
         step=s.step + 1, last_ids=tokens,
         sequences=jnp.where(jnp.arange(max_decode_len) == s.step, tokens[:, None], s.sequences),
-        log_probs=s.log_probs + jnp.where(silent, 0.0, log_probs),
+        log_probs=s.log_probs + jnp.where(silent if forcing is None else silent | forcing,
+                                          0.0, log_probs),  # A prefix token adds 0.
         finished=s.finished | (tokens == eos_id), state=new_state)
 
   grow = lambda s, capacity: s.replace(

@@ -120,11 +120,13 @@ def resize_cache(cache: DecoderCache, capacity: int) -> DecoderCache:
 
   Growing appends zeros; shrinking drops the last positions, which must not be written yet
   (capacity >= `cache.index`). Beam search calls this between loop segments so that early
-  steps attend over a short cache (`decoding.search`'s "Growing state").
+  steps attend over a short cache (`decoding.search`'s "Growing state"). The axes count from
+  the end, so keys/values with leading axes of their own (an ensemble's [M, B, ...]) resize too.
   """
   beams = cache.slots.shape[1]
 
   def resize(x: Array, axis: int, size: int) -> Array:
+    axis %= x.ndim
     length = x.shape[axis]
     if size <= length:
       return lax.slice_in_dim(x, 0, size, axis=axis)
@@ -133,21 +135,22 @@ def resize_cache(cache: DecoderCache, capacity: int) -> DecoderCache:
     return jnp.pad(x, padding)
 
   return DecoderCache(
-      self_attention=tuple(KeyValues(keys=resize(kv.keys, 3, capacity * beams),
-                                     values=resize(kv.values, 2, capacity * beams))
+      self_attention=tuple(KeyValues(keys=resize(kv.keys, -1, capacity * beams),
+                                     values=resize(kv.values, -2, capacity * beams))
                            for kv in cache.self_attention),
       slots=resize(cache.slots, 2, capacity), index=cache.index)
 
 
 def expand_cache(cache: DecoderCache, beams: int) -> DecoderCache:
   """A cache of one slot per sentence as K = `beams` slots, every beam's prefix in slot 0
-  (`beam_search`'s `expand_state`): every position's entry repeated K times."""
+  (`beam_search`'s `expand_state`): every position's entry repeated K times (axes from the end,
+  as `resize_cache`)."""
   if cache.slots.shape[1] != 1:
     raise ValueError(f"expand_cache: the cache already has {cache.slots.shape[1]} slots per "
                      "sentence; expand a cache of one slot (init_cache).")
   return DecoderCache(
-      self_attention=tuple(KeyValues(keys=jnp.repeat(kv.keys, beams, axis=3),
-                                     values=jnp.repeat(kv.values, beams, axis=2))
+      self_attention=tuple(KeyValues(keys=jnp.repeat(kv.keys, beams, axis=-1),
+                                     values=jnp.repeat(kv.values, beams, axis=-2))
                            for kv in cache.self_attention),
       slots=jnp.repeat(cache.slots, beams, axis=1), index=cache.index)
 
