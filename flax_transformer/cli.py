@@ -8,7 +8,6 @@ import what they use when they run: `--help` or a bad flag answers before JAX or
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import logging
@@ -24,13 +23,17 @@ from flax_transformer.runtime.distributed import DistributedError
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--workdir", required=True, help="The training workdir.")
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser, ensemble: bool = False) -> None:
+  parser.add_argument("--workdir", required=not ensemble, help="The training workdir"
+                      + (" (default: the first --checkpoint's)." if ensemble else "."))
   parser.add_argument("--step", type=int, default=None,
                       help="Checkpoint step to restore (default: the latest; a resumed bulk job "
                       "keeps the step it started with).")
-  parser.add_argument("--checkpoint", default=None,
-                      help="An averaged checkpoint (from `average`) instead of a step.")
+  parser.add_argument("--checkpoint", default=None, action="append" if ensemble else "store",
+                      help="A checkpoint folder, WORKDIR/checkpoints/STEP or WORKDIR/averaged/"
+                      "NAME (from `average`), instead of a step" + (
+                          "; repeat it for an ensemble (fairseq's rule: the models' mean "
+                          "probability at every step, in one search)." if ensemble else "."))
   parser.add_argument(
       "--compilation_cache_dir", default=None,
       help="Persistent XLA compilation cache, so a later run with the same shapes skips "
@@ -71,7 +74,7 @@ def _open(args: argparse.Namespace):
   from flax_transformer.serving.commands import open_job
 
   names = [field.name for field, _ in TranslateConfig.setting_fields()]
-  return open_job(args.workdir, args.step, args.checkpoint, **{
+  return open_job(args.workdir, args.step, args.checkpoint or (), **{
       name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
 
 
@@ -79,23 +82,23 @@ def run_bulk(args: argparse.Namespace) -> int:
   """`translate` (a file or stdin to one translation, or --nbest, per line) and `score` (log
   p(target | source) of each line pair of --src and --tgt): resumable file jobs, or streams."""
   from flax_transformer.files import check_writable
-  from flax_transformer.serving import chunk_tasks, commands
+  from flax_transformer.serving import commands
 
-  check_writable(args.output)  # A bad output and bad flags fail before anything is restored.
+  translate = args.command == "translate"
+  extra = [args.alignments] if translate and args.alignments else []
+  for path in (args.output, *extra):  # Bad outputs and flags fail before anything is restored.
+    check_writable(path)
+  inputs = ([args.input, *([args.target_prefix] if args.target_prefix else [])] if translate
+            else [args.src, args.tgt])
   opened, settings, checkpoint = _open(args)
-  if args.command == "translate":
-    commands.check_nbest(args.nbest, settings)
-    inputs, job = [args.input], {**dataclasses.asdict(settings), "nbest": args.nbest}
-    make_task = lambda translator: chunk_tasks.TranslationTask(translator, args.nbest)
-  else:
-    inputs, job = [args.src, args.tgt], {"batch_tokens": settings.batch_tokens,
-                                         "normalize": args.normalize}
-    make_task = lambda translator: chunk_tasks.ScoringTask(translator, args.normalize)
+  job, make_task = commands.bulk_task(
+      args.command, settings, nbest=getattr(args, "nbest", None), prefixed=len(inputs) > 1,
+      alignments=bool(extra), normalize=getattr(args, "normalize", False))
   commands.run_bulk(opened, settings, checkpoint, command=args.command, inputs=inputs,
                     output=args.output, make_task=make_task, job_settings=job,
                     chunk_lines=args.chunk_lines, warmup=getattr(args, "warmup", False),
-                    sharing=commands.Sharing(args.coordinator_address, args.num_processes,
-                                             args.process_id))
+                    extra_outputs=extra, sharing=commands.Sharing(
+                        args.coordinator_address, args.num_processes, args.process_id))
   return 0
 
 
@@ -155,19 +158,15 @@ def _add_plan_command(commands) -> None:
   plan = commands.add_parser(
       "plan", help="Compile a config's train step (and search) for a TPU topology, from any "
       "machine: memory per chip, fit, FLOPs (needs the [tpu] extra).")
-  plan.add_argument("--config", required=True, metavar="FILE[:VARIANT]",
-                    help="The experiment config, as train.py takes it; override any field with "
-                    "--config.GROUP.KEY=VALUE.")
-  plan.add_argument("--topology", required=True,
-                    help="A Cloud TPU topology: v4:2x2x1 (v4-8), v5:2x2x1 (v5p-8), v5e:1x1 ... "
-                    "v5e:16x16, v6e:1x1 ... v6e:16x16.")
+  plan.add_argument("--config", required=True, metavar="FILE[:VARIANT]", help="The experiment "
+                    "config, as train.py takes it; override fields with --config.GROUP.KEY=VALUE.")
+  plan.add_argument("--topology", required=True, help="A Cloud TPU topology: v4:2x2x1 (v4-8), "
+                    "v5:2x2x1 (v5p-8), v5e:1x1 ... v5e:16x16, v6e:1x1 ... v6e:16x16.")
   plan.add_argument("--num_slices", type=int, default=1, help="Slices of --topology (default 1).")
-  plan.add_argument("--decode", action="store_true",
-                    help="Also compile translate's search (config.search) at the largest batch "
-                    "of each length bucket.")
-  plan.add_argument("--batch_tokens", type=int, default=None,
-                    help="--decode: padded source tokens per chip, as translate's --batch_tokens "
-                    "(default 4096).")
+  plan.add_argument("--decode", action="store_true", help="Also compile translate's search "
+                    "(config.search) at the largest batch of each length bucket.")
+  plan.add_argument("--batch_tokens", type=int, default=None, help="--decode: padded source "
+                    "tokens per chip, as translate's --batch_tokens (default 4096).")
   plan.add_argument("--json", action="store_true", help="Print the figures as JSON.")
   plan.set_defaults(run=run_plan)
 
@@ -175,9 +174,9 @@ def _add_plan_command(commands) -> None:
 def _add_interop_commands(commands) -> None:
   imported = commands.add_parser(
       "import-marian", help="Import a Hugging Face Marian (OPUS-MT) model folder as a workdir.")
-  imported.add_argument("--model_dir", required=True,
-                        help="config.json, model.safetensors (or pytorch_model.bin), source.spm, "
-                        "target.spm and vocab.json, as the Hub's Helsinki-NLP/opus-mt-* hold.")
+  imported.add_argument("--model_dir", required=True, help="config.json, model.safetensors (or "
+                        "pytorch_model.bin), source.spm, target.spm and vocab.json, as the "
+                        "Hub's Helsinki-NLP/opus-mt-* hold.")
   imported.add_argument("--workdir", required=True, help="The new workdir (must not exist).")
   imported.set_defaults(run=_call("flax_transformer.interop.marian:import_marian", "model_dir",
                                           "workdir"))
@@ -186,9 +185,8 @@ def _add_interop_commands(commands) -> None:
   _add_checkpoint_arguments(export)
   export.add_argument("--format", required=True, choices=("ctranslate2", "marian"))
   export.add_argument("--output", required=True, help="The new model folder (must not exist).")
-  export.add_argument(
-      "--quantization", default="none",
-      choices=("none", "int8", "int8_float32", "float16", "bfloat16"),
+  export.add_argument("--quantization", default="none", choices=(
+      "none", "int8", "int8_float32", "float16", "bfloat16"),
       help="CTranslate2 only: the stored weights' type (default none: float32).")
   export.set_defaults(run=_call("flax_transformer.interop:export_workdir", "workdir", "output",
                                         "format", "quantization", "step", "checkpoint"))
@@ -212,11 +210,15 @@ def _add_bulk_commands(commands) -> None:
   """translate and score: resumable file jobs (or streams)."""
   translate = commands.add_parser(
       "translate", help="Translate a file (or stdin) line by line; a file job resumes.")
-  _add_checkpoint_arguments(translate)
+  _add_checkpoint_arguments(translate, ensemble=True)
   _add_settings_arguments(translate)
   translate.add_argument("--input", required=True, help="UTF-8 text, one sentence a line; '-'.")
   translate.add_argument("--output", required=True,
                          help="Output file ('-' for stdout; gzip when it ends in .gz).")
+  translate.add_argument("--target_prefix", default=None, help="A file of line-aligned target "
+                         "prefixes that each translation starts with (an empty line: none).")
+  translate.add_argument("--alignments", default=None, help="Also write each output line's word "
+                         "alignment here, Moses 'i-j' (source word i, target word j, from 0).")
   translate.add_argument("--nbest", type=int, default=None,
                          help="Write K hypotheses per line as 'i ||| hypothesis ||| score'.")
   _add_bulk_arguments(translate)
@@ -224,13 +226,12 @@ def _add_bulk_commands(commands) -> None:
 
   score = commands.add_parser(
       "score", help="Write log p(target | source) of each line pair (natural log, with EOS).")
-  _add_checkpoint_arguments(score)
+  _add_checkpoint_arguments(score, ensemble=True)
   _add_settings_arguments(score, "batch_tokens")
   score.add_argument("--src", required=True, help="Source sentences, one a line.")
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
   score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
-  score.add_argument("--normalize", action="store_true",
-                     help="Divide each score by its target tokens (EOS included).")
+  score.add_argument("--normalize", action="store_true", help="Divide by target tokens (+EOS).")
   _add_bulk_arguments(score)
   score.set_defaults(run=run_bulk)
 
@@ -238,7 +239,7 @@ def _add_bulk_commands(commands) -> None:
 def _add_workdir_commands(commands) -> None:
   """evaluate, average, attention, curves: jobs on one workdir's checkpoints or logs."""
   evaluate = commands.add_parser("evaluate", help="Translate --src and score against --ref.")
-  _add_checkpoint_arguments(evaluate)
+  _add_checkpoint_arguments(evaluate, ensemble=True)
   _add_settings_arguments(evaluate)
   evaluate.add_argument("--src", required=True, help="Source sentences, one a line.")
   evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")

@@ -89,10 +89,22 @@ class Ours:
     chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), targets_batch[..., None], axis=-1)
     return [np.asarray(row[:len(seq), 0]) for row, seq in zip(chosen, ids, strict=True)]
 
-  def search(self, texts: list[str], method: str, max_decode_len: int = N, **settings):
+  def search(self, texts: list[str], method: str, max_decode_len: int = N,
+             prefixes: list[str] | None = None, **settings):
+    prefix = None
+    if prefixes is not None:  # Target prefixes: token ids, zeros after.
+      prefix = _batch([self.prefix_ids(p) for p in prefixes] + [[0] * max_decode_len])[:-1]
     prepared = bridge.prepare_search(self.model, self.variables, self.sources(texts),
-                                      max_decode_len=max_decode_len)
+                                      max_decode_len=max_decode_len, target_prefix=prefix)
     return jax.jit(lambda: run_search(prepared, method, **settings))()
+
+  def prefix_ids(self, prefix: str) -> list[int]:
+    return self.tokenizer.tokenize_target(prefix) if prefix else []
+
+  def attention(self, texts: list[str], sequences: jax.Array) -> np.ndarray:
+    """The alignment attention [B, n, L, S] of the hypotheses `sequences` [B, n, L]."""
+    return np.asarray(jax.jit(lambda: bridge.hypothesis_alignments(
+        self.model, self.variables, self.sources(texts), sequences))())
 
   def ids(self, pieces: list[str]) -> list[int]:
     return [self.tokens.index(piece) for piece in pieces]
@@ -197,16 +209,20 @@ def _eos_likely(params):
 
 
 def _check_beam_equals_ctranslate2(ours: Ours, ct2, texts: list[str], beam_size: int,
-                                   alpha: float, max_decode_len: int = N) -> list[list[int]]:
-  """Every hypothesis and score of CTranslate2's beam search, ours with its rule and formula;
-  returns our hypotheses, [sentence][rank] -> ids (EOS included)."""
+                                   alpha: float, max_decode_len: int = N,
+                                   prefixes: list[str] | None = None) -> list[list[int]]:
+  """Every hypothesis and score of CTranslate2's beam search, ours with its rule and formula
+  (with `prefixes`: its `target_prefix`, one per text, '' for none); returns our hypotheses,
+  [sentence][rank] -> ids (EOS included)."""
   sequences, scores = ours.search(texts, "beam", max_decode_len=max_decode_len,
-                                  beam_size=beam_size, length_penalty=alpha,
+                                  prefixes=prefixes, beam_size=beam_size, length_penalty=alpha,
                                   length_normalization="fairseq", finish_rule="top_k")
+  target_prefix = None if prefixes is None else [
+      [ours.tokens[i] for i in ours.prefix_ids(p)] for p in prefixes]
   results = ct2.translate_batch(ours.pieces(texts), beam_size=beam_size,
                                 num_hypotheses=beam_size, length_penalty=alpha,
                                 max_decoding_length=max_decode_len, min_decoding_length=0,
-                                return_scores=True)
+                                return_scores=True, target_prefix=target_prefix)
   hypotheses = []
   for rows, row_scores, result in zip(np.asarray(sequences), np.asarray(scores), results,
                                       strict=True):
@@ -260,6 +276,97 @@ def test_float32_beam4_equals_ours_on_the_trained_workdir(exported, trained_work
   texts = [s for s, _ in trained_test_split[:24]]
   max_decode_len = ours.translator.model_config.max_len - 1
   _check_beam_equals_ctranslate2(ours, ct2, texts, 4, alpha, max_decode_len)
+
+
+def _prefixes(targets: list[str]) -> list[str]:
+  """Target prefixes of 0 to 3 words of the references (mixed lengths, empty ones included)."""
+  return [" ".join(t.split()[:i % 4]) for i, t in enumerate(targets)]
+
+
+@pytest.mark.parametrize("beam_size,alpha", [(4, 1.0), (5, 0.6)])
+def test_float32_target_prefix_beam_equals_ctranslate2_with_eos_likely(eos_likely, beam_size,
+                                                                      alpha):
+  """CTranslate2's hard prefix: hypotheses start with the prefix, which adds 0 to the score;
+  EOS at the first free step finishes only as the best candidate (`decoding.search`)."""
+  ours, ct2 = eos_likely
+  pairs = _sentences(12, seed=26)
+  prefixes = _prefixes([t for _, t in pairs])
+  hypotheses = _check_beam_equals_ctranslate2(ours, ct2, [s for s, _ in pairs], beam_size, alpha,
+                                              prefixes=prefixes)
+  for rows, prefix in zip(hypotheses, prefixes, strict=True):
+    for row in rows:
+      assert row[:len(ours.prefix_ids(prefix))] == ours.prefix_ids(prefix)
+  assert len({len(ours.prefix_ids(p)) for p in prefixes}) > 2  # Mixed lengths.
+
+
+def test_float32_target_prefix_greedy_equals_ctranslate2(eos_likely):
+  ours, ct2 = eos_likely
+  pairs = _sentences(12, seed=27)
+  texts, prefixes = [s for s, _ in pairs], _prefixes([t for _, t in pairs])
+  sequences, scores = ours.search(texts, "greedy", prefixes=prefixes)
+  results = ct2.translate_batch(
+      ours.pieces(texts), beam_size=1, max_decoding_length=N, min_decoding_length=0,
+      return_end_token=True, return_scores=True, length_penalty=0.0,
+      suppress_sequences=[[ours.tokens[PAD_ID]]],
+      target_prefix=[[ours.tokens[i] for i in ours.prefix_ids(p)] for p in prefixes])
+  assert [[int(i) for i in row if i != PAD_ID] for row in np.asarray(sequences)] == [
+      ours.ids(r.hypotheses[0]) for r in results]
+  np.testing.assert_allclose(np.asarray(scores), [r.scores[0] for r in results], atol=2e-5)
+
+
+def test_float32_target_prefix_beam4_equals_ctranslate2_on_the_trained_workdir(
+    exported, trained_workdir, trained_test_split):
+  ours, ct2 = Ours(trained_workdir), _translator(exported / "float32")
+  pairs = trained_test_split[:24]
+  max_decode_len = ours.translator.model_config.max_len - 1
+  _check_beam_equals_ctranslate2(ours, ct2, [s for s, _ in pairs], 4, 0.6, max_decode_len,
+                                 prefixes=_prefixes([t for _, t in pairs]))
+
+
+def _check_attention_equals_ctranslate2(ours: Ours, ct2, texts: list[str], beam_size: int,
+                                        max_decode_len: int = N) -> int:
+  """The alignment attention of our best hypothesis equals CTranslate2's `return_attention`
+  (each sentence its own batch: in a padded batch, CTranslate2's first-step attention of the
+  shorter sentences differs from its own one-sentence result, which ours equals). Returns the
+  number of attention rows compared."""
+  sequences, _ = ours.search(texts, "beam", max_decode_len=max_decode_len, beam_size=beam_size,
+                             length_penalty=1.0, length_normalization="fairseq",
+                             finish_rule="top_k")
+  attention = ours.attention(texts, sequences[:, :1])  # [B, 1, L, S]
+  rows = 0
+  for i, text in enumerate(texts):
+    result = ct2.translate_batch(ours.pieces([text]), beam_size=beam_size, length_penalty=1.0,
+                                 max_decoding_length=max_decode_len, min_decoding_length=0,
+                                 return_attention=True)[0]
+    mine = [int(t) for t in np.asarray(sequences[i, 0]) if t not in (PAD_ID, EOS_ID)]
+    assert ours.ids(result.hypotheses[0]) == mine
+    theirs = np.asarray(result.attention[0], np.float32)  # [T, S + 1]: one row per token
+    if not len(mine):
+      continue
+    np.testing.assert_allclose(attention[i, 0, :theirs.shape[0], :theirs.shape[1]], theirs,
+                               atol=2e-5)
+    rows += theirs.shape[0]
+  return rows
+
+
+@pytest.mark.parametrize("layer,heads", [(-1, 0), (0, 2), (1, 1)])
+def test_alignment_attention_equals_ctranslate2_return_attention(tmp_path, layer, heads):
+  """`export` writes our alignment layer and heads into the CTranslate2 model."""
+  workdir = random_workdir.write_random_workdir(
+      tmp_path / "w", seed=5, adjust=_eos_likely, alignment_layer=layer,
+      alignment_heads=heads, **MARIAN_OPTIONS)
+  export_ctranslate2(workdir, tmp_path / "ct2")
+  ours = Ours(workdir)
+  assert _check_attention_equals_ctranslate2(
+      ours, _translator(tmp_path / "ct2"), [s for s, _ in _sentences(6, seed=28)], 4) > 20
+
+
+def test_alignment_attention_equals_ctranslate2_on_the_trained_workdir(exported, trained_workdir,
+                                                                       trained_test_split):
+  ours, ct2 = Ours(trained_workdir), _translator(exported / "float32")
+  texts = [s for s, _ in trained_test_split[:8]]
+  assert _check_attention_equals_ctranslate2(ours, ct2, texts, 4,
+                                             ours.translator.model_config.max_len - 1) > 20
 
 
 def _ct2_texts(exported_folder: Path, sources: list[str], **settings) -> list[str]:

@@ -123,7 +123,9 @@ def build_spec(config: ModelConfig, params: Params, tokens: list[str]) -> Any:
                 "swish": common_spec.Activation.SWISH}[config.activation]
   spec = transformer_spec.TransformerSpec.from_config(
       (config.num_encoder_layers, config.num_decoder_layers), config.num_heads,
-      pre_norm=config.pre_norm, activation=activation)
+      pre_norm=config.pre_norm, activation=activation,
+      # Its `return_attention` then gives our word alignments' attention (model/alignment.py).
+      alignment_layer=config.alignment_layer, alignment_heads=config.alignment_heads)
   _set_embeddings(spec, config, params)
   for i, layer in enumerate(spec.encoder.layer):
     ours = _layer(params, config, "encoder", i)

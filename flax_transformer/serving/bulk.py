@@ -7,11 +7,13 @@ searched over the local devices), and its output is written when it is done, bes
   OUT.partial/
     manifest.json     what the job is: format version, the inputs' identity (path, size, mtime,
                       SHA-256 of the first and last MiB), their line count, chunk_lines, the
-                      checkpoint's identity (workdir, step or averaged checkpoint, SHA-256 of the
+                      checkpoint's identity (workdir, step or checkpoint folders, SHA-256 of the
                       vocabulary and of the parameters, the model config) and every setting that
                       changes the output. Written atomically before any chunk, and checked on
                       every run: a difference is an error naming it.
-    chunk_000000 ...  chunk i's output lines, each written atomically (fsync'd, renamed) when done.
+    chunk_000000 ...  chunk i's output lines, each written atomically (fsync'd, renamed) when done;
+                      with extra outputs (translate --alignments), chunk_000000.1 ... hold
+                      theirs, written before the main one, whose presence marks the chunk done.
     merge.lock        locked (flock) by the process that assembles OUT.
 
 Process p of P translates the chunks i with i % P == p that have no file yet; the processes need
@@ -70,8 +72,9 @@ class ChunkTask(Protocol):
   line_per_record: bool  # Exactly one output line per record (checked when merging).
 
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
-               progress: Progress) -> str:
-    """The chunk's output text, one '\\n'-terminated line per output line."""
+               progress: Progress) -> str | tuple[str, ...]:
+    """The chunk's output text, one '\\n'-terminated line per output line; with extra outputs,
+    one text per output (the main one first), each with as many lines as the main one."""
     ...
 
 
@@ -166,6 +169,7 @@ class FileJob:
   chunk_lines: int
   num_lines: int
   manifest: dict[str, Any]  # Without the parameters' fingerprint (see `run_file_job`).
+  extra_outputs: tuple[str, ...] = ()  # Line-aligned with `output` (translate --alignments).
 
   @property
   def partial(self) -> Path:
@@ -178,12 +182,18 @@ class FileJob:
   def chunk_lines_of(self, chunk: int) -> int:
     return min(self.chunk_lines, self.num_lines - chunk * self.chunk_lines)
 
-  def chunk_path(self, chunk: int) -> Path:
-    return self.partial / f"chunk_{chunk:06d}"
+  def chunk_path(self, chunk: int, part: int = 0) -> Path:
+    """Chunk `chunk`'s file of output `part` (0: the main output, k: extra_outputs[k - 1])."""
+    return self.partial / (f"chunk_{chunk:06d}" + (f".{part}" if part else ""))
+
+  @property
+  def outputs(self) -> tuple[str, ...]:
+    """The main output, then the extra ones."""
+    return (self.output, *self.extra_outputs)
 
 
 def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
-                  job: dict[str, Any]) -> FileJob:
+                  job: dict[str, Any], extra_outputs: Sequence[str] = ()) -> FileJob:
   """Checks the inputs (they exist, are UTF-8, have one line count) and any partial run's
   manifest against this job (all but the parameters' fingerprint, known once restored).
 
@@ -191,6 +201,7 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
     inputs: line-aligned input files (one to translate; source and target to score).
     output: the output file. chunk_lines: lines per chunk.
     job: what else identifies the job: {"command", "checkpoint", "settings"}.
+    extra_outputs: more output files, line-aligned with `output` (part of the job's identity).
   """
   if chunk_lines < 1:
     raise ValueError(f"--chunk_lines must be >= 1, got {chunk_lines}.")
@@ -212,29 +223,32 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
     num_lines = counts[0]
   manifest = {"format": FORMAT_VERSION, "inputs": identities, "lines": num_lines,
               "chunk_lines": chunk_lines, **job}
+  if extra_outputs:
+    manifest["extra_outputs"] = [str(files.absolute(path)) for path in extra_outputs]
   if existing is not None:
     check_manifest(partial, existing, manifest, ignore=("checkpoint.params_sha256",))
-  return FileJob(tuple(inputs), output, chunk_lines, num_lines, manifest)
+  return FileJob(tuple(inputs), output, chunk_lines, num_lines, manifest, tuple(extra_outputs))
 
 
 def checkpoint_identity(opened: Workdir, output: str, step: int | None,
-                        checkpoint: str | None) -> tuple[dict[str, Any], int | None]:
-  """The checkpoint part of a bulk job's manifest (workdir, step or averaged checkpoint,
-  SHA-256 of the vocabulary files, the model config), and the step to restore: `step`, else
-  the step a partial run of `output` used (if it is still saved), else the latest; None for an
-  averaged `checkpoint`. `opened`: the command's workdir, as `open_workdir` read it."""
+                        checkpoints: Sequence[str] = ()) -> tuple[dict[str, Any], int | None]:
+  """The checkpoint part of a bulk job's manifest (workdir, step or checkpoint folders, SHA-256
+  of the vocabulary files, the model config), and the step to restore: `step`, else the step a
+  partial run of `output` used (if it is still saved), else the latest; None for checkpoint
+  folders (one, or an ensemble's). `opened`: the command's workdir, as `open_workdir` read
+  it."""
   from flax_transformer.workdir import saved_steps  # orbax: only when restoring.
 
-  if step is None and checkpoint is None:
+  if step is None and not checkpoints:
     saved = saved_steps(opened.path)
     previous = (read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}
     step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
   identity = {
       "workdir": str(files.absolute(opened.path)), "step": step,
-      "averaged": str(files.absolute(checkpoint)) if checkpoint else None,
+      "checkpoints": [str(files.absolute(path)) for path in checkpoints] or None,
       "vocab_sha256": opened.vocab_sha256,
       "model": dataclasses.asdict(opened.model_config)}
-  return identity, None if checkpoint else step
+  return identity, None if checkpoints else step
 
 
 def params_fingerprint(params: Any) -> str:
@@ -270,7 +284,9 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
                     start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
-    atomic_write(job.chunk_path(chunk), task(chunk * job.chunk_lines, records, advance))
+    texts = _texts(task(chunk * job.chunk_lines, records, advance), len(job.outputs))
+    for part in range(len(texts) - 1, -1, -1):  # The main output last: it marks the chunk done.
+      atomic_write(job.chunk_path(chunk, part), texts[part])
   bar.close(task.verb)
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
@@ -279,6 +295,14 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
   processes.barrier("flax_transformer.serving.bulk: merged")
   return complete or not job.partial.exists()
+
+
+def _texts(output: str | tuple[str, ...], count: int) -> tuple[str, ...]:
+  """A task's output as one text per output file, checked to be `count` texts."""
+  texts = (output,) if isinstance(output, str) else tuple(output)
+  if len(texts) != count:
+    raise ValueError(f"The chunk task wrote {len(texts)} outputs for {count} output files.")
+  return texts
 
 
 def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int]) -> None:
@@ -340,13 +364,15 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
       say(f"{job.num_chunks - len(missing)} of {job.num_chunks} chunks are done; the process "
           f"that finishes the last one writes {job.output} (or rerun the command).")
       return False
-    if not files.is_remote(job.output):
-      output_path = to_path(job.output)
-      for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
-    with files.AtomicWriter(job.output) as output:
-      for chunk in range(job.num_chunks):
-        output.write(_checked_chunk(job, chunk, task.line_per_record))
+    for part in range(len(job.outputs) - 1, -1, -1):  # The main output last, as each chunk's.
+      path = job.outputs[part]
+      if not files.is_remote(path):
+        output_path = to_path(path)
+        for stale in output_path.parent.glob(f".{output_path.name}.*.tmp"):
+          stale.unlink(missing_ok=True)  # A merge killed before its rename (we hold the lock).
+      with files.AtomicWriter(path) as output:
+        for chunk in range(job.num_chunks):
+          output.write(_checked_chunk(job, chunk, task.line_per_record, part))
     _remove(job.partial)
   if report:
     say(f"Wrote {job.output} ({job.num_lines} input lines).")
@@ -386,12 +412,15 @@ def _merge_hold(partial: Path) -> Iterator[bool | None]:
     yield True
 
 
-def _checked_chunk(job: FileJob, chunk: int, line_per_record: bool) -> bytes:
-  data = job.chunk_path(chunk).read_bytes()
+def _checked_chunk(job: FileJob, chunk: int, line_per_record: bool, part: int = 0) -> bytes:
+  data = job.chunk_path(chunk, part).read_bytes()
   lines, expected = data.count(b"\n"), job.chunk_lines_of(chunk)
+  if part:  # An extra output: as many lines as the main output's chunk.
+    expected, line_per_record = job.chunk_path(chunk).read_bytes().count(b"\n"), True
   if lines < expected or (line_per_record and lines != expected):
-    raise ValueError(f"{job.chunk_path(chunk)} has {lines} lines for {expected} input lines; "
-                     "remove it and rerun to redo that chunk.")
+    raise ValueError(f"{job.chunk_path(chunk, part)} has {lines} lines for {expected} "
+                     f"{'output' if part else 'input'} lines; remove chunk {chunk}'s files "
+                     "and rerun to redo that chunk.")
   return data
 
 
@@ -430,16 +459,20 @@ def record_chunks(inputs: Sequence[str], chunk_lines: int
 
 
 def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
-                   output: str) -> None:
+                   output: str, extra_outputs: Sequence[str] = ()) -> None:
   """Runs `task` over `chunks` of records in order, writing each chunk's output when it is
   done: to stdout ('-', flushed per chunk) or to a temporary file renamed onto `output` at the
-  end. Nothing to resume: for standard input, or output to standard output."""
+  end (and so for each of `extra_outputs`). Nothing to resume: for standard input, or output
+  to standard output."""
   bar = ProgressBar(None, unit="sentences")
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   first_line = 0
-  with files.AtomicWriter(output) as writer:
+  with contextlib.ExitStack() as stack:
+    writers = [stack.enter_context(files.AtomicWriter(path)) for path in (output, *extra_outputs)]
     for records in chunks:
-      writer.write(task(first_line, records, advance))
-      writer.flush()
+      texts = _texts(task(first_line, records, advance), len(writers))
+      for writer, text in zip(writers, texts, strict=True):
+        writer.write(text)
+        writer.flush()
       first_line += len(records)
   bar.close(task.verb)

@@ -6,9 +6,11 @@ over files and streams; they are plain callables, so a test can swap in its own.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
+from flax_transformer.data.alignments import format_alignment
 from flax_transformer.files import as_line
 from flax_transformer.serving.batching import in_input_order
 from flax_transformer.serving.bulk import Progress
@@ -23,31 +25,47 @@ def format_score(value: float) -> str:
 class TranslationTask:
   """Translates a chunk: one line per input line, or with `nbest` K Moses n-best entries
   `i ||| hypothesis ||| score` per input line (i: 0-based line index in the whole input; an
-  empty input line gets one entry, an empty hypothesis scored 0)."""
+  empty input line gets one entry, an empty hypothesis scored 0).
+
+  With `prefixed`, each record is (source line, target prefix line). With `alignments`, the
+  task writes a second text, line-aligned with the first: each hypothesis's word alignment as
+  Moses `i-j` pairs (`data.alignments`; an empty line for an empty input line)."""
 
   verb = "Translated"
 
-  def __init__(self, translator: Translator, nbest: int | None = None):
+  def __init__(self, translator: Translator, nbest: int | None = None, *,
+               prefixed: bool = False, alignments: bool = False):
     self.translator, self.nbest = translator, nbest
+    self.prefixed, self.alignments = prefixed, alignments
     self.line_per_record = nbest is None
     self.truncated = 0  # Input lines cut to the model's max_len, over all chunks.
 
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
-               progress: Progress) -> str:
+               progress: Progress) -> str | tuple[str, str]:
     lines = [record[0] for record in records]
+    prefixes = [record[1] for record in records] if self.prefixed else None
 
-    def batches() -> Iterator[tuple[np.ndarray, list[list[tuple[str, float]]]]]:
-      for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line):
+    def batches() -> Iterator[tuple[np.ndarray, list[tuple[list[tuple[str, float]], Any]]]]:
+      for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line,
+                                              target_prefix=prefixes,
+                                              alignments=self.alignments):
         self.truncated += batch.truncated
         progress(len(batch.indices), batch.target_tokens)
-        yield batch.indices, batch.hypotheses
+        yield batch.indices, list(zip(batch.hypotheses,
+                                      batch.alignments or [None] * len(batch.indices),
+                                      strict=True))
 
-    results = in_input_order(len(lines), batches(), [("", 0.0)])
+    results = in_input_order(len(lines), batches(), ([("", 0.0)], [[]]))
     progress(sum(1 for line in lines if not line.strip()), 0)
     if self.nbest is None:
-      return "".join(as_line(hypotheses[0][0]) for hypotheses in results)
-    return "".join(as_line(f"{first_line + i} ||| {text} ||| {format_score(score)}")
-                   for i, hypotheses in enumerate(results) for text, score in hypotheses)
+      text = "".join(as_line(hypotheses[0][0]) for hypotheses, _ in results)
+    else:
+      text = "".join(as_line(f"{first_line + i} ||| {hyp} ||| {format_score(score)}")
+                     for i, (hypotheses, _) in enumerate(results) for hyp, score in hypotheses)
+    if not self.alignments:
+      return text
+    return text, "".join(as_line(format_alignment(pairs))
+                         for _, aligned in results for pairs in aligned)
 
 
 class ScoringTask:

@@ -29,10 +29,11 @@ from flax_transformer.workdir import Workdir
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
   """Which parameters a command restores: a step (None: the latest, or for a resumed file job
-  the step it started with) or an averaged checkpoint folder."""
+  the step it started with), or checkpoint folders (WORKDIR/checkpoints/<step>,
+  WORKDIR/averaged/<name>): one, or several for an ensemble."""
 
   step: int | None = None
-  averaged: str | None = None
+  paths: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,15 +46,21 @@ class Sharing:
   process_id: int | None = None
 
 
-def open_job(workdir: str, step: int | None = None, averaged: str | None = None,
+def open_job(workdir: str | None, step: int | None = None, checkpoints: Sequence[str] = (),
              **settings: Any) -> tuple[Workdir, TranslateConfig, Checkpoint]:
-  """(the command's workdir, opened once; its settings: config.search with `settings` applied;
-  the checkpoint to restore): bad settings and a bad workdir fail here, before anything is
-  restored."""
-  from flax_transformer.workdir import open_workdir
+  """(the command's workdir, opened once: `workdir`, else the first checkpoint folder's; its
+  settings: config.search with `settings` applied; the checkpoint(s) to restore): bad settings
+  and a bad workdir fail here, before anything is restored."""
+  from flax_transformer.workdir import checkpoint_workdir, open_workdir
 
-  opened = open_workdir(workdir)
-  return opened, opened.translate_config(**settings), Checkpoint(step, averaged)
+  checkpoints = tuple(checkpoints or ())
+  if not workdir and not checkpoints:
+    raise ValueError("Give --workdir (its latest checkpoint, or --step) or --checkpoint.")
+  if step is not None and checkpoints:
+    raise ValueError("--step and --checkpoint exclude each other: a checkpoint folder names "
+                     "its step (WORKDIR/checkpoints/<step>).")
+  opened = open_workdir(workdir or checkpoint_workdir(checkpoints[0]))
+  return opened, opened.translate_config(**settings), Checkpoint(step, checkpoints)
 
 
 def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
@@ -65,17 +72,35 @@ def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoin
   from flax_transformer.serving.translator import Translator
 
   restored = Translator.restore(opened, settings, checkpoint.step if step is None else step,
-                                checkpoint=checkpoint.averaged, mesh=sharding.local_mesh())
+                                checkpoint=checkpoint.paths or None,
+                                mesh=sharding.local_mesh())
   if warmup:
     restored.compile()
   return restored
+
+
+def bulk_task(command: str, settings: TranslateConfig, *, nbest: int | None = None,
+              prefixed: bool = False, alignments: bool = False, normalize: bool = False
+              ) -> tuple[dict[str, Any], Callable[[Any], bulk.ChunkTask]]:
+  """(every setting of the job that changes its output, for its manifest; the chunk task of a
+  translator) of `translate` (`nbest`; records of (source, prefix) when `prefixed`; a second
+  output of word alignments with `alignments`) or `score` (`normalize`)."""
+  from flax_transformer.serving import chunk_tasks
+
+  if command == "translate":
+    check_nbest(nbest, settings)
+    return {**dataclasses.asdict(settings), "nbest": nbest}, (
+        lambda translator: chunk_tasks.TranslationTask(translator, nbest, prefixed=prefixed,
+                                                       alignments=alignments))
+  return {"batch_tokens": settings.batch_tokens, "normalize": normalize}, (
+      lambda translator: chunk_tasks.ScoringTask(translator, normalize))
 
 
 def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
              command: str, inputs: Sequence[str], output: str,
              make_task: Callable[[Any], bulk.ChunkTask], job_settings: dict[str, Any],
              chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing(),
-             warmup: bool = False) -> None:
+             warmup: bool = False, extra_outputs: Sequence[str] = ()) -> None:
   """Translates or scores `inputs` into `output`: a resumable file job, or a stream when an
   input or the output is '-'.
 
@@ -84,28 +109,36 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
     command: "translate" or "score" (part of the job's identity).
     inputs: line-aligned input files ('-' for stdin: one input only).
     output: the output file ('-' for stdout).
+    extra_outputs: more output files the task writes line-aligned with `output` (alignments).
     make_task: the chunk task of a translator (`chunk_tasks.TranslationTask`, ...).
     job_settings: every setting that changes the output (the job's manifest keeps them).
     chunk_lines: input lines per chunk. sharing: several processes' shares.
     warmup: compile every search shape before the first chunk (`Translator.compile`).
   """
-  streamed = "-" in (*inputs, output)
+  streamed = "-" in (*inputs, output, *extra_outputs)
   processes.check_flags(sharing.num_processes, sharing.process_id,
                         sharing.coordinator_address, streamed)
   if streamed:
+    if len(inputs) > 1 and "-" in inputs:
+      raise ValueError("Standard input ('-') can be the only input; give the others' lines in "
+                       f"files (got {', '.join(inputs)}).")
+    if len(inputs) > 1 and len({files.count_lines(path) for path in inputs}) > 1:
+      raise ValueError(" but ".join(f"{path} has {files.count_lines(path)} lines"
+                                    for path in inputs) + "; they must be line-aligned.")
     chunks = (files.prompt_chunks("-", chunk_lines) if list(inputs) == ["-"]
               else bulk.record_chunks(inputs, chunk_lines))
     if list(inputs) == ["-"]:
       chunks = ([(line,) for line in lines] for lines in chunks)
     task = make_task(translator(opened, settings, checkpoint, warmup=warmup))
-    bulk.run_stream_job(chunks, task, output)
+    bulk.run_stream_job(chunks, task, output, extra_outputs)
   else:
     mine = processes.join(sharing.coordinator_address, sharing.num_processes,
                           sharing.process_id)
     identity, step = bulk.checkpoint_identity(opened, output, checkpoint.step,
-                                              checkpoint.averaged)
+                                              checkpoint.paths)
     job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
-        "command": command, "checkpoint": identity, "settings": job_settings})
+        "command": command, "checkpoint": identity, "settings": job_settings},
+        extra_outputs=extra_outputs)
     task = make_task(restored := translator(opened, settings, checkpoint, step, warmup))
     bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
                       processes=mine)
@@ -155,7 +188,9 @@ def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
     files.write_lines_atomically(output, hypotheses)
   scores = score_translations(hypotheses, inputs.references)
   search = settings.search
-  scores.update(step=restored.step, checkpoint=checkpoint.averaged, src=inputs.src,
+  checkpoints = list(checkpoint.paths)
+  scores.update(step=restored.step, checkpoint=checkpoints[0] if len(checkpoints) == 1 else
+                checkpoints or None, src=inputs.src,
                 ref=inputs.ref, method=search.method, beam_size=search.beam_size,
                 length_penalty=search.length_penalty,
                 length_normalization=search.length_normalization,
@@ -178,5 +213,5 @@ def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
                      f"{search.beam_size}).")
 
 
-__all__ = ["Checkpoint", "EvaluationInputs", "Sharing", "check_nbest", "evaluate", "open_job",
-           "read_evaluation", "run_bulk", "translator"]
+__all__ = ["Checkpoint", "EvaluationInputs", "Sharing", "bulk_task", "check_nbest", "evaluate",
+           "open_job", "read_evaluation", "run_bulk", "translator"]

@@ -39,42 +39,40 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class StoredPrograms:
-  """`jitted(params, inputs, rng, *, settings, max_decode_len)` (a jitted search with `settings`
-  and `max_decode_len` static), with each shape's program exported once per machine and loaded
-  by later processes. `name` tells programs of different models and meshes apart (with the
-  arguments' shapes, which the key holds too)."""
+  """`jitted(params, *arrays, **static)` (a jitted search whose keyword arguments, `settings`,
+  `max_decode_len`, ..., are static; `arrays`: the inputs, the key, and optional arrays such
+  as a target prefix, None when absent), with each shape's program exported once per machine
+  and loaded by later processes. `name` tells programs of different models and meshes apart
+  (with the arguments' shapes, which the key holds too)."""
 
   def __init__(self, jitted: Callable[..., Any], name: str):
     self.jitted = jitted
     self.name = name
     self._programs: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
-  def __call__(self, params: Any, inputs: jax.Array, rng: jax.Array, *, settings: Any,
-               max_decode_len: int) -> Any:
-    key = (settings, max_decode_len, _avals((params, inputs, rng)))
+  def __call__(self, params: Any, *arrays: Any, **static: Any) -> Any:
+    key = (tuple(sorted(static.items())), jax.tree.structure(arrays), _avals((params, arrays)))
     program = self._programs.get(key)
     if program is None:
-      program = self._programs[key] = self._program(params, inputs, rng, settings,
-                                                    max_decode_len)
-    return program(params, inputs, rng)
+      program = self._programs[key] = self._program(params, arrays, static)
+    return program(params, *arrays)
 
-  def _program(self, params: Any, inputs: jax.Array, rng: jax.Array, settings: Any,
-               max_decode_len: int) -> Callable[..., Any]:
+  def _program(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]
+               ) -> Callable[..., Any]:
     """The exported program of this call's shape (loaded, or exported and stored), else the
     plain jitted one. The program takes the parameters as a flat list of arrays (any pytree
     of them serializes), rebuilt inside."""
-    bound = functools.partial(self.jitted, settings=settings, max_decode_len=max_decode_len)
+    bound = functools.partial(self.jitted, **static)
     folder = _folder()
     if folder is None:
       return bound
-    path = os.path.join(folder, f"{self._digest(params, inputs, rng, settings, max_decode_len)}"
-                        ".bin")
+    path = os.path.join(folder, f"{self._digest(params, arrays, static)}.bin")
     exported = _load(path) if os.path.isfile(path) else None
     if exported is None:
       treedef = jax.tree.structure(params)
-      flat = lambda leaves, inputs, rng: bound(jax.tree.unflatten(treedef, leaves), inputs, rng)
+      flat = lambda leaves, *arrays: bound(jax.tree.unflatten(treedef, leaves), *arrays)
       try:
-        exported = export.export(jax.jit(flat))(jax.tree.leaves(params), inputs, rng)
+        exported = export.export(jax.jit(flat))(jax.tree.leaves(params), *arrays)
         serialized = exported.serialize()
       except Exception as error:  # E.g. a custom call jax.export does not allow.
         logging.info("The search of %s is jitted, not exported (%s).", self.name, error)
@@ -85,19 +83,18 @@ class StoredPrograms:
       except OSError as error:
         logging.warning("Could not store the search program in %s (%s).", folder, error)
 
-    def stored_search_batch(leaves, inputs, rng):  # The name of its XLA program and cache entry.
-      return exported.call(leaves, inputs, rng)
+    def stored_search_batch(leaves, *arrays):  # The name of its XLA program and cache entry.
+      return exported.call(leaves, *arrays)
 
     call = jax.jit(stored_search_batch)
-    return lambda params, inputs, rng: call(jax.tree.leaves(params), inputs, rng)
+    return lambda params, *arrays: call(jax.tree.leaves(params), *arrays)
 
-  def _digest(self, params: Any, inputs: jax.Array, rng: jax.Array, settings: Any,
-              max_decode_len: int) -> str:
+  def _digest(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]) -> str:
     devices = jax.devices()
     text = "\n".join(map(str, (
-        FORMAT, _source_digest(), jax.__version__, jaxlib.__version__, self.name, settings,
-        max_decode_len,
-        _avals((params, inputs, rng)), jax.tree.structure(params),
+        FORMAT, _source_digest(), jax.__version__, jaxlib.__version__, self.name,
+        sorted(static.items()), jax.tree.structure(arrays),
+        _avals((params, arrays)), jax.tree.structure(params),
         [d.device_kind for d in devices], len(devices), jax.default_backend())))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -4,6 +4,9 @@
     tr.translate(["A man is riding a bike."], beam_size=4)    # -> ["Ein Mann fährt Fahrrad."]
     tr.score(["A man is riding a bike."], ["Ein Mann fährt Fahrrad."])  # -> [log p], nats
     tr.translate(sentences, params=other_params)               # other weights, same shapes
+    tr.translate(["A man is riding a bike."], target_prefix=["Ein Mann"])  # forced opening
+    tr.translate_aligned(["A man is riding a bike."])        # -> [(text, [(0, 0), (1, 1), ...])]
+    ens = Translator.from_checkpoints(["w1/checkpoints/600", "w2/averaged/step_600_last_4"])
 
 A `Translator` is immutable: every call takes its settings (and optionally its params) as
 arguments, and what a call found (sentences cut to max_len) comes back with its batches.
@@ -16,6 +19,14 @@ one device batch per device of the mesh's 'data' axis; a device batch's shape ne
 the number of devices, so the output does not either. Sampling draws each sentence's noise from
 `fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
 (files of any size, several processes, resuming) are `flax_transformer.serving.bulk`.
+
+A target prefix (one per sentence, '' for none) is searched in the same program as any other:
+its tokens are an array [rows, L] of the bucket's shape, so prefixes of any length share one
+program per bucket (`decoding.search`, "Target prefix"). Word alignments come from the same
+jitted program (a teacher-forced pass over the chosen hypotheses, `decoding.bridge`), and are
+made into word pairs on the host (`data.alignments`). An ensemble's params are its models'
+stacked (`from_checkpoints`); it searches, scores and aligns in one program (`decoding.bridge`,
+"Ensembles").
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from jax.sharding import Mesh
 
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
+from flax_transformer.data import alignments as alignments_lib
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
 from flax_transformer.model.transformer import Transformer
@@ -53,29 +65,42 @@ from flax_transformer.serving.batching import (
 Array = jax.Array
 
 
-def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array, *,
-                 settings: SearchConfig, max_decode_len: int) -> tuple[Array, Array]:
+def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
+                 target_prefix: Array | None = None, *, settings: SearchConfig,
+                 max_decode_len: int, align: int = 0, ensemble: bool = False
+                 ) -> tuple[Array, ...]:
   """Searches translations of one batch: inputs int32 [B, S] -> (sequences int32 [B, K, L],
   scores float32 [B, K]), best first; K = 1 for greedy decoding and sampling.
 
-  Jit it with `settings` and `max_decode_len` static. Scores: beam search's are
-  length-normalized log-probabilities, the others' summed log-probabilities.
+  Jit it with `settings`, `max_decode_len`, `align` and `ensemble` static. Scores: beam
+  search's are length-normalized log-probabilities, the others' summed log-probabilities.
+  `target_prefix`: int32 [B, P <= L], every hypothesis's first tokens (zeros after; None: no
+  prefix). `align` > 0 adds the alignment layer's cross-attention of the `align` best
+  hypotheses, f32 [B, align, L, S], from one teacher-forced pass in this program.
+  `ensemble`: the params' leaves lead with the models' axis (`decoding.bridge`).
   """
   problem = bridge.prepare_search(
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
       max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
-      min_length=settings.min_length,
+      min_length=settings.min_length, target_prefix=target_prefix, ensemble=ensemble,
       grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)))
   if settings.method == "beam":
     ranking = search.Ranking(settings.length_penalty, settings.length_normalization,
                              settings.finish_rule)
-    return search.beam_search(problem, beam_size=settings.beam_size, ranking=ranking)
-  if settings.method == "greedy":
+    sequences, scores = search.beam_search(problem, beam_size=settings.beam_size,
+                                           ranking=ranking)
+  elif settings.method == "greedy":
     sequences, scores = search.greedy_search(problem)
+    sequences, scores = sequences[:, None], scores[:, None]
   else:
     sequences, scores = search.sample(problem, rng, temperature=settings.temperature,
                                       top_k=settings.top_k, top_p=settings.top_p)
-  return sequences[:, None], scores[:, None]
+    sequences, scores = sequences[:, None], scores[:, None]
+  if not align:
+    return sequences, scores
+  attention = bridge.hypothesis_alignments(model, {"params": params}, inputs,
+                                           sequences[:, :align], ensemble=ensemble)
+  return sequences, scores, attention
 
 
 def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
@@ -85,15 +110,19 @@ def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> i
   return int(min(cap, max_len))
 
 
-def search_program(model_config: ModelConfig, mesh: Mesh | None) -> Callable:
+def search_program(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
+                   ) -> Callable:
   """The jitted `search_batch` every Translator of `model_config` on `mesh` calls:
-  (params, inputs [B, S], rng, *, settings, max_decode_len) -> (sequences, scores)."""
-  return _jitted(model_config, mesh)[0]
+  (params, inputs [B, S], rng, target_prefix=None, *, settings, max_decode_len, align=0)
+  -> (sequences, scores[, alignment attention])."""
+  return _jitted(model_config, mesh, ensemble)[0]
 
 
-def score_batch(model: Transformer, params: Any, inputs: Array, targets: Array) -> Array:
+def score_batch(model: Transformer, params: Any, inputs: Array, targets: Array, *,
+                ensemble: bool = False) -> Array:
   """float32 [B]: log p(targets [B, T] | inputs [B, S]), summed over target tokens with EOS."""
-  return bridge.sequence_log_probs(model, {"params": params}, inputs, targets)
+  return bridge.sequence_log_probs(model, {"params": params}, inputs, targets,
+                                   ensemble=ensemble)
 
 
 def _row_keys(key: Array, line_numbers: Array) -> Array:
@@ -108,22 +137,27 @@ _SEEN_SHAPES: set[tuple[Any, ...]] = set()
 
 
 @functools.cache
-def _jitted(model_config: ModelConfig, mesh: Mesh | None) -> tuple[Callable, Callable]:
-  """The jitted search and scoring of a model config on a mesh, shared by every Translator of
-  them, so that a new Translator (each CLI call in one process, a notebook's second one)
-  reuses what an earlier one compiled."""
+def _jitted(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
+            ) -> tuple[Callable, Callable]:
+  """The jitted search and scoring of a model config (an ensemble of them) on a mesh, shared by
+  every Translator of them, so that a new Translator (each CLI call in one process, a
+  notebook's second one) reuses what an earlier one compiled."""
   model = Transformer(model_config)
   replicated = None if mesh is None else sharding.replicated(mesh)
-  search_fn = jax.jit(functools.partial(search_batch, model),
-                      static_argnames=("settings", "max_decode_len"), out_shardings=replicated)
-  return search_fn, jax.jit(functools.partial(score_batch, model), out_shardings=replicated)
+  search_fn = jax.jit(functools.partial(search_batch, model, ensemble=ensemble),
+                      static_argnames=("settings", "max_decode_len", "align"),
+                      out_shardings=replicated)
+  return search_fn, jax.jit(functools.partial(score_batch, model, ensemble=ensemble),
+                            out_shardings=replicated)
 
 
 @functools.cache
-def _stored(model_config: ModelConfig, mesh: Mesh | None) -> programs.StoredPrograms:
+def _stored(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
+            ) -> programs.StoredPrograms:
   """`_jitted`'s search, its programs exported once per machine (`serving.programs`)."""
-  return programs.StoredPrograms(_jitted(model_config, mesh)[0],
-                                 name=f"{model_config!r} on {mesh!r}")
+  return programs.StoredPrograms(_jitted(model_config, mesh, ensemble)[0],
+                                 name=f"{model_config!r} on {mesh!r}"
+                                 + (" (ensemble)" if ensemble else ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +168,8 @@ class Translated:
   hypotheses: list[list[tuple[str, float]]]  # [n][n-best], best first
   target_tokens: int  # tokens of the best hypotheses, EOS included
   truncated: int  # sentences of this step cut to the model's max_len
+  # [n][n-best] word alignments (source word, target word) of each hypothesis, when asked for.
+  alignments: list[list[alignments_lib.Pairs]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +195,11 @@ class Translator:
     mesh: search one device batch per device of this mesh's 'data' axis at every step;
       parameters stay where they are (`from_workdir(mesh=...)` replicates them on it). With
       several processes, every process passes the same sentences. None: one device.
+    ensemble: `params` are M models' parameters stacked on a leading axis, searched, scored and
+      aligned together (`from_checkpoints`; fairseq's rule, `decoding.bridge`).
     search_fn, score_fn: the batched search (params, inputs [B, S], rng, *, settings,
-      max_decode_len) -> (sequences [B, K, L], scores [B, K]) and scoring (params, inputs,
+      max_decode_len) -> (sequences [B, K, L], scores [B, K]) (called with a target prefix
+      [B, L] after rng and `align=n` only for calls that use them) and scoring (params, inputs,
       targets) -> log p [B]; default: `search_batch` and `score_batch` of the model, jitted
       once per model config and mesh, the search's programs exported to the persistent
       compilation cache's folder so that a new process does not trace them again
@@ -176,7 +215,8 @@ class Translator:
   settings: TranslateConfig = dataclasses.field(default_factory=TranslateConfig)
   step: int | None = dataclasses.field(default=None, kw_only=True)
   mesh: Mesh | None = dataclasses.field(default=None, kw_only=True)
-  search_fn: Callable[..., tuple[Array, Array]] | None = dataclasses.field(
+  ensemble: bool = dataclasses.field(default=False, kw_only=True)
+  search_fn: Callable[..., tuple[Array, ...]] | None = dataclasses.field(
       default=None, kw_only=True, repr=False)
   score_fn: Callable[[Any, Array, Array], Array] | None = dataclasses.field(
       default=None, kw_only=True, repr=False)
@@ -189,9 +229,10 @@ class Translator:
     if self.settings is None:
       object.__setattr__(self, "settings", TranslateConfig())
     compilation_cache.enable_default_compilation_cache()  # Before anything compiles.
-    score_fn = _jitted(self.model_config, self.mesh)[1]
+    score_fn = _jitted(self.model_config, self.mesh, self.ensemble)[1]
     if self.search_fn is None:
-      object.__setattr__(self, "search_fn", _stored(self.model_config, self.mesh))
+      object.__setattr__(self, "search_fn", _stored(self.model_config, self.mesh,
+                                                    self.ensemble))
     if self.score_fn is None:
       object.__setattr__(self, "score_fn", score_fn)
 
@@ -209,7 +250,9 @@ class Translator:
     Args:
       workdir: the training workdir, or one `open_workdir` has opened (not read again).
       step: the checkpoint step (default: the latest).
-      checkpoint: instead of a step, an averaged checkpoint written by `average_checkpoints`.
+      checkpoint: instead of a step, a checkpoint folder (WORKDIR/checkpoints/<step>, or
+        WORKDIR/averaged/<name> written by `average_checkpoints`), or several: an ensemble
+        (`from_checkpoints`).
       mesh: search over this mesh (e.g. `runtime.sharding.local_mesh()`); the params are
         replicated on it.
       **settings: `TranslateConfig` fields, its search group's included (beam_size,
@@ -222,14 +265,44 @@ class Translator:
 
   @classmethod
   def restore(cls, opened: workdir_lib.Workdir, settings: TranslateConfig,
-              step: int | None = None, *, checkpoint: str | os.PathLike | None = None,
+              step: int | None = None, *,
+              checkpoint: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
               mesh: Mesh | None = None) -> Translator:
     """A Translator of an opened workdir with resolved `settings`: restores only the params
-    (`step`, default the latest, or the averaged `checkpoint`), replicated on `mesh`."""
-    params, step = workdir_lib.restore_params(opened.path, step, checkpoint=checkpoint)
+    (`step`, default the latest, or the `checkpoint` folder; several folders: an ensemble,
+    `from_checkpoints`), replicated on `mesh`."""
+    paths = ([] if checkpoint is None else [checkpoint]
+             if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint))
+    ensemble = len(paths) > 1
+    if ensemble:
+      members = workdir_lib.open_ensemble(paths, opened=opened)
+      params, step, opened = members.params, members.steps[0], members.opened
+    else:
+      params, step = workdir_lib.restore_params(opened.path, step,
+                                                checkpoint=paths[0] if paths else None)
     if mesh is not None:
       params = jax.device_put(params, sharding.replicated(mesh))
-    return cls(opened.model_config, params, opened.tokenizer, settings, step=step, mesh=mesh)
+    return cls(opened.model_config, params, opened.tokenizer, settings, step=step, mesh=mesh,
+               ensemble=ensemble)
+
+  @classmethod
+  def from_checkpoints(cls, checkpoints: Sequence[str | os.PathLike], *,
+                       mesh: Mesh | None = None, **settings: Any) -> Translator:
+    """An ensemble of checkpoint folders (`WORKDIR/checkpoints/<step>`, `WORKDIR/averaged/<name>`)
+    of one architecture and vocabulary: the models' log-probabilities are averaged at every
+    step by fairseq's rule (the log of the mean probability), in one compiled search. One
+    checkpoint gives a plain Translator of it. The vocabulary, config.search defaults and
+    architecture come from the first checkpoint's workdir.
+
+    Raises:
+      ValueError: a different vocabulary or architecture, in one line naming both checkpoints.
+    """
+    if isinstance(checkpoints, (str, os.PathLike)) or not checkpoints:
+      raise ValueError("from_checkpoints takes a list of checkpoint folders, got "
+                       f"{checkpoints!r}.")
+    opened = workdir_lib.open_workdir(workdir_lib.checkpoint_workdir(checkpoints[0]))
+    return cls.restore(opened, opened.translate_config(**settings), checkpoint=checkpoints,
+                       mesh=mesh)
 
   @property
   def num_devices(self) -> int:
@@ -237,47 +310,110 @@ class Translator:
     return 1 if self.mesh is None else self.mesh.shape[sharding.DATA_AXIS]
 
   def translate(self, sentences: Sequence[str], *, params: Any = None,
-                **settings: Any) -> list[str]:
+                target_prefix: Sequence[str] | None = None, **settings: Any) -> list[str]:
     """One translation per sentence, in input order; empty sentences give empty strings.
-    `params`: these weights instead of the translator's; `settings`: `TranslateConfig` fields."""
-    return [hyps[0][0] for hyps in self.translate_nbest(sentences, n=1, params=params,
-                                                         **settings)]
+    `params`: these weights instead of the translator's; `target_prefix`: one prefix per
+    sentence ('' for none) every translation starts with; `settings`: `TranslateConfig`
+    fields."""
+    return [hyps[0][0] for hyps in self.translate_nbest(
+        sentences, n=1, params=params, target_prefix=target_prefix, **settings)]
+
+  def translate_aligned(self, sentences: Sequence[str], *, params: Any = None,
+                        target_prefix: Sequence[str] | None = None, **settings: Any
+                        ) -> list[tuple[str, alignments_lib.Pairs]]:
+    """(translation, word alignment) per sentence: the alignment's pairs (i, j) say that target
+    word j (of the translation's whitespace-separated words) aligns to source word i, the
+    source word it attends to most in the alignment layer and heads
+    (`config.model.alignment_layer`, `alignment_heads`; `data.alignments`)."""
+    batches = self.iter_nbest(sentences, 1, params=params, target_prefix=target_prefix,
+                              alignments=True, **settings)
+    return in_input_order(len(sentences), (
+        (b.indices, [(h[0][0], a[0]) for h, a in zip(b.hypotheses, b.alignments, strict=True)])
+        for b in batches), ("", []))
 
   def translate_nbest(self, sentences: Sequence[str], n: int | None = None, *,
-                      params: Any = None, **settings: Any) -> list[list[tuple[str, float]]]:
+                      params: Any = None, target_prefix: Sequence[str] | None = None,
+                      **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
     Beam scores are length-normalised log-probabilities, sum of log p / divisor(m) for m tokens
     with EOS (`search.length_normalization`: ((5 + m) / 6) ** alpha or m ** alpha); greedy
-    decoding and sampling give one hypothesis with its summed log-probability.
+    decoding and sampling give one hypothesis with its summed log-probability. With a
+    `target_prefix`, the prefix's tokens are part of every hypothesis and of its score.
     """
-    batches = self.iter_nbest(sentences, n, params=params, **settings)
+    batches = self.iter_nbest(sentences, n, params=params, target_prefix=target_prefix,
+                              **settings)
     return in_input_order(len(sentences), ((b.indices, b.hypotheses) for b in batches),
                           [("", 0.0)])
 
   def iter_nbest(self, sentences: Sequence[str], n: int | None = None, *, first_index: int = 0,
-                 params: Any = None, **settings: Any) -> Iterator[Translated]:
+                 params: Any = None, target_prefix: Sequence[str] | None = None,
+                 alignments: bool = False, **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
-    sampling derives each sentence's key."""
+    sampling derives each sentence's key. `target_prefix`: one prefix per sentence ('' for
+    none). `alignments`: also the word alignment of each hypothesis yielded."""
     options = self.settings.replace(**settings)
     params = self._params(params)
     token_ids, cut = self._tokenize(sentences)
+    prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index)
     real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
     batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
                            self.model_config.max_len)
     batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
     steps = group_steps(batches, self.num_devices)
-    call = lambda step: self._search_step(params, step, token_ids, first_index, options)
-    for step, (sequences, scores) in self._pipelined(steps, call):
+    beams = options.search.beam_size if options.search.method == "beam" else 1
+    take = min(n or beams, beams)
+    call = lambda step: self._search_step(params, step, token_ids, first_index, options,
+                                          prefix_ids, take if alignments else 0)
+    for step, outputs in self._pipelined(steps, call):
       rows = step.row_positions()
-      sequences, scores = sequences[rows], scores[rows]  # [n, K, L], [n, K]
-      take = min(n or sequences.shape[1], sequences.shape[1])
+      sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
       hypotheses = [[(self.tokenizer.detokenize(row[k]), float(row_scores[k]))
                      for k in range(take)]
                     for row, row_scores in zip(sequences, scores, strict=True)]
+      aligned = None
+      if alignments:
+        aligned = [[self._word_alignment(sentences[i], token_ids[i], hypothesis[k][0],
+                                         row[k], attention[k])
+                    for k in range(take)]
+                   for i, hypothesis, row, attention in zip(
+                       step.indices, hypotheses, sequences, outputs[2][rows], strict=True)]
       yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != 0)),
-                       int(cut[step.indices].sum()))
+                       int(cut[step.indices].sum()), aligned)
+
+  def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
+                  token_ids: Sequence[Sequence[int]], options: TranslateConfig,
+                  first_index: int) -> list[list[int]] | None:
+    """Each sentence's prefix ids (no EOS), checked to leave room for EOS in its output; None
+    when no sentence has one."""
+    if target_prefix is None:
+      return None
+    if len(target_prefix) != len(sentences):
+      raise ValueError(f"{len(target_prefix)} target prefixes for {len(sentences)} sentences; "
+                       "give one per sentence ('' for none).")
+    prefix_ids = [self.tokenizer.tokenize_target(p) if p.strip() else [] for p in target_prefix]
+    for i, ids in enumerate(prefix_ids):
+      room = decode_length(options.search, len(token_ids[i]), self.model_config.max_len) - 1
+      if len(ids) > room:
+        raise ValueError(
+            f"The target prefix of line {first_index + i + 1} has {len(ids)} tokens, but its "
+            f"output holds at most {room} before EOS (the model's max_len "
+            f"{self.model_config.max_len}, max_len_a {options.search.max_len_a} x "
+            f"{len(token_ids[i])} source tokens + max_len_b {options.search.max_len_b}).")
+    return prefix_ids  # Even all empty: a prefixed search's rules apply to every row.
+
+  def _word_alignment(self, source: str, source_ids: Sequence[int], text: str,
+                      output_ids: np.ndarray, attention: np.ndarray) -> alignments_lib.Pairs:
+    """The word pairs of one hypothesis from its attention [L, S] over pieces."""
+    output_ids = [int(i) for i in output_ids]
+    output_ids = output_ids[:output_ids.index(EOS_ID)] if EOS_ID in output_ids else [
+        i for i in output_ids if i]
+    words = lambda ids: alignments_lib.word_of_pieces([self.tokenizer.id_to_piece(i)
+                                                       for i in ids])
+    return alignments_lib.word_alignment(
+        attention, words(source_ids[:-1]), words(output_ids), len(source.split()),
+        len(text.split()))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], *, normalize: bool = False,
             params: Any = None) -> list[float]:
@@ -337,8 +473,11 @@ class Translator:
     return token_ids, cut
 
   def _search_step(self, params: Any, step: Step, token_ids: Sequence[Sequence[int]],
-                   first_index: int, options: TranslateConfig) -> tuple[Array, Array]:
-    """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]."""
+                   first_index: int, options: TranslateConfig,
+                   prefix_ids: Sequence[Sequence[int]] | None = None, align: int = 0
+                   ) -> tuple[Array, ...]:
+    """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]
+    (and with `align`, the attention [D * rows, align, L, S])."""
     inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
     rng = jax.random.key(options.seed)
     if options.search.method == "sample":
@@ -346,10 +485,14 @@ class Translator:
       line_numbers[step.row_positions()] = first_index + step.indices
       rng = _row_keys_jit(rng, self._place(line_numbers))
     decode_len = decode_length(options.search, step.length, self.model_config.max_len)
-    shape = (self.search_fn, options.search, len(inputs), step.length, decode_len)
+    prefix = None if prefix_ids is None else self._place(fill_rows(step, prefix_ids, decode_len))
+    shape = (self.search_fn, options.search, len(inputs), step.length, decode_len,
+             prefix is None, align)
     start = time.perf_counter()
-    outputs = self.search_fn(params, self._place(inputs), rng, settings=options.search,
-                             max_decode_len=decode_len)
+    # Only the options asked for are passed: a search_fn of the plain signature still serves.
+    outputs = self.search_fn(params, self._place(inputs), rng,
+                             *(() if prefix is None else (prefix,)), settings=options.search,
+                             max_decode_len=decode_len, **({"align": align} if align else {}))
     if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
       _SEEN_SHAPES.add(shape)
       logging.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.files import Path
+from flax_transformer import files
 from flax_transformer.workdir.checkpoints import (
     checkpoint_metadata,
     checkpoint_workdir,
@@ -53,11 +53,12 @@ class Ensemble:
 
 
 def open_ensemble(checkpoints: Sequence[str | os.PathLike], *,
-                  device: jax.Device | None = None) -> Ensemble:
+                  device: jax.Device | None = None, opened: Workdir | None = None) -> Ensemble:
   """Opens the checkpoint folders `checkpoints` (each WORKDIR/checkpoints/<step> or
   WORKDIR/averaged/step_S_last_K, local or gs://) as one ensemble: each distinct workdir is
   opened once, every member is checked against the first, then each is restored
   (`restore_checkpoint`) and their params stacked on `device` (default: the first local device).
+  `opened`: a workdir the caller has opened already (not read again if a checkpoint is in it).
 
   Raises:
     ValueError: no checkpoint; a path that is no checkpoint folder; or a member whose
@@ -69,14 +70,14 @@ def open_ensemble(checkpoints: Sequence[str | os.PathLike], *,
   if not paths:
     raise ValueError("An ensemble needs at least one checkpoint folder; none was given.")
   workdirs = [checkpoint_workdir(path) for path in paths]
-  opened: dict[Path, Workdir] = {}
+  known = {} if opened is None else {files.absolute(opened.path): opened}
   for workdir in workdirs:
-    if workdir not in opened:
-      opened[workdir] = open_workdir(workdir)
-  first = opened[workdirs[0]]
+    if workdir not in known:
+      known[workdir] = open_workdir(workdir)
+  first = known[workdirs[0]]
   reference = checkpoint_metadata(paths[0])
   for path, workdir in zip(paths[1:], workdirs[1:], strict=True):
-    _check_member(paths[0], first, reference, path, opened[workdir])
+    _check_member(paths[0], first, reference, path, known[workdir])
   members = [restore_checkpoint(path, device=device) for path in paths]
   # [M, ...leaf shape] for every leaf, on the members' device.
   params = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(p for p, _ in members))
