@@ -11,8 +11,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.data import alignments
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.files import absolute, atomic_write, to_path
+from flax_transformer.model.alignment import alignment_layer_index, select_heads
 from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
@@ -94,6 +96,54 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
   figure.tight_layout(rect=(0, 0, 1, 0.97))  # Leaves room for the title above the panels.
   _save_figure(figure, output)
   plt.close(figure)
+
+
+def plot_alignment(translator, text: str, output: str | os.PathLike, *,
+                   target: str | None = None) -> list[tuple[int, int]]:
+  """Draws the word alignment of `text` and its translation (or `target`) to a PNG, beside the
+  attention it comes from: left, the alignment layer's cross-attention over pieces (the mean of
+  the alignment heads, `config.model.alignment_layer` / `alignment_heads`); right, the words,
+  a filled cell at each pair (source word i, target word j). Returns the pairs, as
+  `Translator.translate_aligned` gives them for its own translation."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  tokenizer, config = translator.tokenizer, translator.model_config
+  target = translator.translate([text])[0] if target is None else target
+  source_ids = np.asarray(tokenizer.tokenize(text) + [EOS_ID], np.int32)
+  target_ids = np.asarray(tokenizer.tokenize_target(target) + [EOS_ID], np.int32)
+  cross = attention_maps(translator.model, translator.params, source_ids,
+                         target_ids)["decoder/cross_attention"]  # [depth] of [N, T, S]
+  layer = alignment_layer_index(config)
+  attention = np.asarray(select_heads(cross[layer][None], config))[0]  # [T, S]
+  pieces = lambda ids: [tokenizer.id_to_piece(int(i)) for i in ids]
+  source_words, target_words = text.split(), target.split()
+  pairs = alignments.word_alignment(
+      attention, alignments.word_of_pieces(pieces(source_ids[:-1])),
+      alignments.word_of_pieces(pieces(target_ids[:-1])), len(source_words), len(target_words))
+  grid = np.zeros((len(target_words), len(source_words)))
+  for i, j in pairs:
+    grid[j, i] = 1.0
+  cell = 0.3 * max(len(source_ids), len(target_ids)) + 1.5
+  figure, (left, right) = plt.subplots(1, 2, figsize=(2 * cell + 1, cell))
+  image = left.imshow(attention, cmap="viridis", vmin=0.0, vmax=float(attention.max()))
+  figure.colorbar(image, ax=left, fraction=0.046, pad=0.02)
+  left.set_xticks(range(len(source_ids)), pieces(source_ids), rotation=90, fontsize=7)
+  left.set_yticks(range(len(target_ids)), pieces(target_ids), fontsize=7)
+  heads = config.alignment_heads or config.num_heads
+  left.set_title(f"cross-attention, layer {layer}, mean of {heads} head(s)", fontsize=8)
+  right.imshow(grid, cmap="Greys", vmin=0.0, vmax=1.0)
+  right.set_xticks(range(len(source_words)), source_words, rotation=90, fontsize=7)
+  right.set_yticks(range(len(target_words)), target_words, fontsize=7)
+  right.set_title("word alignment (i-j): " + alignments.format_alignment(pairs), fontsize=8,
+                  wrap=True)
+  figure.suptitle(f"{text}  →  {target}", fontsize=10)
+  figure.tight_layout(rect=(0, 0, 1, 0.95))
+  _save_figure(figure, output)
+  plt.close(figure)
+  return pairs
 
 
 def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple[int, float]]]:

@@ -29,7 +29,7 @@ ALLOWED = {
     "data": {"config", "files"},
     "decoding": {"model", "data", "runtime"},
     "workdir": {"model", "data", "config", "files"},
-    "visualize": {"workdir", "data", "files"},
+    "visualize": {"workdir", "data", "model", "files"},
     "serving": {"decoding", "workdir", "model", "data", "config", "files", "progress", "runtime",
                 "scoring"},
     "interop": {"workdir", "model", "data", "config", "validation", "files"},
