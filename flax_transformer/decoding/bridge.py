@@ -171,17 +171,17 @@ def prepare_search(
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
                      f"{jnp.result_type(inputs)}.")
   batch_size = inputs.shape[0]
-  cache = init_cache(model.config, batch_size, max_decode_len)  # Needs no parameters.
   if ensemble:
     params = variables["params"]
     cross = jax.vmap(lambda p: _cross_attention(model, {"params": p}, inputs))(params)
     cross = cross.replace(source_mask=cross.source_mask[0])  # [B, S]; layers [M, B, N, S, H]
-    models = models_in(params)
+    cache = init_cache(model.config, batch_size, max_decode_len)  # Needs no parameters.
     cache = cache.replace(self_attention=jax.tree.map(  # [M, B, ...]
-        lambda x: jnp.broadcast_to(x, (models, *x.shape)), cache.self_attention))
+        lambda x: jnp.broadcast_to(x, (models_in(params), *x.shape)), cache.self_attention))
     step = make_ensemble_tokens_to_logits(model, params)
   else:
     cross = _cross_attention(model, variables, inputs)
+    cache = init_cache(model.config, batch_size, max_decode_len)
     step = make_tokens_to_logits(model, variables)
   return search.SearchProblem(
       tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
