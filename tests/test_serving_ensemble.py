@@ -4,6 +4,8 @@ model's full teacher-forced forward pass and averages their probabilities by han
 rule); an ensemble of a checkpoint with itself translates as the checkpoint alone; scoring is
 the ensemble's; mismatched members are one line."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,7 +169,17 @@ def test_cli_translates_with_an_ensemble_and_refuses_mismatched_members(workdirs
                    str(source), "--output", str(tmp_path / "one.txt")]) == 0
   assert (tmp_path / "one.txt").read_text().splitlines() == Translator.from_workdir(
       first).translate(SENTENCES)
+  # score and evaluate take the ensemble too.
+  assert cli_main(["score", "--checkpoint", a, "--checkpoint", b, "--src", str(source), "--tgt",
+                   str(source), "--output", str(tmp_path / "scores.txt")]) == 0
+  np.testing.assert_allclose(
+      [float(v) for v in (tmp_path / "scores.txt").read_text().split()],
+      Translator.from_checkpoints([a, b]).score(SENTENCES, SENTENCES), atol=2e-6)
   capsys.readouterr()
+  assert cli_main(["evaluate", "--checkpoint", a, "--checkpoint", b, "--src", str(source),
+                   "--ref", str(tmp_path / "out.txt"), "--beam_size", "2", "--json"]) == 0
+  report = json.loads(capsys.readouterr().out)
+  assert report["bleu"] == pytest.approx(100.0) and report["checkpoint"] == [a, b]
   assert cli_main(["translate", "--checkpoint", a, "--checkpoint",
                    str(other / "checkpoints" / "0"), "--input", str(source), "--output",
                    str(tmp_path / "bad.txt")]) == 2

@@ -37,6 +37,8 @@ class TranslationTask:
                prefixed: bool = False, alignments: bool = False):
     self.translator, self.nbest = translator, nbest
     self.prefixed, self.alignments = prefixed, alignments
+    # What `Translator.compile` needs to compile this task's programs ahead (--warmup).
+    self.compile_options = {"prefixed": prefixed, "align": (nbest or 1) if alignments else 0}
     self.line_per_record = nbest is None
     self.truncated = 0  # Input lines cut to the model's max_len, over all chunks.
 

@@ -129,7 +129,7 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
               else bulk.record_chunks(inputs, chunk_lines))
     if list(inputs) == ["-"]:
       chunks = ([(line,) for line in lines] for lines in chunks)
-    task = make_task(translator(opened, settings, checkpoint, warmup=warmup))
+    task = _warm(make_task(translator(opened, settings, checkpoint)), warmup)
     bulk.run_stream_job(chunks, task, output, extra_outputs)
   else:
     mine = processes.join(sharing.coordinator_address, sharing.num_processes,
@@ -139,12 +139,20 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
     job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
         "command": command, "checkpoint": identity, "settings": job_settings},
         extra_outputs=extra_outputs)
-    task = make_task(restored := translator(opened, settings, checkpoint, step, warmup))
+    task = _warm(make_task(restored := translator(opened, settings, checkpoint, step)), warmup)
     bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
                       processes=mine)
   if task.truncated:
     bulk.say(f"Warning: {task.truncated} line(s) of {', '.join(inputs)} exceeded the model's "
              "max_len and were truncated.")
+
+
+def _warm(task: bulk.ChunkTask, warmup: bool) -> bulk.ChunkTask:
+  """`task`, its translator's searches compiled first when `warmup` (with the task's own
+  options: a target prefix, alignments)."""
+  if warmup:
+    task.translator.compile(**getattr(task, "compile_options", {}))
+  return task
 
 
 @dataclasses.dataclass(frozen=True)

@@ -501,7 +501,8 @@ class Translator:
                    time.perf_counter() - start)
     return outputs
 
-  def compile(self, *, params: Any = None, progress: bool = True, **settings: Any) -> int:
+  def compile(self, *, params: Any = None, progress: bool = True, prefixed: bool = False,
+              align: int = 0, **settings: Any) -> int:
     """Compiles ahead of time the search of every shape a call with these `settings` can use
     (every length bucket up to the model's max_len, every row count it can have:
     `batching.search_shapes`), so that no later call compiles: a long job or a notebook pays
@@ -509,7 +510,9 @@ class Translator:
     process loads them instead. Returns how many programs there are.
 
     `params`: these weights' shapes instead of the translator's (the programs depend on the
-    shapes only); `settings`: `TranslateConfig` fields, as `translate` takes them.
+    shapes only); `prefixed`: the programs of calls with a target prefix; `align`: of calls with
+    alignments of that many hypotheses; `settings`: `TranslateConfig` fields, as `translate`
+    takes them.
     """
     options = self.settings.replace(**settings)
     params = self._params(params)
@@ -517,7 +520,8 @@ class Translator:
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
     for rows, length in shapes:
       empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
-      jax.block_until_ready(self._search_step(params, empty, [], 0, options))
+      jax.block_until_ready(self._search_step(params, empty, [], 0, options,
+                                              [] if prefixed else None, align))
       bar.advance(1)
     bar.close("Compiled")
     return len(shapes)
