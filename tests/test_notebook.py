@@ -52,7 +52,9 @@ print("PROBE " + _json.dumps({
     "sacrebleu": [metric(test_hypotheses, [[reference for _, reference in test_pairs]]).score
                   for metric in (_sacrebleu.corpus_bleu, _sacrebleu.corpus_chrf)],
     "num_hypotheses": len(test_hypotheses),
-    "pngs": [CURVES_PNG, ATTENTION_PNG],
+    "pngs": [CURVES_PNG, ATTENTION_PNG, ALIGNMENT_PNG],
+    "alignment": {"drawn": pairs, "aligned": aligned, "words": [len(text.split()),
+                                                                len(translation.split())]},
     "maps": {kind: [list(m.shape) for m in arrays] for kind, arrays in maps.items()},
     "source_ids": len(source_ids), "target_ids": len(target_ids),
     "package": _package.__file__,
@@ -107,9 +109,9 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert {"bleu", "chrf", "bleu_signature", "num_sentences"} <= set(probe["score_keys"])
   assert probe["num_hypotheses"] == NUM_TEST
   assert [probe["bleu"], probe["chrf"]] == pytest.approx(probe["sacrebleu"], abs=1e-9)
-  # Both PNGs were written and displayed inline, byte for byte.
+  # The three PNGs were written and displayed inline, byte for byte.
   displayed = _displayed_pngs(notebook)
-  assert len(displayed) == 2
+  assert len(displayed) == 3
   for path, shown in zip(probe["pngs"], displayed, strict=True):
     assert Path(path).parent == workdir and Path(path).read_bytes() == shown
     assert shown.startswith(b"\x89PNG\r\n\x1a\n")
@@ -124,6 +126,15 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert len(scores) == 4 and scores == sorted(scores, reverse=True)
   decoded = _cell_text(notebook, "prepare_search")
   assert decoded.count("greedy  ") == 3 and decoded.count("sampled ") == 3
+  # Word alignment: every target word of the translation once, source words in range; the
+  # cell prints one "source -> target" line per pair.
+  alignment = probe["alignment"]
+  source_words, target_words = alignment["words"]
+  aligned = [tuple(pair) for pair in alignment["aligned"]]
+  assert [j for _, j in aligned] == list(range(target_words)) and target_words > 0
+  assert all(0 <= i < source_words for i, _ in aligned)
+  assert len([tuple(pair) for pair in alignment["drawn"]]) == target_words
+  assert _cell_text(notebook, "plot_alignment").count(" -> ") == target_words
 
 
 def _data_config(tfds_dir: Path):
