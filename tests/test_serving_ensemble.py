@@ -180,6 +180,7 @@ def test_cli_translates_with_an_ensemble_and_refuses_mismatched_members(workdirs
                    "--ref", str(tmp_path / "out.txt"), "--beam_size", "2", "--json"]) == 0
   report = json.loads(capsys.readouterr().out)
   assert report["bleu"] == pytest.approx(100.0) and report["checkpoint"] == [a, b]
+  assert report["step"] is None  # Not the first member's: the checkpoints name the steps.
   assert cli_main(["translate", "--checkpoint", a, "--checkpoint",
                    str(other / "checkpoints" / "0"), "--input", str(source), "--output",
                    str(tmp_path / "bad.txt")]) == 2

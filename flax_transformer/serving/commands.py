@@ -197,8 +197,9 @@ def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
   scores = score_translations(hypotheses, inputs.references)
   search = settings.search
   checkpoints = list(checkpoint.paths)
-  scores.update(step=restored.step, checkpoint=checkpoints[0] if len(checkpoints) == 1 else
-                checkpoints or None, src=inputs.src,
+  scores.update(step=None if restored.ensemble else restored.step,  # An ensemble's: its paths.
+                checkpoint=checkpoints[0] if len(checkpoints) == 1 else checkpoints or None,
+                src=inputs.src,
                 ref=inputs.ref, method=search.method, beam_size=search.beam_size,
                 length_penalty=search.length_penalty,
                 length_normalization=search.length_normalization,
