@@ -10,6 +10,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import STORAGE_KINDS, storage_folder
 from test_serving_bulk import tokenizer, translate_args, workdir, write_input  # noqa: F401
 
 from flax_transformer import Translator
@@ -73,9 +74,13 @@ def test_bad_prefixes_are_one_line(translator):
     translator.translate(SENTENCES, target_prefix=["", "", long, ""])
 
 
+@pytest.mark.parametrize("kind", STORAGE_KINDS)
 def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
-    workdir, tmp_path, monkeypatch, capsys):  # noqa: F811
-  source, prefix_file = tmp_path / "in.txt", tmp_path / "prefix.txt"
+    kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):  # noqa: F811
+  """Locally and gs:// to gs:// (inputs, OUT.partial's chunks, both outputs: objects on the
+  emulator)."""
+  folder = storage_folder(kind, request, tmp_path_factory, "prefix_align")
+  source, prefix_file = folder / "in.txt", folder / "prefix.txt"
   lines = write_input(source, 30)
   prefix_file.write_text("".join(("the" if i % 3 == 0 else "") + "\n"
                                  for i in range(len(lines))))
@@ -103,7 +108,7 @@ def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
         raise RuntimeError("simulated kill")
       yield item
 
-  out, align = tmp_path / "out.txt", tmp_path / "out.align"
+  out, align = folder / "out.txt", folder / "out.align"
   monkeypatch.setattr(bulk, "read_chunks", two_chunks_then_crash)
   with pytest.raises(RuntimeError, match="simulated kill"):
     main(args(out, align))
