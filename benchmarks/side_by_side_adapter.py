@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import anchor_flax_wmt as h
 
 STEPS = h.DECODE_MAX_LEN - 1  # The anchor runs 63 decoder steps.
+# Compute dtype of our side ("float32" or "bfloat16"); benchmarks/side_by_side_dtype.py sets it
+# together with the anchor's. Parameters stay float32 on both sides.
+DTYPE = os.environ.get("SIDE_BY_SIDE_DTYPE", "float32")
 
 
 def _model_config(preset: dict, dropout: float) -> ModelConfig:
@@ -35,7 +38,7 @@ def _model_config(preset: dict, dropout: float) -> ModelConfig:
       vocab_size=preset["vocab_size"], emb_dim=preset["emb_dim"],
       num_heads=preset["num_heads"], mlp_dim=preset["mlp_dim"],
       num_encoder_layers=preset["num_layers"], num_decoder_layers=preset["num_layers"],
-      dropout_rate=dropout, attention_dropout_rate=dropout, max_len=256)
+      dropout_rate=dropout, attention_dropout_rate=dropout, max_len=256, dtype=DTYPE)
 
 
 class OursTrain:

@@ -4,6 +4,8 @@ python benchmarks/train_throughput.py                      # small and base, flo
 python benchmarks/train_throughput.py --sizes=big --dtype=bfloat16 --fsdp   # GPU/TPU, with MFU
 python benchmarks/train_throughput.py --sizes=base,big --dtype=bfloat16 --rows=200 --length=128 \
     --profile=/tmp/trace --time_optimizer        # a realistic GPU batch (25.6k target tokens)
+python benchmarks/train_throughput.py --sizes=base,big --dtype=bfloat16 --length=128 --fit=128 \
+    --attention_dropout=0.0                      # the largest batch that fits (see `fit`)
 
 Workloads (the same as the Flax examples/wmt comparison in DESIGN.md): small = vocab 8000,
 D 256, 3+3 layers, 4 heads, F 1024, 64 sentences x 32 tokens; base = vocab 32000, the paper's
@@ -11,10 +13,12 @@ base model, 16 sentences x 64 tokens; big = vocab 32000, the paper's big model, 
 Every row is one full sentence (no padding), dropout 0.1; each size is measured with attention
 dropout 0.1 and 0.0 (`--attention_dropout`). The step is the training job's own jitted step
 (`flax_transformer.training.steps`), with Adam and label smoothing, on all local devices.
-`--rows`/`--length` replace every size's batch. Each record names the attention kernel the
-compiled step calls ("cudnn" or "xla") and its device memory by XLA's own count; `--profile`
-adds where the device time goes (`profile_summary.py`), `--time_optimizer` the time of the Adam
-update alone.
+`--rows`/`--length` replace every size's batch; `--fit=R` measures R and 2R rows, reads
+the device memory of each compiled step by XLA's count, and measures again at the largest
+multiple of 8 rows that the line through those two points fits into 90% of the device's memory.
+Each record names the attention kernel the compiled step calls ("cudnn" or "xla") and its device
+memory by XLA's own count; `--profile` adds where the device time goes (`profile_summary.py`),
+`--time_optimizer` the time of the Adam update alone.
 """
 
 from __future__ import annotations
@@ -100,13 +104,44 @@ def measure(size: str, *, attention_dropout: float, dtype: str, fsdp: bool, num_
     record["optimizer_update_ms"] = _optimizer_ms(train.optimizer, state)
   if profile_dir:
     directory = os.path.join(profile_dir, f"{size}_{dtype}_attdrop{attention_dropout}_"
-                                          f"{record['attention_kernel']}")
+                                          f"{record['attention_kernel']}_{rows}x{length}")
     with jax.profiler.trace(directory, create_perfetto_trace=True):
       for _ in range(3):
         state, metrics = compiled(state, batch)
       jax.block_until_ready((state, metrics))
-    record["profile"] = profile_summary.summarize(directory, steps=3)
+    try:
+      record["profile"] = profile_summary.summarize(directory, steps=3)
+    except Exception as error:  # The trace is still on disk; the timings above stand.
+      record["profile_error"] = f"{type(error).__name__}: {error}"
   return record
+
+
+def fit(size: str, start_rows: int, headroom: float = 0.9, **kwargs) -> list[dict]:
+  """Records at `start_rows`, twice that, and the largest batch that fits (module docstring).
+
+  Device memory is linear in the rows: fixed (params, Adam state) + per row (activations). If
+  the predicted batch still runs out of memory, it is retried at 80% of its rows (twice at most).
+  """
+  records = [measure(size, rows=rows, **kwargs) for rows in (start_rows, 2 * start_rows)]
+  first, second = (r["program_memory_mib"] for r in records)
+  per_row = (second - first) / start_rows
+  stats = jax.devices()[0].memory_stats()  # None on CPU: then the host's memory.
+  limit = (stats["bytes_limit"] if stats else
+           os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  limit_mib = limit / 2**20
+  rows = int((headroom * limit_mib - (first - per_row * start_rows)) / per_row) // 8 * 8
+  for attempt in range(3):
+    try:
+      record = measure(size, rows=rows, **kwargs)
+    except Exception as error:  # XlaRuntimeError: RESOURCE_EXHAUSTED (jax's type moves).
+      if attempt == 2 or "RESOURCE_EXHAUSTED" not in str(error):
+        raise
+      rows = int(rows * 0.8) // 8 * 8
+      continue
+    record.update(fitted=True, device_memory_limit_mib=round(limit_mib, 1),
+                  predicted_mib_per_row=round(per_row, 2))
+    return [*records, record]
+  raise AssertionError("unreachable")
 
 
 def _program_memory(compiled) -> dict:
@@ -151,6 +186,8 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
   parser.add_argument("--rows", type=int, default=None, help="rows per batch, every size")
   parser.add_argument("--length", type=int, default=None, help="tokens per row, every size")
+  parser.add_argument("--fit", type=int, default=None, metavar="R",
+                      help="measure R rows, 2R rows and the largest batch that fits")
   parser.add_argument("--profile", default=None, help="trace 3 steps per record under DIR")
   parser.add_argument("--attention_implementation", default=None, choices=("xla", "cudnn"),
                       help="the model's setting (default: chosen per call, see attention.py)")
@@ -163,12 +200,14 @@ def main() -> None:
   print(json.dumps(header), flush=True)
   for size in args.sizes.split(","):
     for rate in (float(r) for r in args.attention_dropout.split(",")):
-      record = measure(size, attention_dropout=rate, dtype=args.dtype, fsdp=args.fsdp,
-                       num_steps=args.steps, warmup_steps=args.warmup, rows=args.rows,
-                       length=args.length, profile_dir=args.profile,
-                       time_optimizer=args.time_optimizer,
-                       attention_implementation=args.attention_implementation)
-      print(json.dumps(record), flush=True)
+      kwargs = dict(attention_dropout=rate, dtype=args.dtype, fsdp=args.fsdp,
+                    num_steps=args.steps, warmup_steps=args.warmup, length=args.length,
+                    profile_dir=args.profile, time_optimizer=args.time_optimizer,
+                    attention_implementation=args.attention_implementation)
+      records = (fit(size, args.fit, **kwargs) if args.fit
+                 else [measure(size, rows=args.rows, **kwargs)])
+      for record in records:
+        print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

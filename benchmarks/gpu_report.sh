@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The GPU report (issue 44) on a lent NVIDIA machine, in as few device calls as possible:
+#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (ITEM: env tests quality bulk mfu ct2
+#                                                      sbs_f32 sbs_bf16; A+B runs A and B at once)
+# Run from the repository root. Reads the carried folders .whl/ (wheels of what the device's image
+# lacks, see the device README) and .gpu/ (data/multi30k, data/wmt14-en-de-test, the unchanged
+# Flax examples/wmt under examples/wmt, and shared/bench as bench/). Each item has its own time
+# limit and log; the logs, one summary line per item and the final JSON records are packed into
+# $OUT/results.tgz after every item, so a call stopped at its limit still returns what finished.
+# A dry run of the plumbing on a CPU: GPU_REPORT_NO_WHEELS=1 GPU_REPORT_PLATFORM=cpu.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_report_out}
+RESULTS=/tmp/gpu_report
+DEADLINE=$(( $(date +%s) + ${GPU_REPORT_SECONDS:-570} ))
+GPU=$PWD/.gpu
+mkdir -p "$OUT" "$RESULTS"
+
+setup() {
+  if [ -z "${GPU_REPORT_NO_WHEELS:-}" ] && [ ! -f /tmp/site/.done ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && touch /tmp/site/.done || return 1
+  fi
+  export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 JAX_PLATFORMS=${GPU_REPORT_PLATFORM:-cuda} TF_CPP_MIN_LOG_LEVEL=2
+  # CTranslate2's wheel loads cuBLAS 12 (libcublas.so.12) at run time; the image has CUDA 13's.
+  # Its Transformer path calls the cublas*_v2 and cublasGemm*Ex entry points, which cuBLAS 13
+  # keeps, so point the 12 names at the 13 libraries if no cuBLAS 12 is installed.
+  if ! ldconfig -p | grep -q 'libcublas.so.12'; then
+    local lib
+    lib=$(dirname "$(find $(python3 -c 'import site; print(*site.getsitepackages())') \
+      /usr/local/cuda*/lib64 /usr/lib/x86_64-linux-gnu -name 'libcublas.so.13*' 2>/dev/null \
+      | head -n 1)")
+    if [ -n "$lib" ] && [ -e "$lib/libcublas.so.13" ]; then
+      mkdir -p /tmp/cublas12
+      ln -sf "$lib/libcublas.so.13" /tmp/cublas12/libcublas.so.12
+      ln -sf "$lib/libcublasLt.so.13" /tmp/cublas12/libcublasLt.so.12
+      export LD_LIBRARY_PATH=/tmp/cublas12:$lib:${LD_LIBRARY_PATH:-}
+    fi
+  fi
+}
+
+pack() { tar -czf "$OUT/results.tgz" -C "$RESULTS" . 2>/dev/null; }
+
+# run_item NAME LIMIT_S COMMAND...: runs COMMAND under the smaller of LIMIT_S and the time left.
+run_item() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( DEADLINE - $(date +%s) - 10 ))
+  (( left < limit )) && limit=$left
+  if (( limit < 20 )); then echo "$name: skipped (no time left)" | tee -a "$RESULTS/summary.txt"; return; fi
+  local start=$(date +%s)
+  timeout --kill-after=5 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc $rc in $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$RESULTS/summary.txt"
+  grep -h '^{' "$RESULTS/$name.log" >> "$RESULTS/records.jsonl" 2>/dev/null
+  tail -n 4 "$RESULTS/$name.log" | cut -c1-400
+  pack
+}
+
+item_env() {
+  nvidia-smi; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+  python3 -c 'import jax, jaxlib, flax, optax, orbax.checkpoint as o; print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "flax", flax.__version__, "optax", optax.__version__, "orbax", o.__version__); print(jax.devices(), jax.devices()[0].device_kind, getattr(jax.devices()[0], "compute_capability", None))'
+  python3 -c 'import ctranslate2; print("ctranslate2", ctranslate2.__version__, "cuda devices", ctranslate2.get_cuda_device_count(), ctranslate2.get_supported_compute_types("cuda"))'
+  git log -1 --format='commit %H %cd' 2>/dev/null || true
+  lscpu | grep 'Model name'
+}
+
+item_tests() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false  # Beside the quality runs.
+  # The numerics are compared with float64 references at 1e-5: conftest.py keeps float32 dots at
+  # full precision on GPUs (XLA's default there may be TF32).
+  python3 -m pytest -q -p no:cacheprovider tests/test_attention_cudnn.py tests/test_model.py \
+    tests/test_decoding_search.py tests/test_serving_programs.py
+}
+
+quality_seed() {
+  local seed=$1 workdir=/tmp/m30k_seed$1 start=$(date +%s)
+  rm -rf "$workdir"
+  python3 train.py --config=configs/multi30k_en_de.py:cpu --workdir="$workdir" \
+    --config.data.local_dir="$GPU/data/multi30k" --config.data.tfds_data_dir="$workdir/tfds" \
+    --config.train.seed="$seed" --config.data.seed="$seed" > "$RESULTS/quality_seed$seed.log" 2>&1
+  local rc=$?
+  local line
+  line=$(grep -h 'test at step' "$RESULTS/quality_seed$seed.log" | tail -n 1 | sed 's/.*test at step/test at step/')
+  echo "{\"benchmark\": \"multi30k_cpu_recipe\", \"seed\": $seed, \"rc\": $rc, \"wall_s\": $(( $(date +%s) - start )), \"result\": \"$line\"}"
+}
+
+item_quality() {
+  # Three seeds of the :cpu recipe at once on the one GPU (each is far from filling it).
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  for seed in 0 1 2; do quality_seed $seed & done
+  wait
+}
+
+item_bulk() {
+  # The trained seed-0 workdir (real lengths: sentences end at EOS) on test2016 and newstest2014.
+  python3 benchmarks/bulk_vs_ctranslate2.py --workdir /tmp/m30k_seed0 \
+    --inputs "$GPU/data/multi30k/test_2016_flickr.en.gz" \
+             "$GPU/data/wmt14-en-de-test/newstest2014.en.gz" \
+    --dtype bfloat16 --ct2_device cuda --ct2_compute_type float16 --batch_tokens 8192
+}
+
+item_mfu() {
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
+  python3 benchmarks/train_throughput.py --sizes=big,base --dtype=bfloat16 --length=128 \
+    --fit=128 --attention_dropout=0.0 --steps=5 --warmup=2 --profile=/tmp/gpu_trace
+}
+
+item_ct2() {
+  for sentences in 32 128; do
+    python3 benchmarks/ctranslate2_throughput.py --configs small base --ct2_device cuda \
+      --ct2_compute_type float16 --our_dtype bfloat16 --report_checks --sentences $sentences \
+      --repeats 5 --pause_s 0
+  done
+}
+
+sbs() {
+  python3 benchmarks/side_by_side_dtype.py --dtype "$1" --bench-dir "$GPU/bench" \
+    --flax-wmt-dir "$GPU/examples/wmt" --configs small,base,big --phases train,beam4 \
+    --rounds 3 --calls 2
+}
+item_sbs_f32() { sbs float32; }
+item_sbs_bf16() { sbs bfloat16; }
+
+declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [bulk]=240 [mfu]=330 [ct2]=240
+                  [sbs_f32]=280 [sbs_bf16]=280)
+setup || { echo "setup failed"; exit 1; }
+for group in "$@"; do
+  pids=()
+  for name in ${group//+/ }; do
+    run_item "$name" "${LIMIT[$name]}" bash -c "$(declare -f quality_seed sbs item_$name); \
+      GPU=$GPU RESULTS=$RESULTS item_$name" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+done
+pack
+cat "$RESULTS/summary.txt"
