@@ -108,7 +108,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
   from flax_transformer.serving.commands import evaluate, read_evaluation
 
   inputs = read_evaluation(args.src, args.ref, args.output)  # Before the workdir is read.
-  scores = evaluate(*_open(args), inputs, output=args.output, warmup=args.warmup)
+  scores = evaluate(*_open(args), inputs, output=args.output, warmup=args.warmup,
+                    target_lang=args.target_lang)
   print(json.dumps(scores, indent=2) if args.json else summary(scores))
   return 0
 
@@ -245,6 +246,9 @@ def _add_workdir_commands(commands) -> None:
   evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")
   evaluate.add_argument("--output", default=None, help="Also write the translations here.")
   evaluate.add_argument("--json", action="store_true", help="Print the scores as JSON.")
+  evaluate.add_argument("--target_lang", default=None, help="The references' language, for BLEU "
+                        "on lowercased, normalized, Moses-tokenized text (lc.norm.tok) beside "
+                        "the cased sacreBLEU (default: the workdir's data.target_lang).")
   evaluate.set_defaults(run=run_evaluate)
 
   average = commands.add_parser("average", help="Average the last K checkpoints' params.")

@@ -161,6 +161,13 @@ def test_evaluate_command_scores_with_sacrebleu(workdir, workdir_test_split, tmp
   assert 0.0 <= scores["bleu"] <= 100.0 and 0.0 <= scores["chrf"] <= 100.0
   assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
   assert scores["step"] == STEPS
+  # The lc.norm.tok BLEU too, in the workdir's target language unless --target_lang says.
+  assert 0.0 <= scores["bleu_lc_norm_tok"] <= 100.0
+  assert scores["bleu_lc_norm_tok_signature"].startswith("lc.norm.tok:de|")
+  assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref", str(ref),
+               "--target_lang", "fr", "--json"]) == 0
+  assert json.loads(capsys.readouterr().out)["bleu_lc_norm_tok_signature"].startswith(
+      "lc.norm.tok:fr|")
   # A reference file with another line count is refused with exit status 2.
   ref2 = tmp_path / "short.ref"
   ref2.write_text("a\n")
@@ -249,6 +256,7 @@ def test_training_bleu_is_the_bleu_of_evaluate(translating_workdir, tmp_path, ca
   assert scores["step"] == 600
   assert logged["chrf"] > 10.0 and logged["bleu"] > 0.5  # Translations, not empty strings.
   assert (scores["bleu"], scores["chrf"]) == (logged["bleu"], logged["chrf"])
+  assert scores["bleu_lc_norm_tok"] == logged["bleu_lc_norm_tok"]
 
 
 def test_average_command_averages_parameters(workdir, capsys):

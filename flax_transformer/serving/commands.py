@@ -179,10 +179,12 @@ def read_evaluation(src: str, ref: str, output: str | None = None) -> Evaluation
 
 def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
              inputs: EvaluationInputs, output: str | None = None,
-             warmup: bool = False) -> dict[str, Any]:
+             warmup: bool = False, target_lang: str | None = None) -> dict[str, Any]:
   """BLEU and chrF of the translations of `inputs.sources` against `inputs.references`, with
   what was searched and how; the translations are also written to `output` when given
-  (`warmup`: every search shape compiled first)."""
+  (`warmup`: every search shape compiled first). BLEU in the lc.norm.tok variant too
+  (`scoring.score_translations`) for `target_lang`, by default the workdir's
+  data.target_lang (an imported model has none: then only the cased scores)."""
   from flax_transformer.serving.translator import translate_lines
 
   restored = translator(opened, settings, checkpoint, warmup=warmup)
@@ -194,7 +196,8 @@ def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
              "were truncated.")
   if output:
     files.write_lines_atomically(output, hypotheses)
-  scores = score_translations(hypotheses, inputs.references)
+  target_lang = target_lang or opened.config.get("data", {}).get("target_lang")
+  scores = score_translations(hypotheses, inputs.references, target_lang=target_lang)
   search = settings.search
   checkpoints = list(checkpoint.paths)
   scores.update(step=None if restored.ensemble else restored.step,  # An ensemble's: its paths.

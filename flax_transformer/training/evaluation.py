@@ -37,7 +37,7 @@ class SplitEvaluator:
 
   def __init__(self, *, name: str, batches: list[dict[str, np.ndarray]],
                pairs: Sequence[tuple[str, str]], eval_step: Callable,
-               translator: Translator | None, mesh: Mesh):
+               translator: Translator | None, mesh: Mesh, target_lang: str | None = None):
     """
     Args:
       name: the split's name in metrics ('eval', 'test').
@@ -46,9 +46,11 @@ class SplitEvaluator:
       eval_step: (params, global batch) -> loss sums, jitted.
       translator: translates with the params it is given at each evaluation; None: no BLEU.
       mesh: the training mesh.
+      target_lang: the references' language: BLEU in the lc.norm.tok variant too
+        ('bleu_lc_norm_tok', `scoring.score_translations`).
     """
     self.name, self.batches, self.pairs = name, batches, list(pairs)
-    self.eval_step, self.translator = eval_step, translator
+    self.eval_step, self.translator, self.target_lang = eval_step, translator, target_lang
     self.sharding = sharding_lib.batch_sharding(mesh)
 
   def loss_metrics(self, params: Any) -> dict[str, float]:
@@ -69,8 +71,11 @@ class SplitEvaluator:
     scalars, examples = self.loss_metrics(params), ""
     if self.translator is not None:
       hypotheses = self.translations(params)
-      scores = score_translations(hypotheses, [ref for _, ref in self.pairs])
+      scores = score_translations(hypotheses, [ref for _, ref in self.pairs],
+                                  target_lang=self.target_lang)
       scalars.update(bleu=float(scores["bleu"]), chrf=float(scores["chrf"]))
+      if "bleu_lc_norm_tok" in scores:
+        scalars["bleu_lc_norm_tok"] = float(scores["bleu_lc_norm_tok"])
       examples = _examples(self.pairs, hypotheses, num_examples)
       if examples:
         writer.write_text(step, f"{self.name}/examples", examples.replace("\n", "  \n"))

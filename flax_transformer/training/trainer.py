@@ -239,7 +239,8 @@ def _evaluators(exp: config_lib.Experiment, recipe: recipe_lib.TrainRecipe,
                                     process_count=jax.process_count())
     evaluators[name] = evaluation.SplitEvaluator(
         name=name, batches=batches, pairs=pipeline.split_texts(exp.data, split),
-        eval_step=recipe.eval_step, translator=translator, mesh=recipe.mesh)
+        eval_step=recipe.eval_step, translator=translator, mesh=recipe.mesh,
+        target_lang=exp.data.target_lang)
   return evaluators
 
 
