@@ -7,31 +7,24 @@ TPU pods the launcher's environment says how many processes there are; elsewhere
 (flax_transformer/runtime/distributed.py). The resolved model (its preset and every field set on
 top of it) is logged first. Exit status: 0 when training finished; 128 + signal (143 SIGTERM,
 130 SIGINT) when stopped by a signal after saving a checkpoint; 1 on errors, each reported as
-one line. This file is intentionally kept short: the job lives in
-flax_transformer.training.trainer.
+one line (a bug: its traceback and how to report it). This file is intentionally kept short:
+the job lives in flax_transformer.training.trainer.
 """
 
 import logging as std_logging
 import sys
+import traceback
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from flax_transformer.config import ConfigError
-from flax_transformer.data.builders import DataError
+from flax_transformer.errors import Error, bug_report
 from flax_transformer.experiment_flags import config_flag_problem, define_config_flag
-from flax_transformer.files import StorageError
 from flax_transformer.runtime import distributed
-from flax_transformer.runtime.compilation_cache import (
-  CompilationCacheError,
-  enable_compilation_cache,
-)
+from flax_transformer.runtime.compilation_cache import enable_compilation_cache
 from flax_transformer.training import trainer
-from flax_transformer.training.checkpoints import CheckpointMismatchError
-from flax_transformer.training.loop import NonFiniteStepError
 from flax_transformer.training.preemption import Preempted
-from flax_transformer.workdir import UnreadableCheckpointError, WorkdirInUseError
 
 FLAGS = flags.FLAGS
 define_config_flag()  # --config=FILE[:VARIANT] and --config.GROUP.KEY=VALUE overrides.
@@ -42,12 +35,6 @@ flags.DEFINE_string(
     "Persistent XLA compilation cache, so a resumed or repeated run skips compiling (default: "
     "$FLAX_TRANSFORMER_COMPILATION_CACHE, else ~/.cache/flax_transformer/xla; '' turns it off).")
 flags.mark_flags_as_required(["config", "workdir"])
-
-# Faults of the job or its inputs that the user can fix: one line each, no traceback.
-EXPECTED_ERRORS = (ConfigError, DataError, distributed.DistributedError, WorkdirInUseError,
-                   UnreadableCheckpointError, CheckpointMismatchError, NonFiniteStepError,
-                   CompilationCacheError, StorageError)
-
 
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (it reports its own flag errors, exit 1), plus one line, exit 1, for a
@@ -85,8 +72,11 @@ def main(argv):
   except Preempted as stop:
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
-  except EXPECTED_ERRORS as error:
+  except Error as error:  # A fault of the job or its inputs that the user can fix: one line.
     sys.exit(f"error: {error}")
+  except Exception:  # A bug: its traceback, and how to report it.
+    traceback.print_exc()
+    sys.exit(bug_report("train.py"))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ Public API:
   Ranking            how beam search finishes and ranks hypotheses (rule, length penalty)
   LoopOptions        how a search's while loop runs (outputs do not depend on it)
   load_config        parse and validate an experiment ConfigDict (-> Experiment)
+  Error              the base of every error a user can fix (a bad config, file, workdir, ...);
+                     anything else the package raises is a bug
 
 Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the
 `flax-transformer` command serves (`flax_transformer.cli`); `flax_transformer.planning` compiles
@@ -33,6 +35,7 @@ from flax_transformer.runtime import platforms as _platforms
 # no JAX (as gemma's `epy.lazy_api_imports` does); `dir()` and `from flax_transformer import *`
 # list them all.
 _LAZY = {
+    "Error": "flax_transformer.errors:Error",
     "LoopOptions": "flax_transformer.decoding.loop:LoopOptions",
     "ModelConfig": "flax_transformer.config:ModelConfig",
     "Ranking": "flax_transformer.decoding.search:Ranking",

@@ -12,12 +12,14 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
+import traceback
 import typing
 from collections.abc import Callable, Sequence
 
+from flax_transformer.errors import Error, bug_report
 from flax_transformer.runtime import distributed
-from flax_transformer.runtime.distributed import DistributedError
 
 # Quiet TensorFlow-style C++ logs from dependencies; must precede their import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -294,9 +296,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
       enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)
-  except (FileNotFoundError, FileExistsError, ValueError, DistributedError) as error:
-    print(f"flax-transformer {args.command}: error: {error}", file=sys.stderr)
+  except Error as error:  # A problem the user can fix: one line.
+    print(f"flax-transformer {args.command}: error: {in_flags(str(error), args)}",
+          file=sys.stderr)
     return 2
+  except Exception:  # A bug: its traceback, and how to report it.
+    traceback.print_exc()
+    print(bug_report(f"flax-transformer {args.command}"), file=sys.stderr)
+    return 1
+
+
+_NOT_FLAGS = ("command", "run", "config_overrides")
+
+
+def in_flags(message: str, args: argparse.Namespace) -> str:
+  """A library message in the terms of the command line the user typed: a settings key
+  (`config.search.beam_size`) and an argument name that begins the message (`quantization must
+  be ...`) become their flags (`--beam_size`, `--quantization`) where the command has them."""
+  def is_flag(name: str) -> bool:
+    return name in vars(args) and name not in _NOT_FLAGS
+
+  message = re.sub(r"\bconfig\.(?:search|translate)\.(\w+)",
+                   lambda match: f"--{match[1]}" if is_flag(match[1]) else match[0], message)
+  first, _, rest = message.partition(" ")
+  return f"--{first} {rest}" if is_flag(first) else message
 
 
 if __name__ == "__main__":

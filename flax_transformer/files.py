@@ -44,6 +44,8 @@ from typing import Any, BinaryIO
 
 from etils import epath
 
+from flax_transformer.errors import Error, InputError, MissingFileError
+
 _BLOCK = 1 << 20  # Bytes read at a time by count_lines.
 REMOTE_SCHEMES = ("gs",)  # What orbax, tensorstore and our lease can all write to.
 GCS_EXTRA = "pip install 'flax-transformer[gcs]'"
@@ -51,7 +53,7 @@ Path = epath.Path  # The path type of every user path in the package (`to_path`)
 
 
 # ------------------------------------------------------------------------------------- paths
-class StorageError(ValueError):
+class StorageError(Error, ValueError):
   """A path that cannot be used: unsupported scheme, missing bucket, credentials, permission."""
 
 
@@ -289,7 +291,7 @@ def _open_binary(name: str) -> BinaryIO:
   source = to_path(name)
   with storage_faults(name, "read"):
     if not source.is_file():
-      raise FileNotFoundError(f"Input file not found: {name}")
+      raise MissingFileError(f"Input file not found: {name}")
     stream = source.open("rb")
   if is_remote(name):
     # fsspec's own readline is Python, a few bytes at a time: 8,000 lines of a gs:// file took
@@ -321,7 +323,7 @@ def decode_line(raw: bytes, name: str, number: int) -> str:
   try:
     return raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
   except UnicodeDecodeError as error:
-    raise ValueError(f"{name}:{number}: invalid UTF-8 ({error.reason} at byte "
+    raise InputError(f"{name}:{number}: invalid UTF-8 ({error.reason} at byte "
                      f"{error.start}); translate needs UTF-8 text.") from None
 
 
@@ -389,7 +391,7 @@ def _gzip_checked(stream: BinaryIO, path: str) -> Iterator[bytes]:
   except (OSError, EOFError) as error:
     if not path.endswith(".gz"):
       raise
-    raise ValueError(f"{path}: not a valid gzip file ({error}).") from None
+    raise InputError(f"{path}: not a valid gzip file ({error}).") from None
 
 
 def count_lines(path: str) -> int:
@@ -421,7 +423,7 @@ def _read_block(stream: BinaryIO, path: str) -> bytes:
   except (OSError, EOFError) as error:
     if not path.endswith(".gz"):
       raise
-    raise ValueError(f"{path}: not a valid gzip file ({error}).") from None
+    raise InputError(f"{path}: not a valid gzip file ({error}).") from None
 
 
 def _raise_at_line(block: bytes, path: str, lines_before: int) -> None:
@@ -446,15 +448,15 @@ def check_writable(name: str) -> None:
   if is_remote(name):
     with storage_faults(name, "write"):
       if target.is_dir():
-        raise ValueError(f"Cannot write {name}: it is a folder.")
+        raise InputError(f"Cannot write {name}: it is a folder.")
     check_storage(folder)
     return
   if not folder.is_dir():
-    raise FileNotFoundError(f"Cannot write {name}: the folder {folder} does not exist.")
+    raise MissingFileError(f"Cannot write {name}: the folder {folder} does not exist.")
   if target.is_dir():
-    raise ValueError(f"Cannot write {name}: it is a folder.")
+    raise InputError(f"Cannot write {name}: it is a folder.")
   if not os.access(os.fspath(folder), os.W_OK | os.X_OK):
-    raise ValueError(f"Cannot write {name}: the folder {folder} is not writable.")
+    raise InputError(f"Cannot write {name}: the folder {folder} is not writable.")
 
 
 def write_lines_atomically(path: str, lines: Sequence[str]) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from flax_transformer.errors import InputError
+
 LC_NORM_TOK = "lc.norm.tok"  # The label of the second BLEU, in its signature and JSON key.
 # normalize-punctuation.perl at Moses 3a0631a (which made the official files) differs from
 # today's script, which sacremoses ports, in two rules (`lc_norm_tok`).
@@ -81,13 +83,13 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str], *,
     ValueError: if the two lists differ in length, or an item is not a string.
   """
   if len(hypotheses) != len(references):
-    raise ValueError(
+    raise InputError(
         f"score_translations: {len(hypotheses)} hypotheses but {len(references)} references; "
         "they must be line-aligned (one reference per hypothesis).")
   for name, texts in (("hypotheses", hypotheses), ("references", references)):
     for index, text in enumerate(texts):
       if not isinstance(text, str):
-        raise ValueError(
+        raise InputError(
             f"score_translations: {name}[{index}] is {type(text).__name__}, expected str.")
   bleu, chrf = BLEU(), CHRF()
   bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])

@@ -1,8 +1,8 @@
 """The one config validator: frozen dataclass groups whose fields are checked from their type
 hints (int, float, bool, str, a Literal's choices) and declared ranges, each bad value one
-`ConfigError` naming its key (`config.train.warmup_steps`) and what is allowed. No project
-imports: `flax_transformer.config` (the experiment's groups) and `flax_transformer.model.config`
-(the architecture) both build on it."""
+`ConfigError` naming its key (`config.train.warmup_steps`) and what is allowed. It imports only
+`flax_transformer.errors`: `flax_transformer.config` (the experiment's groups) and
+`flax_transformer.model.config` (the architecture) both build on it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from flax_transformer.errors import Error
 
-class ConfigError(ValueError):
+
+class ConfigError(Error, ValueError):
   """A config value that is unknown, of the wrong type, out of range or inconsistent."""
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from flax_transformer.data import alignments
 from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import absolute, atomic_write, to_path
 from flax_transformer.model.alignment import alignment_layer_index, select_heads
 from flax_transformer.workdir import METRICS_FILE
@@ -150,7 +151,7 @@ def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple
   """metrics.jsonl as {(split, name): [(step, value), ...]} in file order."""
   path = to_path(workdir) / METRICS_FILE
   if not path.is_file():
-    raise FileNotFoundError(f"{path} not found: has training written any metrics yet?")
+    raise MissingFileError(f"{path} not found: has training written any metrics yet?")
   series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
   for number, line in enumerate(path.read_text().splitlines(), start=1):
     if not line.strip():
@@ -160,7 +161,7 @@ def read_metrics(workdir: str | os.PathLike) -> dict[tuple[str, str], list[tuple
       series[(record["split"], record["name"])].append((int(record["step"]),
                                                         float(record["value"])))
     except (ValueError, KeyError) as error:
-      raise ValueError(f"{path}:{number}: not a metrics record ({error}).") from None
+      raise InputError(f"{path}:{number}: not a metrics record ({error}).") from None
   return dict(series)
 
 
@@ -180,7 +181,7 @@ def plot_training_curves(workdir: str | os.PathLike,
                      if key[1] in names]) for title, names in panels]
   panels = [(title, lines) for title, lines in panels if lines]
   if not panels:
-    raise ValueError(f"No loss, BLEU or learning-rate metrics in {workdir}/metrics.jsonl.")
+    raise InputError(f"No loss, BLEU or learning-rate metrics in {workdir}/metrics.jsonl.")
   figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
   for axis, (title, lines) in zip(axes[0], panels, strict=True):
     for (split, name), values in lines:

@@ -21,6 +21,7 @@ from flax_transformer import Translator
 from flax_transformer.cli import main
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
+from flax_transformer.errors import Error, InputError
 from flax_transformer.files import read_lines
 from flax_transformer.runtime.compilation_cache import (
   CompilationCacheError,
@@ -365,3 +366,65 @@ def test_warmup_compiles_every_shape_first_and_changes_no_output(workdir, workdi
   count = len(search_shapes(64, open_workdir(workdir).model_config.max_len))
   assert f"Compiled {count} programs" in capsys.readouterr().err
   assert outputs[1] == outputs[0] and len(outputs[0]) == 6
+
+
+# ------------------------------------------------------------------ one family of errors
+def test_a_settings_error_names_the_flag_the_user_typed(workdir, tmp_path, capsys):
+  source = tmp_path / "in.txt"
+  source.write_text("a b\n")
+  assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+               str(tmp_path / "out.txt"), "--beam_size", "0"]) == 2
+  assert capsys.readouterr().err == (
+      "flax-transformer translate: error: --beam_size must be > 0, got 0.\n")
+  # The library says config.search.beam_size; only the command line speaks in flags.
+  with pytest.raises(Error, match=r"^config\.search\.beam_size must be > 0, got 0\.$"):
+    Translator.from_workdir(workdir, beam_size=0)
+
+
+def test_an_internal_bug_keeps_its_traceback(tmp_path, capsys, monkeypatch):
+  """Only an `Error` is one line: anything else is a bug, shown with its traceback and how to
+  report it (exit status 1)."""
+  from flax_transformer.serving import commands
+
+  def broken(*args, **kwargs):
+    raise ValueError("an internal shape mismatch")
+
+  monkeypatch.setattr(commands, "read_evaluation", broken)
+  assert main(["evaluate", "--workdir", str(tmp_path), "--src", "s", "--ref", "r"]) == 1
+  err = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in err and "in broken" in err
+  assert "ValueError: an internal shape mismatch" in err
+  assert err.rstrip().splitlines()[-1].startswith(
+      "flax-transformer evaluate: this is a bug in flax-transformer")
+  # The same call with an Error: one line.
+  monkeypatch.setattr(commands, "read_evaluation", lambda *a, **k: (_ for _ in ()).throw(
+      InputError("s has 2 lines but r has 3; they must be line-aligned.")))
+  assert main(["evaluate", "--workdir", str(tmp_path), "--src", "s", "--ref", "r"]) == 2
+  assert capsys.readouterr().err == ("flax-transformer evaluate: error: s has 2 lines but r has "
+                                     "3; they must be line-aligned.\n")
+
+
+def test_every_error_class_of_the_package_is_an_error():
+  """Every exception class the package defines derives from flax_transformer.Error, except
+  the preemption signal (not an error: the job saved and stops) and private ones."""
+  import importlib
+  import inspect
+  import pkgutil
+
+  import flax_transformer
+
+  found = []
+  for module_info in pkgutil.walk_packages(flax_transformer.__path__, "flax_transformer."):
+    if module_info.name.startswith("flax_transformer.planning"):
+      continue  # Imports libtpu's compiler where installed; its PlanError is checked below.
+    module = importlib.import_module(module_info.name)
+    for name, cls in inspect.getmembers(module, inspect.isclass):
+      if (issubclass(cls, BaseException) and cls.__module__ == module.__name__
+          and not name.startswith("_") and name != "Preempted"):
+        found.append(cls)
+  from flax_transformer.planning.topology import PlanError
+
+  found.append(PlanError)
+  assert len(found) >= 16, found
+  assert [cls.__name__ for cls in found if not issubclass(cls, Error)] == []
+  assert flax_transformer.Error is Error

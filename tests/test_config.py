@@ -146,8 +146,30 @@ def test_multi30k_variants():
   assert cpu.model_config(8000).dtype == "bfloat16"
   assert (cpu.train.num_train_steps, cpu.data.batch_tokens) == (4000, 4096)
   assert full.train.num_train_steps > cpu.train.num_train_steps
-  with pytest.raises(ValueError, match=r"subset of 'bf16', 'cpu', got 'gpu'"):
+  with pytest.raises(ValueError, match=r"subset of 'bf16', 'cpu', 'mini' .*got 'gpu'"):
     _config("multi30k_en_de", "gpu")
+  with pytest.raises(ValueError, match=r"'cpu' and 'mini' exclude each other"):
+    _config("multi30k_en_de", "cpu,mini")
+
+
+def test_multi30k_mini_is_wu_et_als_recipe():
+  """Wu et al. (ACL 2021): transformer_tiny at D 128, F 256, 4 heads, 4+4 layers, dropout 0.3;
+  10k joint BPE; Adam (0.9, 0.98) at 5e-3, inverse sqrt after 2000 warmup steps; 4096 tokens
+  per update, 8000 updates; the last 10 checkpoints averaged; beam 5."""
+  config = _config("multi30k_en_de", "mini")
+  config.data.local_dir = "/some/folder"
+  exp = _load(config)
+  model = exp.model_config(10_000)
+  assert (model.emb_dim, model.mlp_dim, model.num_heads, model.num_encoder_layers,
+          model.num_decoder_layers, model.dropout_rate) == (128, 256, 4, 4, 4, 0.3)
+  assert (exp.data.vocab_size, exp.data.vocab_model_type, exp.data.batch_tokens) == (
+      10_000, "bpe", 4096)
+  train = exp.train
+  assert (train.optimizer, train.adam_b1, train.adam_b2, train.learning_rate, train.schedule,
+          train.warmup_steps, train.num_train_steps, train.weight_decay) == (
+              "adam", 0.9, 0.98, 5e-3, "warmup_rsqrt", 2000, 8000, 0.0)
+  assert (exp.checkpoint.save_every_steps, exp.checkpoint.max_to_keep) == (100, 10)
+  assert exp.search.beam_size == 5
 
 
 def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
@@ -186,11 +208,12 @@ def test_a_tfds_folder_in_a_bucket_is_refused_in_one_line():
 # ------------------------------------------------------------------ model presets in the configs
 # Every shipped config and variant, as --config=FILE[:VARIANT] names it.
 SHIPPED = ["default", "multi30k_en_de", "multi30k_en_de:bf16", "multi30k_en_de:cpu",
-           "multi30k_en_de:bf16,cpu", "wmt14_en_de_base", "wmt14_en_de_base:bf16",
-           "wmt14_en_de_big", "wmt14_en_de_big:bf16"]
+           "multi30k_en_de:bf16,cpu", "multi30k_en_de:mini", "wmt14_en_de_base",
+           "wmt14_en_de_base:bf16", "wmt14_en_de_big", "wmt14_en_de_big:bf16"]
 # D, N heads, F, encoder and decoder layers of each preset, written out here (not read from
 # ModelConfig) so that a changed preset fails.
-PRESET_DIMS = {"tiny": (64, 4, 256, 2, 2), "small": (256, 4, 1024, 3, 3),
+PRESET_DIMS = {"tiny": (64, 4, 256, 2, 2), "mini": (128, 4, 256, 4, 4),
+               "small": (256, 4, 1024, 3, 3),
                "base": (512, 8, 2048, 6, 6), "big": (1024, 16, 4096, 6, 6)}
 # The fields every shipped config resolves to the same value.
 COMMON_FIELDS = dict(
@@ -207,6 +230,9 @@ QUICK_START = dict(vocab_size=512, emb_dim=64, num_heads=4, mlp_dim=256, num_enc
 MULTI30K = dict(vocab_size=8000, emb_dim=256, num_heads=4, mlp_dim=1024, num_encoder_layers=3,
                 num_decoder_layers=3, dropout_rate=0.3, attention_dropout_rate=0.1, max_len=128,
                 dtype="float32")
+MULTI30K_MINI = dict(vocab_size=10000, emb_dim=128, num_heads=4, mlp_dim=256,
+                     num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.3,
+                     attention_dropout_rate=0.0, max_len=128, dtype="float32")
 WMT14_BASE = dict(vocab_size=37000, emb_dim=512, num_heads=8, mlp_dim=2048,
                   num_encoder_layers=6, num_decoder_layers=6, dropout_rate=0.1,
                   attention_dropout_rate=0.1, max_len=256, dtype="float32")
@@ -218,6 +244,7 @@ RESOLVED = {
     "default": QUICK_START,
     "multi30k_en_de": MULTI30K, "multi30k_en_de:bf16": {**MULTI30K, **BF16},
     "multi30k_en_de:cpu": MULTI30K, "multi30k_en_de:bf16,cpu": {**MULTI30K, **BF16},
+    "multi30k_en_de:mini": MULTI30K_MINI,
     "wmt14_en_de_base": WMT14_BASE, "wmt14_en_de_base:bf16": {**WMT14_BASE, **BF16},
     "wmt14_en_de_big": WMT14_BIG, "wmt14_en_de_big:bf16": {**WMT14_BIG, **BF16},
 }
@@ -228,6 +255,7 @@ FILE_FIELDS = {
     "multi30k_en_de:bf16": dict(dropout_rate=0.3, max_len=128, **BF16),
     "multi30k_en_de:cpu": dict(dropout_rate=0.3, max_len=128),
     "multi30k_en_de:bf16,cpu": dict(dropout_rate=0.3, max_len=128, **BF16),
+    "multi30k_en_de:mini": dict(max_len=128),  # Its preset's dropout is already 0.3.
     "wmt14_en_de_base": dict(max_len=256), "wmt14_en_de_base:bf16": dict(max_len=256, **BF16),
     "wmt14_en_de_big": dict(max_len=256), "wmt14_en_de_big:bf16": dict(max_len=256, **BF16),
 }

@@ -427,7 +427,7 @@ def test_export_errors_are_one_clear_line(trained_workdir, exported, tmp_path, c
   assert err.count("\n") == 1
   code = cli_main(["export", "--workdir", str(trained_workdir), "--format", "marian",
                    "--quantization", "int8", "--output", str(tmp_path / "m")])
-  assert code == 2 and "--quantization applies to --format ctranslate2 only" in (
+  assert code == 2 and "--quantization applies to the ctranslate2 format only" in (
       capsys.readouterr().err)
   monkeypatch.setitem(sys.modules, "ctranslate2", None)
   code = cli_main(["export", "--workdir", str(trained_workdir), "--format", "ctranslate2",

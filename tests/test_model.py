@@ -524,6 +524,9 @@ def test_presets():
   assert _dims(big) == (1024, 16, 4096, 6, 6, 256)
   assert (big.dropout_rate, big.attention_dropout_rate) == (0.3, 0.1)
   assert _dims(ModelConfig.small(100)) == (256, 4, 1024, 3, 3, 256)
+  mini = ModelConfig.mini(100)  # Wu et al.'s Multi30k model (configs/multi30k_en_de.py:mini).
+  assert _dims(mini) == (128, 4, 256, 4, 4, 256)
+  assert (mini.dropout_rate, mini.attention_dropout_rate) == (0.3, 0.0)
   # tiny is configs/default.py's quick-start model.
   tiny = ModelConfig.tiny(100)
   assert _dims(tiny) == (64, 4, 256, 2, 2, 64)

@@ -24,11 +24,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from flax_transformer.errors import Error
+
 WORD_START = "\u2581"  # SentencePiece's word-boundary mark.
 Pairs = list[tuple[int, int]]
 
 
-class AlignmentError(ValueError):
+class AlignmentError(Error, ValueError):
   """A malformed alignment line, or one that names a word outside its sentence."""
 
 

@@ -40,6 +40,7 @@ from etils import epath
 from flax_transformer.config import DEFAULT_LOCAL_PATTERN
 from flax_transformer.data import synthetic
 from flax_transformer.data.alignments import AlignmentError, format_alignment, parse_alignment
+from flax_transformer.errors import Error
 from flax_transformer.files import Path, absolute, iter_raw_lines, to_path
 from flax_transformer.files import stat as file_stat
 
@@ -48,7 +49,7 @@ ALIGNMENT = "alignment"  # The feature holding an example's word alignment, a Mo
 ALIGNMENT_LANG = "align"  # `{lang}` of the alignment files: train.align beside train.en.
 
 
-class DataError(ValueError):
+class DataError(Error, ValueError):
   """A corpus that cannot be read as configured: files whose line counts differ, invalid UTF-8,
   an unknown TFDS name or split. `train.py` reports it as one line."""
 

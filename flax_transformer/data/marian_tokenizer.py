@@ -39,6 +39,7 @@ import numpy as np
 import sentencepiece as spm
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import atomic_write, to_path
 
 SOURCE_MODEL_FILE = "source.spm"
@@ -57,10 +58,10 @@ def marian_order(vocab: Mapping[str, int]) -> np.ndarray:
   """
   ids = sorted(vocab.values())
   if ids != list(range(len(ids))):
-    raise ValueError(f"{VOCAB_JSON_FILE}: the ids must be 0..{len(vocab) - 1}, each once.")
+    raise InputError(f"{VOCAB_JSON_FILE}: the ids must be 0..{len(vocab) - 1}, each once.")
   missing = [p for p in (PAD_PIECE, EOS_PIECE, UNK_PIECE) if p not in vocab]
   if missing:
-    raise ValueError(f"{VOCAB_JSON_FILE} has no {', '.join(missing)} piece.")
+    raise InputError(f"{VOCAB_JSON_FILE} has no {', '.join(missing)} piece.")
   special = [vocab[PAD_PIECE], vocab[EOS_PIECE], vocab[UNK_PIECE]]
   rest = [i for i in range(len(vocab)) if i not in special]
   return np.asarray([*special, *rest], np.int64)  # Our PAD_ID, EOS_ID, UNK_ID come first.
@@ -95,7 +96,7 @@ class MarianTokenizer:
     directory = to_path(directory)
     missing = [name for name in FILES if not (directory / name).is_file()]
     if missing:
-      raise FileNotFoundError(f"{directory} lacks the Marian vocabulary file(s) "
+      raise MissingFileError(f"{directory} lacks the Marian vocabulary file(s) "
                               f"{', '.join(missing)}.")
     return cls.from_files({name: (directory / name).read_bytes() for name in FILES}, directory)
 
@@ -108,7 +109,7 @@ class MarianTokenizer:
     try:
       vocab = json.loads(contents[VOCAB_JSON_FILE].decode("utf-8"))
     except ValueError as error:
-      raise ValueError(f"{directory / VOCAB_JSON_FILE}: not valid JSON ({error}).") from None
+      raise InputError(f"{directory / VOCAB_JSON_FILE}: not valid JSON ({error}).") from None
     return cls(contents[SOURCE_MODEL_FILE], contents[TARGET_MODEL_FILE], vocab, str(directory))
 
   def write(self, directory: str | os.PathLike) -> None:

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import sentencepiece as spm
 
+from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import to_path
 
 PAD_ID = 0
@@ -82,7 +83,7 @@ class Tokenizer:
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise ValueError(
+      raise InputError(
           f"SentencePiece model {path or '<bytes>'} has (pad, eos, unk, bos) ids {ids}; this "
           f"package needs ({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Train it with "
           "training.vocabulary.prepare_vocabulary or pass pad_id=0 eos_id=1 unk_id=2 bos_id=-1.")
@@ -92,7 +93,7 @@ class Tokenizer:
     """Loads a SentencePiece model file written by `train_tokenizer` (or compatible)."""
     path = to_path(path)
     if not path.is_file():
-      raise FileNotFoundError(f"SentencePiece model not found: {path}")
+      raise MissingFileError(f"SentencePiece model not found: {path}")
     return cls(path.read_bytes(), str(path))
 
   @property

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from flax_transformer.errors import InputError
+
 FORMATS = ("ctranslate2", "marian")
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")  # CTranslate2's.
 
@@ -29,9 +31,9 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *, for
     return export_ctranslate2(workdir, output, quantization=quantization, step=step,
                               checkpoint=checkpoint)
   if format != "marian":
-    raise ValueError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")
+    raise InputError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")
   if quantization != "none":
-    raise ValueError("--quantization applies to --format ctranslate2 only.")
+    raise InputError("quantization applies to the ctranslate2 format only.")
   from flax_transformer.interop.marian import export_marian
 
   return export_marian(workdir, output, step=step, checkpoint=checkpoint)

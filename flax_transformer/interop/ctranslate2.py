@@ -42,6 +42,7 @@ from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, TextTokenizer
+from flax_transformer.errors import ExistingFileError, InputError
 from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.layers import sinusoidal_positions
@@ -197,17 +198,17 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
     FileExistsError: `output` exists and is not empty.
   """
   if quantization not in QUANTIZATIONS:
-    raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {quantization!r}.")
+    raise InputError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}.")
   try:
     import ctranslate2  # noqa: F401  (checked before the checkpoint is read)
   except ImportError:
-    raise ValueError("Exporting to CTranslate2 needs the ctranslate2 package: pip install "
+    raise InputError("Exporting to CTranslate2 needs the ctranslate2 package: pip install "
                      "'flax-transformer[export]'.") from None
   opened = workdir_lib.open_workdir(workdir)
   tokenizer, model_config = opened.tokenizer, opened.model_config
   output = to_path(output)
   if output.exists() and (not output.is_dir() or any(output.iterdir())):
-    raise FileExistsError(f"--output {output} exists and is not empty; choose a new folder.")
+    raise ExistingFileError(f"output {output} exists and is not empty; choose a new folder.")
   params, _ = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
   spec = build_spec(model_config, _numpy(params), tokens_of(tokenizer))
   spec.validate()

@@ -43,6 +43,7 @@ from flax_transformer.config import SearchConfig, search_config_from
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from flax_transformer.errors import Error, ExistingFileError, MissingFileError
 from flax_transformer.files import Path, to_path
 from flax_transformer.interop import marian_params
 from flax_transformer.model.config import ModelConfig, model_group
@@ -61,7 +62,7 @@ OUR_KEY = "flax_transformer"  # config.json: what an export changed, for the way
 SAFETENSORS_FILE, PYTORCH_FILE = "model.safetensors", "pytorch_model.bin"
 
 
-class MarianFormatError(ValueError):
+class MarianFormatError(Error, ValueError):
   """A Marian folder this package cannot import, or a model Marian cannot represent."""
 
 
@@ -144,7 +145,7 @@ def read_weights(model_dir: Path) -> dict[str, np.ndarray]:
     return {key: np.asarray(value, np.float32) for key, value in state.items()}
   if (model_dir / PYTORCH_FILE).is_file():
     return _read_pytorch(model_dir / PYTORCH_FILE)
-  raise FileNotFoundError(f"{model_dir} has no {SAFETENSORS_FILE} or {PYTORCH_FILE}.")
+  raise MissingFileError(f"{model_dir} has no {SAFETENSORS_FILE} or {PYTORCH_FILE}.")
 
 
 def _read_pytorch(path: Path) -> dict[str, np.ndarray]:
@@ -332,13 +333,13 @@ def _generation(model_dir: Path) -> dict[str, Any]:
 
 def _make_empty_folder(path: Path, flag: str) -> None:
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
-    raise FileExistsError(f"{flag} {path} exists and is not empty; choose a new folder.")
+    raise ExistingFileError(f"{flag} {path} exists and is not empty; choose a new folder.")
   path.mkdir(parents=True, exist_ok=True)
 
 
 def _read_json(path: Path) -> Any:
   if not path.is_file():
-    raise FileNotFoundError(f"{path} not found.")
+    raise MissingFileError(f"{path} not found.")
   try:
     return json.loads(path.read_text(encoding="utf-8"))
   except ValueError as error:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer.errors import InputError
 from flax_transformer.model.config import ModelConfig
 
 Params = dict[str, Any]
@@ -125,7 +126,7 @@ def params_from_marian(state: dict[str, np.ndarray], config: ModelConfig,
   params: Params = {}
   missing = [key for _, key, _ in entries(config) if key not in state]
   if missing:
-    raise ValueError(f"The checkpoint lacks {len(missing)} weight(s) of the model its "
+    raise InputError(f"The checkpoint lacks {len(missing)} weight(s) of the model its "
                      f"config.json describes: {', '.join(missing[:8])}.")
   for path, key, kind in entries(config):
     value = _TO_OURS[kind](np.asarray(state[key], np.float32), config, marian_ids)

@@ -30,10 +30,11 @@ from collections.abc import Iterator
 import jax
 from jax.experimental import topologies
 
+from flax_transformer.errors import Error
 from flax_transformer.runtime import accelerators
 
 
-class PlanError(ValueError):
+class PlanError(Error, ValueError):
   """A problem with the plan's input, said in one line (a bad name, no libtpu, a bad batch)."""
 
 

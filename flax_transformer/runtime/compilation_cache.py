@@ -22,11 +22,13 @@ import os
 
 import jax
 
+from flax_transformer.errors import Error
+
 ENVIRONMENT_VARIABLE = "FLAX_TRANSFORMER_COMPILATION_CACHE"
 DEFAULT_DIRECTORY = "~/.cache/flax_transformer/xla"
 
 
-class CompilationCacheError(ValueError):
+class CompilationCacheError(Error, ValueError):
   """The compilation cache folder cannot be created or written."""
 
 

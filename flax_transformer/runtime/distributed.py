@@ -30,6 +30,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from flax_transformer.errors import Error
+
 # (name, type, help) of the flags train.py (absl) and the CLI (argparse) share.
 FLAGS = (
     ("coordinator_address", str, "Multi-process: HOST:PORT of process 0 (omit under SLURM, "
@@ -41,7 +43,7 @@ SLURM_NEEDS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PRO
                "SLURM_LOCALID")
 
 
-class DistributedError(RuntimeError):
+class DistributedError(Error, RuntimeError):
   """The processes of a multi-process job cannot be started as the launcher describes them."""
 
 

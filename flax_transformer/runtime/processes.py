@@ -13,6 +13,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from flax_transformer.errors import InputError
 from flax_transformer.runtime import distributed
 
 
@@ -30,12 +31,12 @@ def check_flags(num_processes: int | None, process_id: int | None,
   """Raises ValueError naming the flag when the process flags do not go together (checked
   before anything is restored)."""
   if (num_processes is None) != (process_id is None) and not coordinator_address:
-    raise ValueError("--num_processes and --process_id go together.")
+    raise InputError("--num_processes and --process_id go together.")
   if num_processes is not None and process_id is not None and not (
       0 <= process_id < num_processes):
-    raise ValueError(f"--process_id must be in [0, {num_processes}), got {process_id}.")
+    raise InputError(f"--process_id must be in [0, {num_processes}), got {process_id}.")
   if streamed and (num_processes or coordinator_address):
-    raise ValueError("Several processes need files: --input and --output cannot be '-'.")
+    raise InputError("Several processes need files: --input and --output cannot be '-'.")
 
 
 def join(coordinator_address: str | None = None, num_processes: int | None = None,

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flax_transformer import files
+from flax_transformer.errors import Error, InputError, MissingFileError
 from flax_transformer.files import Path, atomic_write, to_path
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime.processes import Processes
@@ -61,7 +62,7 @@ _MERGE_STALE_SECONDS = 600  # A bucket's merge lease left by a killed merge is t
 Progress = Callable[[int, int], None]
 
 
-class ResumeError(ValueError):
+class ResumeError(Error, ValueError):
   """OUT.partial belongs to another job (other input, checkpoint or settings)."""
 
 
@@ -204,10 +205,10 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
     extra_outputs: more output files, line-aligned with `output` (part of the job's identity).
   """
   if chunk_lines < 1:
-    raise ValueError(f"--chunk_lines must be >= 1, got {chunk_lines}.")
+    raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}.")
   for path in inputs:
     if not to_path(path).is_file():
-      raise FileNotFoundError(f"Input file not found: {path}")
+      raise MissingFileError(f"Input file not found: {path}")
   partial = partial_dir(output)
   _remove_leftovers(partial)
   identities = [input_identity(path) for path in inputs]
@@ -217,7 +218,7 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   else:
     counts = [files.count_lines(path) for path in inputs]
     if len(set(counts)) > 1:
-      raise ValueError(" but ".join(f"{p} has {n} lines" for p, n in zip(inputs, counts,
+      raise InputError(" but ".join(f"{p} has {n} lines" for p, n in zip(inputs, counts,
                                                                           strict=True))
                        + "; they must be line-aligned.")
     num_lines = counts[0]

@@ -19,6 +19,7 @@ from typing import Any
 
 from flax_transformer import files
 from flax_transformer.config import TranslateConfig
+from flax_transformer.errors import InputError
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import processes
 from flax_transformer.scoring import score_translations
@@ -55,9 +56,9 @@ def open_job(workdir: str | None, step: int | None = None, checkpoints: Sequence
 
   checkpoints = tuple(checkpoints or ())
   if not workdir and not checkpoints:
-    raise ValueError("Give --workdir (its latest checkpoint, or --step) or --checkpoint.")
+    raise InputError("Give --workdir (its latest checkpoint, or --step) or --checkpoint.")
   if step is not None and checkpoints:
-    raise ValueError("--step and --checkpoint exclude each other: a checkpoint folder names "
+    raise InputError("--step and --checkpoint exclude each other: a checkpoint folder names "
                      "its step (WORKDIR/checkpoints/<step>).")
   opened = open_workdir(workdir or checkpoint_workdir(checkpoints[0]))
   return opened, opened.translate_config(**settings), Checkpoint(step, checkpoints)
@@ -120,10 +121,10 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
                         sharing.coordinator_address, streamed)
   if streamed:
     if len(inputs) > 1 and "-" in inputs:
-      raise ValueError("Standard input ('-') can be the only input; give the others' lines in "
+      raise InputError("Standard input ('-') can be the only input; give the others' lines in "
                        f"files (got {', '.join(inputs)}).")
     if len(inputs) > 1 and len({files.count_lines(path) for path in inputs}) > 1:
-      raise ValueError(" but ".join(f"{path} has {files.count_lines(path)} lines"
+      raise InputError(" but ".join(f"{path} has {files.count_lines(path)} lines"
                                     for path in inputs) + "; they must be line-aligned.")
     chunks = (files.prompt_chunks("-", chunk_lines) if list(inputs) == ["-"]
               else bulk.record_chunks(inputs, chunk_lines))
@@ -170,7 +171,7 @@ def read_evaluation(src: str, ref: str, output: str | None = None) -> Evaluation
   before the workdir is opened, so that bad files fail first."""
   sources, references = files.read_lines(src), files.read_lines(ref)
   if len(sources) != len(references):
-    raise ValueError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; they "
+    raise InputError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; they "
                      "must be line-aligned.")
   if output:
     files.check_writable(output)
@@ -216,12 +217,12 @@ def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
     return
   search = settings.search
   if nbest < 1:
-    raise ValueError(f"--nbest must be >= 1, got {nbest}.")
+    raise InputError(f"--nbest must be >= 1, got {nbest}.")
   if nbest > 1 and search.method != "beam":
-    raise ValueError(f"--nbest {nbest} needs --method beam (got {search.method}, which gives "
+    raise InputError(f"--nbest {nbest} needs --method beam (got {search.method}, which gives "
                      "one hypothesis per line).")
   if search.method == "beam" and nbest > search.beam_size:
-    raise ValueError(f"--nbest {nbest} needs --beam_size >= {nbest} (it is "
+    raise InputError(f"--nbest {nbest} needs --beam_size >= {nbest} (it is "
                      f"{search.beam_size}).")
 
 

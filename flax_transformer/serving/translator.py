@@ -50,6 +50,7 @@ from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.data import alignments as alignments_lib
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
+from flax_transformer.errors import InputError
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
@@ -223,7 +224,7 @@ class Translator:
 
   def __post_init__(self):
     if self.tokenizer.vocab_size != self.model_config.vocab_size:
-      raise ValueError(
+      raise InputError(
           f"The vocabulary {self.tokenizer.path} has {self.tokenizer.vocab_size} pieces but the "
           f"model expects {self.model_config.vocab_size}.")
     if self.settings is None:
@@ -298,7 +299,7 @@ class Translator:
       ValueError: a different vocabulary or architecture, in one line naming both checkpoints.
     """
     if isinstance(checkpoints, (str, os.PathLike)) or not checkpoints:
-      raise ValueError("from_checkpoints takes a list of checkpoint folders, got "
+      raise InputError("from_checkpoints takes a list of checkpoint folders, got "
                        f"{checkpoints!r}.")
     opened = workdir_lib.open_workdir(workdir_lib.checkpoint_workdir(checkpoints[0]))
     return cls.restore(opened, opened.translate_config(**settings), checkpoint=checkpoints,
@@ -390,13 +391,13 @@ class Translator:
     if target_prefix is None:
       return None
     if len(target_prefix) != len(sentences):
-      raise ValueError(f"{len(target_prefix)} target prefixes for {len(sentences)} sentences; "
+      raise InputError(f"{len(target_prefix)} target prefixes for {len(sentences)} sentences; "
                        "give one per sentence ('' for none).")
     prefix_ids = [self.tokenizer.tokenize_target(p) if p.strip() else [] for p in target_prefix]
     for i, ids in enumerate(prefix_ids):
       room = decode_length(options.search, len(token_ids[i]), self.model_config.max_len) - 1
       if len(ids) > room:
-        raise ValueError(
+        raise InputError(
             f"The target prefix of line {first_index + i + 1} has {len(ids)} tokens, but its "
             f"output holds at most {room} before EOS (the model's max_len "
             f"{self.model_config.max_len}, max_len_a {options.search.max_len_a} x "
@@ -428,7 +429,7 @@ class Translator:
                  params: Any = None) -> Iterator[Scored]:
     """Yields the scores of `score` step by step, in plan order."""
     if len(sources) != len(targets):
-      raise ValueError(f"{len(sources)} sources but {len(targets)} targets; they must be "
+      raise InputError(f"{len(sources)} sources but {len(targets)} targets; they must be "
                        "line-aligned.")
     params = self._params(params)
     source_ids, source_cut = self._tokenize(sources, keep_empty=True)
@@ -449,7 +450,7 @@ class Translator:
     """The call's params, else the translator's."""
     params = self.params if params is None else params
     if params is None:
-      raise ValueError("This Translator has no params of its own: pass params=.")
+      raise InputError("This Translator has no params of its own: pass params=.")
     return params
 
   def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False,

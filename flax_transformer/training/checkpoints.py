@@ -15,6 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from flax_transformer import workdir as workdir_lib
+from flax_transformer.errors import Error
 from flax_transformer.files import is_remote, to_path
 from flax_transformer.training.state import TrainState
 
@@ -23,7 +24,7 @@ TRAIN_STATE_ITEM = "train_state"
 DATA_ITER_ITEM = "data_iter"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(Error, ValueError):
   """The checkpoint's parameters do not have the configured model's shapes."""
 
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_transformer.errors import Error
 from flax_transformer.progress import ProgressBar
 from flax_transformer.training import checkpoints
 from flax_transformer.training import metrics as metrics_lib
@@ -26,7 +27,7 @@ from flax_transformer.training.preemption import Preempted, PreemptionWatcher
 from flax_transformer.training.state import TrainState
 
 
-class NonFiniteStepError(RuntimeError):
+class NonFiniteStepError(Error, RuntimeError):
   """Step `step` had a NaN or infinite loss or gradient norm; the run stopped without saving
   the state it produced."""
 

@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from flax_transformer import files
+from flax_transformer.errors import Error, InputError, MissingFileError
 from flax_transformer.files import Path
 from flax_transformer.workdir.layout import AVERAGED_DIR, CHECKPOINT_DIR
 
@@ -36,7 +37,7 @@ _AVERAGED_NAME = re.compile(r"step_(\d+)_last_(\d+)$")
 T = TypeVar("T")
 
 
-class UnreadableCheckpointError(ValueError):
+class UnreadableCheckpointError(Error, ValueError):
   """A checkpoint that exists but cannot be read (a damaged or truncated file)."""
 
 
@@ -170,7 +171,7 @@ def restore_params(
   if step is None:
     steps = saved_steps(workdir)
     if not steps:
-      raise FileNotFoundError(f"No finished checkpoint in {directory}.")
+      raise MissingFileError(f"No finished checkpoint in {directory}.")
     step = max(steps)
   located = _Located(files.to_path(workdir), directory / str(step), step, averaged=False)
   return _read_params(located, _placement(device, target)), step
@@ -240,13 +241,13 @@ def _locate(path: str | os.PathLike) -> _Located:
   averaged = _AVERAGED_NAME.search(folder.name) if folder.parent.name == AVERAGED_DIR else None
   is_step = folder.parent.name == CHECKPOINT_DIR and re.fullmatch(r"[0-9]+", folder.name)
   if not (averaged or is_step):
-    raise ValueError(
+    raise InputError(
         f"{os.fspath(path)} is not a checkpoint folder: expected WORKDIR/{CHECKPOINT_DIR}/<step> "
         f"or WORKDIR/{AVERAGED_DIR}/step_S_last_K (written by `flax-transformer average`).")
   workdir = folder.parent.parent
   if not folder.is_dir():
     saved = "" if averaged else f"; saved steps: {saved_steps(workdir)}"
-    raise FileNotFoundError(f"No checkpoint folder {os.fspath(path)}{saved}.")
+    raise MissingFileError(f"No checkpoint folder {os.fspath(path)}{saved}.")
   step = int(averaged.group(1)) if averaged else int(folder.name)
   return _Located(workdir, given, step, averaged=averaged is not None)
 
@@ -271,7 +272,7 @@ def _read_params(located: _Located, place: Callable[[Any], Any] | None) -> Any:
     try:
       steps = sorted(manager.all_steps())
       if step not in steps:
-        raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
+        raise MissingFileError(f"No checkpoint for step {step} in {directory}; saved: {steps}.")
 
       def read() -> Any:
         metadata = manager.item_metadata(step)[PARAMS_ITEM]
@@ -401,10 +402,10 @@ def average_checkpoints(workdir: str | os.PathLike, last: int) -> Path:
     ValueError: fewer than `last` checkpoints, or checkpoints whose param shapes differ.
   """
   if last < 1:
-    raise ValueError(f"--last must be >= 1, got {last}.")
+    raise InputError(f"last must be >= 1, got {last}.")
   steps = saved_steps(workdir)
   if len(steps) < last:
-    raise ValueError(f"{workdir} has {len(steps)} checkpoint(s) ({steps}); cannot average the "
+    raise InputError(f"{workdir} has {len(steps)} checkpoint(s) ({steps}); cannot average the "
                      f"last {last}. Keep more with config.checkpoint.max_to_keep.")
   chosen = steps[-last:]
   total, first = None, None
@@ -414,7 +415,7 @@ def average_checkpoints(workdir: str | os.PathLike, last: int) -> Path:
       first = params
     differing = shape_differences(params, first)
     if differing:
-      raise ValueError(f"Checkpoint {step} does not match checkpoint {chosen[0]} in shape at: "
+      raise InputError(f"Checkpoint {step} does not match checkpoint {chosen[0]} in shape at: "
                        f"{', '.join(differing[:10])}.")
     as_f64 = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     total = as_f64 if total is None else jax.tree.map(np.add, total, as_f64)

@@ -21,11 +21,12 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer import files
+from flax_transformer.errors import InputError
 from flax_transformer.workdir.checkpoints import (
-    checkpoint_metadata,
-    checkpoint_workdir,
-    restore_checkpoint,
-    shape_differences,
+  checkpoint_metadata,
+  checkpoint_workdir,
+  restore_checkpoint,
+  shape_differences,
 )
 from flax_transformer.workdir.layout import Workdir, open_workdir
 
@@ -68,7 +69,7 @@ def open_ensemble(checkpoints: Sequence[str | os.PathLike], *,
   """
   paths = tuple(os.fspath(path) for path in checkpoints)
   if not paths:
-    raise ValueError("An ensemble needs at least one checkpoint folder; none was given.")
+    raise InputError("An ensemble needs at least one checkpoint folder; none was given.")
   workdirs = [checkpoint_workdir(path) for path in paths]
   known = {} if opened is None else {files.absolute(opened.path): opened}
   for workdir in workdirs:
@@ -90,16 +91,16 @@ def _check_member(first_path: str, first: Workdir, reference: Any, path: str,
   join an ensemble whose first checkpoint is `first_path`."""
   cannot = f"Checkpoints {first_path} and {path} cannot form an ensemble"
   if member.vocab_sha256 != first.vocab_sha256:
-    raise ValueError(f"{cannot}: their vocabularies differ ({first.path} and {member.path} hold "
+    raise InputError(f"{cannot}: their vocabularies differ ({first.path} and {member.path} hold "
                      "other vocabulary files); an ensemble shares one vocabulary.")
   differing = shape_differences(reference, checkpoint_metadata(path))
   if differing:
     # 'path: SHAPE vs SHAPE' (None: missing), the first checkpoint's shape first.
-    raise ValueError(f"{cannot}: their parameters differ in shape (first vs second), "
+    raise InputError(f"{cannot}: their parameters differ in shape (first vs second), "
                      f"{len(differing)} of them, first {differing[0]}.")
   for field in dataclasses.fields(first.model_config):
     mine = getattr(first.model_config, field.name)
     theirs = getattr(member.model_config, field.name)
     if field.name not in _FREE_FIELDS and mine != theirs:
-      raise ValueError(f"{cannot}: their models differ in config.model.{field.name} "
+      raise InputError(f"{cannot}: their models differ in config.model.{field.name} "
                        f"({mine!r} vs {theirs!r}).")

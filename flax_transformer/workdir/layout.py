@@ -38,6 +38,7 @@ from flax_transformer.config import TranslateConfig, search_config_from
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
+from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import ModelConfig, model_config_from
 
@@ -55,12 +56,12 @@ def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
   """WORKDIR/config.json as a dict; FileNotFoundError naming it when `workdir` is no workdir."""
   path = to_path(workdir) / CONFIG_FILE
   if not path.is_file():
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{path} not found: is {workdir} a training workdir (train.py --workdir)?")
   try:
     return json.loads(path.read_text())
   except ValueError as error:
-    raise ValueError(f"{path}: not valid JSON ({error}).") from None
+    raise InputError(f"{path}: not valid JSON ({error}).") from None
 
 
 def saved_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
@@ -81,12 +82,12 @@ def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
   shared = workdir / VOCAB_FILE
   if shared.is_file():
     if present:
-      raise ValueError(f"{workdir} holds both {VOCAB_FILE} and Marian vocabulary files "
+      raise InputError(f"{workdir} holds both {VOCAB_FILE} and Marian vocabulary files "
                        f"({', '.join(p.name for p in present)}); keep one kind.")
     return [shared]
   if present and len(present) < len(marian):
     missing = sorted({p.name for p in marian} - {p.name for p in present})
-    raise ValueError(f"{workdir} has an incomplete Marian vocabulary: {', '.join(missing)} "
+    raise InputError(f"{workdir} has an incomplete Marian vocabulary: {', '.join(missing)} "
                      "missing.")
   return present
 
@@ -102,7 +103,7 @@ def _read_vocabulary(workdir: str | os.PathLike) -> tuple[TextTokenizer, str]:
   order), each file read once."""
   paths = vocabulary_files(workdir)
   if not paths:
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"No vocabulary in {workdir}: expected {VOCAB_FILE}, or "
         f"{', '.join(marian_tokenizer.FILES)} for a model imported from Marian.")
   contents = {path.name: path.read_bytes() for path in paths}
@@ -137,7 +138,7 @@ class Workdir:
     try:
       search = search_config_from(self.config)
     except ValueError as error:
-      raise ValueError(f"{self.path / CONFIG_FILE}: {error}") from None
+      raise InputError(f"{self.path / CONFIG_FILE}: {error}") from None
     return TranslateConfig(search=search).replace(**settings)
 
 

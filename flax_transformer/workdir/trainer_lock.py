@@ -31,12 +31,13 @@ import threading
 from typing import Any
 
 from flax_transformer import files
+from flax_transformer.errors import Error
 from flax_transformer.workdir.layout import LOCK_FILE
 
 DEFAULT_STALE_SECONDS = 300
 
 
-class WorkdirInUseError(RuntimeError):
+class WorkdirInUseError(Error, RuntimeError):
   """Another trainer holds the workdir (or took it over from this one)."""
 
 
