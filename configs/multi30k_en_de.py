@@ -18,10 +18,11 @@ detokenized). Fields not set here keep configs/default.py's meaning (every field
 there).
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
+
+from flax_transformer.experiment_flags import load_config_file
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -31,11 +32,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if not variants <= {"bf16", "cpu", "mini"} or {"cpu", "mini"} <= variants:
     raise ValueError("Config variant must be a comma-separated subset of 'bf16', 'cpu', 'mini' "
                      f"('cpu' and 'mini' exclude each other), got {variant!r}.")
-  spec = importlib.util.spec_from_file_location(
-      "flax_transformer_default_config", Path(__file__).with_name("default.py"))
-  default = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(default)
-  config = default.get_config()
+  config = load_config_file(Path(__file__).with_name("default.py"))
   # small: D 256, 4 heads, F 1024, 3+3 layers, attention dropout 0.1; set here only what
   # differs from it (a new group, so none of default.py's model fields carries over).
   config.model = model = ml_collections.ConfigDict({"preset": "small"})

@@ -10,25 +10,18 @@ step, 100k steps (12 hours on 8 P100s). Fields not set here keep configs/default
 (`pip install .[wmt]`); reading the prepared array_record files does not.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
-
-def _default_config() -> ml_collections.ConfigDict:
-  spec = importlib.util.spec_from_file_location(
-      "flax_transformer_default_config", Path(__file__).with_name("default.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from flax_transformer.experiment_flags import load_config_file
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   """The base recipe; `variant` "bf16" computes in bfloat16 (params and Adam stay float32)."""
   if variant not in ("", "bf16"):
     raise ValueError(f"Config variant must be '' or 'bf16', got {variant!r}.")
-  config = _default_config()
+  config = load_config_file(Path(__file__).with_name("default.py"))
   # The paper's base model, the field defaults: D 512, 8 heads, F 2048, 6+6 layers, dropout
   # 0.1, attention dropout 0.1 (as tensor2tensor), max_len 256. A new group, so none of
   # default.py's model fields carries over.

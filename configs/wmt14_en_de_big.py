@@ -8,19 +8,16 @@ dropout 0.3 (the paper's En-De big; 0.1 for En-Fr), 300k steps (3.5 days on 8 P1
 paper averaged the last 20 checkpoints. FSDP shards the 213M parameters and Adam's moments.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
+from flax_transformer.experiment_flags import load_config_file
+
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   """The big recipe; `variant` "bf16" computes in bfloat16 (params and Adam stay float32)."""
-  spec = importlib.util.spec_from_file_location(
-      "flax_transformer_wmt14_base_config", Path(__file__).with_name("wmt14_en_de_base.py"))
-  base = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(base)
-  config = base.get_config(variant)
+  config = load_config_file(Path(__file__).with_name("wmt14_en_de_base.py"), variant)
   # The paper's big model: D 1024, 16 heads, F 4096, 6+6 layers, dropout 0.3 (as for En-De),
   # attention dropout 0.1, max_len 256. A new group, so none of the base recipe's model fields
   # carries over.

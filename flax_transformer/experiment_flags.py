@@ -3,11 +3,15 @@
 `--config.GROUP.KEY=VALUE` overrides, through ml_collections' `config_flags`.
 
 Overrides of keys the file does not set are accepted here and checked by `config.load`, which
-names an unknown key with its group's keys and the closest match.
+names an unknown key with its group's keys and the closest match. `load_config_file` is the one
+loader of such a file without flags: the shipped configs build on `configs/default.py` through
+it, and so do the tests.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Sequence
 
 import ml_collections
@@ -17,6 +21,20 @@ from ml_collections import config_flags
 from flax_transformer.config import ConfigError, override_problem
 
 CONFIG_HELP = "Experiment config file, FILE[:VARIANT]; override fields with --config.GROUP.KEY=V."
+
+
+def load_config_file(path: str | os.PathLike, variant: str | None = None
+                     ) -> ml_collections.ConfigDict:
+  """`get_config()` (or `get_config(variant)`) of the config file at `path`, a new module each
+  call, so that one file's config never changes another's."""
+  path = os.fspath(path)
+  name = "flax_transformer_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None or spec.loader is None:
+    raise ConfigError(f"{path}: not a Python config file.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config() if variant is None else module.get_config(variant)
 
 
 def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS,

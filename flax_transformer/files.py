@@ -39,7 +39,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 from etils import epath
@@ -392,6 +392,16 @@ def _gzip_checked(stream: BinaryIO, path: str) -> Iterator[bytes]:
     if not path.endswith(".gz"):
       raise
     raise InputError(f"{path}: not a valid gzip file ({error}).") from None
+
+
+def check_line_aligned(counts: Mapping[str, int], *, error: type[Error] = InputError) -> int:
+  """The one line count of `counts` ({name of a file or list: its lines}, in the caller's
+  order); else `error` naming each: "a has 4 lines but b has 5 lines; they must be
+  line-aligned." The package's one check that parallel inputs pair line by line."""
+  if len(set(counts.values())) > 1:
+    raise error(" but ".join(f"{name} has {n} lines" for name, n in counts.items())
+                + "; they must be line-aligned.")
+  return next(iter(counts.values()), 0)
 
 
 def count_lines(path: str) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF
 
 from flax_transformer.errors import InputError
+from flax_transformer.files import check_line_aligned
 
 LC_NORM_TOK = "lc.norm.tok"  # The label of the second BLEU, in its signature and JSON key.
 # normalize-punctuation.perl at Moses 3a0631a (which made the official files) differs from
@@ -82,10 +83,7 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str], *,
   Raises:
     ValueError: if the two lists differ in length, or an item is not a string.
   """
-  if len(hypotheses) != len(references):
-    raise InputError(
-        f"score_translations: {len(hypotheses)} hypotheses but {len(references)} references; "
-        "they must be line-aligned (one reference per hypothesis).")
+  check_line_aligned({"hypotheses": len(hypotheses), "references": len(references)})
   for name, texts in (("hypotheses", hypotheses), ("references", references)):
     for index, text in enumerate(texts):
       if not isinstance(text, str):

@@ -1,7 +1,6 @@
 """Experiment config validation (`flax_transformer.config.load`) and the shipped configs."""
 
 import dataclasses
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +16,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _config(name: str = "default", variant: str | None = None):
-  spec = importlib.util.spec_from_file_location(f"config_{name}", CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config() if variant is None else module.get_config(variant)
+  return experiment_flags.load_config_file(CONFIGS / f"{name}.py", variant)
 
 
 def _load(config, devices: int = 8, processes: int = 1):
@@ -354,3 +350,33 @@ def test_model_group_holds_every_field_and_the_presets_name():
   assert model_config.model_group(config)["preset"] == ""
   with pytest.raises(ConfigError, match=r"config\.model\.preset must be one of"):
     model_config.model_group(config, "huge")
+
+
+# configs/default.py (the quick-start recipe) against the groups' dataclass defaults (the paper's
+# settings, what a Python user who builds `TrainConfig()` etc. gets): exactly these fields
+# differ, as the README's config reference says. A new difference must be added on purpose.
+QUICK_START_OVER_DATACLASSES = {
+    "data.synthetic_num_train": (50_000, 20_000), "data.synthetic_num_eval": (500, 200),
+    "data.synthetic_num_test": (1000, 500), "data.vocab_size": (1000, 512),
+    "data.vocab_max_chars": (10_000_000, 2_000_000), "data.eval_max_length": (64, 40),
+    "train.num_train_steps": (100_000, 600), "train.schedule": ("rsqrt", "warmup_rsqrt"),
+    "train.learning_rate": (1.0, 3e-3), "train.warmup_steps": (4000, 200),
+    "train.grad_clip_norm": (0.0, 1.0), "checkpoint.save_every_steps": (1000, 300),
+    "checkpoint.max_to_keep": (5, 3), "eval.eval_every_steps": (1000, 300),
+}
+
+
+def test_default_py_differs_from_the_dataclass_defaults_only_where_the_readme_says():
+  config = _config()
+  groups = {"data": config_lib.DataConfig, "train": config_lib.TrainConfig,
+            "checkpoint": config_lib.CheckpointConfig, "eval": config_lib.EvalConfig,
+            "search": config_lib.SearchConfig}
+  differences = {}
+  for group, cls in groups.items():
+    for field in dataclasses.fields(cls):
+      if (field.name in config[group] and field.default is not dataclasses.MISSING
+          and field.default != config[group][field.name]):
+        differences[f"{group}.{field.name}"] = (field.default, config[group][field.name])
+  assert differences == QUICK_START_OVER_DATACLASSES
+  assert set(config) - set(groups) == {"model"}  # The model: the tiny preset (ModelConfig: base).
+  assert config.model.preset == "tiny"

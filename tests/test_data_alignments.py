@@ -186,7 +186,7 @@ def test_bad_alignment_line_is_one_line_naming_file_and_line(tmp_path, corpus, l
 
 def test_alignment_line_count_must_match_the_text(tmp_path, corpus):
   _write(corpus / "train.align", ["0-1", "1-0", ""])
-  with pytest.raises(builders.DataError, match=r"Line counts differ") as error:
+  with pytest.raises(builders.DataError, match=r"lines; they must be line-aligned\.$") as error:
     pipeline.split_alignments(_local(tmp_path), "train")
   message = str(error.value)
   assert f"{corpus / 'train.align'} has 3 lines" in message

@@ -139,12 +139,9 @@ def test_quickstart_runs_end_to_end(tmp_path):
 
 def _data_config(tfds_dir: Path):
   """config.data as the notebook builds it: configs/default.py's, with the test's overrides."""
-  import importlib.util
+  from flax_transformer.experiment_flags import load_config_file
 
-  spec = importlib.util.spec_from_file_location("default_config", REPO / "configs" / "default.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  data = module.get_config().data
+  data = load_config_file(REPO / "configs" / "default.py").data
   data.tfds_data_dir = str(tfds_dir)
   for key, value in OVERRIDES.items():
     if key.startswith("data."):

@@ -16,26 +16,28 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 
 # Each room (a subpackage or a top-level module) and the rooms it imports, no more and no fewer.
 # Lower rooms never name higher ones: cli -> planning -> training -> serving / interop ->
-# decoding + workdir -> data -> config -> model -> files, validation, runtime -> errors.
+# decoding + workdir -> data -> config -> model -> files, validation, runtime -> errors,
+# conventions.
 ALLOWED = {
     "errors": set(),  # The one family of errors: every room may raise them.
+    "conventions": set(),  # Special token ids and batch keys, written once.
     "files": {"errors"},
     "validation": {"errors"},
     "progress": set(),
-    "scoring": {"errors"},
+    "scoring": {"errors", "files"},
     "runtime": {"errors"},
-    "model": {"validation", "runtime"},
+    "model": {"conventions", "validation", "runtime"},
     "config": {"model", "validation"},
     "experiment_flags": {"config"},
-    "data": {"errors", "config", "files"},
-    "decoding": {"model", "data", "runtime"},
+    "data": {"conventions", "errors", "config", "files"},
+    "decoding": {"conventions", "model", "runtime"},
     "workdir": {"errors", "model", "data", "config", "files"},
     "visualize": {"errors", "workdir", "data", "model", "files"},
     "serving": {"errors", "decoding", "workdir", "model", "data", "config", "files", "progress",
                 "runtime", "scoring"},
     "interop": {"errors", "workdir", "model", "data", "config", "validation", "files"},
-    "training": {"errors", "serving", "workdir", "model", "data", "config", "validation", "files",
-                 "progress", "scoring", "runtime"},
+    "training": {"conventions", "errors", "serving", "workdir", "model", "data", "config",
+                 "validation", "files", "progress", "scoring", "runtime"},
     "planning": {"errors", "training", "serving", "decoding", "model", "config", "runtime"},
     "cli": {"errors", "serving", "interop", "planning", "workdir", "visualize", "scoring", "files",
             "config", "experiment_flags", "runtime"},

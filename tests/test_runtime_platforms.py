@@ -5,7 +5,6 @@ and no TPU is (issue 34)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,6 +16,7 @@ from conftest import REPO, shrunk_settings, train_command
 
 from flax_transformer import load_config
 from flax_transformer.data.pipeline import split_texts
+from flax_transformer.experiment_flags import load_config_file
 from flax_transformer.runtime import platforms
 
 
@@ -103,10 +103,7 @@ OUR_FILES = {"train.py"} | {path.name for path in (REPO / "flax_transformer").rg
 def _prepare_data(tfds_dir: Path) -> None:
   """Prepares the shrunk config's synthetic TFDS data here, so that train.py's stderr holds no
   TFDS progress bars."""
-  spec = importlib.util.spec_from_file_location("default_config", REPO / "configs" / "default.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config_file(REPO / "configs" / "default.py")
   for key, value in shrunk_settings(tfds_dir).items():
     group, name = key.split(".")
     config[group][name] = value

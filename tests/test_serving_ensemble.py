@@ -13,10 +13,11 @@ import pytest
 
 from flax_transformer import Translator
 from flax_transformer.cli import main as cli_main
+from flax_transformer.conventions import PAD_ID
 from flax_transformer.decoding import bridge
 from flax_transformer.decoding.search import Ranking, SearchProblem, beam_search, greedy_search
 from flax_transformer.model.config import ModelConfig
-from flax_transformer.model.transformer import DECODER_START_ID, Transformer
+from flax_transformer.model.transformer import Transformer
 
 import random_workdir
 
@@ -54,7 +55,7 @@ def _reference_problem(model, params: list, min_length: int) -> SearchProblem:
 
   state = {"tokens": jnp.zeros((3, L), jnp.int32), "index": jnp.zeros((), jnp.int32)}
   return SearchProblem(step, state, shared_state=INPUTS, batch_size=3, max_decode_len=L,
-                       eos_id=EOS, min_length=min_length, bos_id=DECODER_START_ID)
+                       eos_id=EOS, min_length=min_length, bos_id=PAD_ID)
 
 
 @pytest.mark.parametrize("grow_cache", [False, True])

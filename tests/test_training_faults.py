@@ -77,8 +77,8 @@ def test_a_misaligned_local_corpus_is_one_line(tmp_path):
   (corpus / "train.de").write_text("A\nB\nC\nD\n")
   error = _one_line_error(run_train_py(tmp_path / "workdir", check=False, data__source="local",
                                        data__local_dir=corpus))
-  assert error == (f"error: Line counts differ: {corpus / 'train.de'} has 4 lines, "
-                   f"{corpus / 'train.en'} has 5 lines; parallel files must be line-aligned.")
+  assert error == (f"error: {corpus / 'train.de'} has 4 lines but "
+                   f"{corpus / 'train.en'} has 5 lines; they must be line-aligned.")
   assert [p.name for p in (tmp_path / "workdir").iterdir()] == [".lock"]
 
 

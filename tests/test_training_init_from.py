@@ -5,7 +5,6 @@ each way to get it wrong.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +22,7 @@ from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ConfigError
 from flax_transformer.data import pipeline
 from flax_transformer.data.tokenizer import train_tokenizer
+from flax_transformer.experiment_flags import load_config_file
 from flax_transformer.interop import marian
 from flax_transformer.model.config import model_group
 from flax_transformer.training import init_from, trainer
@@ -38,10 +38,7 @@ def _config(tfds_dir: Path, source: str, **overrides) -> ml_collections.ConfigDi
   """configs/default.py with SHRUNK, RUN and `overrides` (`group__key=value`), but for SHRUNK's
   model: the config file's (64 wide, 2+2 layers) stays, so that a test can tell it from the
   source's (conftest.py's trained_workdir: SHRUNK's)."""
-  spec = importlib.util.spec_from_file_location("default_config", REPO / "configs" / "default.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config_file(REPO / "configs" / "default.py")
   settings = shrunk_settings(tfds_dir, **{**RUN, "train__init_from": source, **overrides})
   for key, value in settings.items():
     group, name = key.split(".")

@@ -38,14 +38,15 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from flax_transformer.config import DEFAULT_LOCAL_PATTERN
+from flax_transformer.conventions import ALIGNMENT_KEY
 from flax_transformer.data import synthetic
 from flax_transformer.data.alignments import AlignmentError, format_alignment, parse_alignment
 from flax_transformer.errors import Error
-from flax_transformer.files import Path, absolute, iter_raw_lines, to_path
+from flax_transformer.files import Path, absolute, check_line_aligned, iter_raw_lines, to_path
 from flax_transformer.files import stat as file_stat
 
 ARRAY_RECORD = "array_record"
-ALIGNMENT = "alignment"  # The feature holding an example's word alignment, a Moses 'i-j' line.
+ALIGNMENT = ALIGNMENT_KEY  # The feature holding an example's word alignment, a Moses 'i-j' line.
 ALIGNMENT_LANG = "align"  # `{lang}` of the alignment files: train.align beside train.en.
 
 
@@ -217,9 +218,8 @@ def _aligned_lines(*paths: Path) -> Iterator[tuple[str, ...]]:
     if sentinel in row:
       rest = sum(1 for _ in rows) + 1
       counts = [count if line is sentinel else count + rest for line in row]
-      described = ", ".join(f"{path} has {n} lines" for path, n in zip(paths, counts,
-                                                                        strict=True))
-      raise DataError(f"Line counts differ: {described}; parallel files must be line-aligned.")
+      check_line_aligned({str(path): n for path, n in zip(paths, counts, strict=True)},
+                         error=DataError)
     yield row
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from absl import flags
 
 from flax_transformer.config import ConfigError, DataConfig
+from flax_transformer.conventions import ALIGNMENT_KEY  # bool [R, L, L] in aligned batches.
 from flax_transformer.data import alignments as alignments_lib
 from flax_transformer.data import builders, synthetic
 from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
@@ -51,7 +52,6 @@ from flax_transformer.files import to_path
 
 TRAIN_KEYS = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
               "inputs_positions", "targets_positions")
-ALIGNMENT_KEY = builders.ALIGNMENT  # bool [R, L, L] in train batches with alignments.
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
-"""SentencePiece tokenizer: one vocabulary shared by source and target, and the special ids.
-
-The special ids live here and nowhere else:
+"""SentencePiece tokenizer: one vocabulary shared by source and target, with the special ids
+of `flax_transformer.conventions` (re-exported here):
 
   PAD_ID = 0  padding, and the decoder's start (BOS) token: the model shifts targets right by one
               position and fills the first with 0, so no separate BOS piece exists.
@@ -26,12 +25,9 @@ from typing import Protocol
 
 import sentencepiece as spm
 
+from flax_transformer.conventions import EOS_ID, PAD_ID, UNK_ID
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import to_path
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
 
 # Vocabularies at least this big reserve 256 byte pieces, so any character round-trips; smaller
 # (toy) vocabularies keep every id for real pieces.

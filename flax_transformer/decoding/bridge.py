@@ -37,11 +37,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
+from flax_transformer.conventions import EOS_ID, PAD_ID
 from flax_transformer.decoding import search
 from flax_transformer.model.alignment import logits_and_alignment
 from flax_transformer.model.transformer import (
-  DECODER_START_ID,
   CrossAttentionCache,
   DecoderCache,
   Transformer,
@@ -77,9 +76,8 @@ def ensemble_log_probs(logits: Array, *, exact_tails: bool = True) -> Array:
   `exact_tails` (scoring): log-sum-exp of the models' log-probabilities, finite however small
   a probability. Without it (the search's step): one exp per model and entry and one log, the
   mean of the probabilities taken as they are, so a token whose probability is below float32's
-  range (< 1e-38 in every model) gets -inf, which no search step would pick anyway; on a 2-core
-  CPU this is 4x faster at V = 8000 (2 models, 128 rows: 3.3 ms a step against 12.6 ms), the
-  difference between an ensemble of 2 costing 3x and 2x one model's search.
+  range (< 1e-38 in every model) gets -inf, which no search step would pick anyway; it costs a
+  quarter of the exact form's time on a CPU (BENCHMARKS.md, "Issue 33: ensembles").
   """
   logits = logits.astype(jnp.float32)
   if exact_tails:
@@ -140,9 +138,8 @@ def grows_cache(setting: str, method: str, rows: int | None = None) -> bool:
   on CPU only, decided at trace time, and only for a batch of more than `FIXED_CACHE_ROWS`
   `rows` (None: any batch). A batch of a few sentences is a notebook's or a short command's:
   loading (or compiling) its program takes longer than its search, and the growing cache's
-  program, one loop body per segment, takes twice as long to compile and load (tiny model,
-  8 rows, warm persistent cache: 0.68-0.79 s against 0.37-0.43 s for the first call of a new
-  process, 2026-11-26, AMD EPYC). On a CPU a beam step is bound by memory traffic, mostly
+  program, one loop body per segment, takes twice as long to compile and load (BENCHMARKS.md,
+  "Issue 32: time to first translation"). On a CPU a beam step is bound by memory traffic, mostly
   the reorder of the whole cache by parent beam, so a cache grown by `search.growth_schedule`
   (16, 32, 48, 64, then doubling) makes beam search faster for a longer compile (one loop body
   per segment); greedy decoding and sampling reorder nothing and gain too little for the
@@ -198,7 +195,7 @@ def prepare_search(
   return search.SearchProblem(
       tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
       batch_size=batch_size, max_decode_len=max_decode_len, eos_id=EOS_ID,
-      bos_id=DECODER_START_ID, shared_state=cross,
+      bos_id=PAD_ID, shared_state=cross,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
       resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,
       reorder_state=reorder_cache)

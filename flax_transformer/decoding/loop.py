@@ -23,8 +23,7 @@ PyTree = Any
 DEFAULT_SEGMENT_LENGTH = 16
 # Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling);
 # other backends (TPU, whose loops run on the device) take the CPU's. The figures behind these
-# choices (CPU and H100) are in BENCHMARKS.md, "On an H100 (2026-11-23, commit a527e92): steps
-# per loop iteration".
+# choices (CPU and GPU) are in BENCHMARKS.md, "steps per loop iteration".
 STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
 
 

@@ -114,6 +114,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from flax_transformer.conventions import PAD_ID
 from flax_transformer.decoding import loop
 from flax_transformer.decoding.loop import LoopOptions, ResizeState
 from flax_transformer.decoding.topk import top_k as _top_k
@@ -121,8 +122,6 @@ from flax_transformer.decoding.topk import top_k as _top_k
 Array = jax.Array
 PyTree = Any
 
-# The id that pads outputs after EOS ("zeros after EOS"); the same id as data.tokenizer.PAD_ID.
-OUTPUT_PADDING_ID = 0
 _NEG_INF = -jnp.inf
 FINISH_RULES = ("top_k", "every_beam")
 LENGTH_NORMALIZATIONS = ("gnmt", "fairseq")
@@ -193,9 +192,9 @@ class SearchProblem:
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"SearchProblem: {name} must be a positive int, got {value!r}.")
-    if not isinstance(self.eos_id, int) or self.eos_id <= OUTPUT_PADDING_ID:
+    if not isinstance(self.eos_id, int) or self.eos_id <= PAD_ID:
       raise ValueError(
-          f"SearchProblem: eos_id must be a positive int (id {OUTPUT_PADDING_ID} pads the "
+          f"SearchProblem: eos_id must be a positive int (id {PAD_ID} pads the "
           f"output), got {self.eos_id!r}.")
     if not isinstance(self.min_length, int) or self.min_length < 0:
       raise ValueError(f"SearchProblem: min_length must be an int >= 0, got "
@@ -234,8 +233,8 @@ class SearchProblem:
     prefix = jnp.asarray(self.target_prefix, jnp.int32)
     column = jnp.minimum(step, prefix.shape[1] - 1)
     token = lax.dynamic_index_in_dim(prefix, column, axis=1, keepdims=False)  # [B]
-    lengths = jnp.sum(prefix != OUTPUT_PADDING_ID, axis=1)  # [B]
-    return (step < prefix.shape[1]) & (token != OUTPUT_PADDING_ID), token, step == lengths
+    lengths = jnp.sum(prefix != PAD_ID, axis=1)  # [B]
+    return (step < prefix.shape[1]) & (token != PAD_ID), token, step == lengths
 
   def replace(self, **changes: Any) -> SearchProblem:
     """A copy with `changes` applied (checked again)."""
@@ -455,7 +454,7 @@ def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array
   log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [R]
   eos_log_probs = logits[:, eos_id] - log_normalizer
   top_logits, top_ids = _top_k(logits, min(logits.shape[-1], beams + 2))  # [R, C]
-  emittable = (top_ids != eos_id) & (top_ids != OUTPUT_PADDING_ID)
+  emittable = (top_ids != eos_id) & (top_ids != PAD_ID)
   token_log_probs = jnp.where(emittable, top_logits - log_normalizer[:, None], _NEG_INF)
   return eos_log_probs, token_log_probs, top_ids
 
@@ -518,7 +517,7 @@ def _ranked_hypotheses(final: BeamState, ranking: Ranking) -> tuple[Array, Array
       jnp.concatenate([final.finished_scores, unfinished_scores], axis=1), pick, axis=1)
   sequences = jnp.take_along_axis(
       jnp.concatenate([final.finished_seqs, final.alive_seqs], axis=1), pick[..., None], axis=1)
-  sequences = jnp.where(scores[..., None] > _NEG_INF, sequences, OUTPUT_PADDING_ID)
+  sequences = jnp.where(scores[..., None] > _NEG_INF, sequences, PAD_ID)
   return sequences, scores
 
 
@@ -552,7 +551,7 @@ def greedy_search(problem: SearchProblem, *, loop_options: LoopOptions = loop.DE
   def best(logits: Array, eos_allowed: Array, step: Array) -> Array:
     # Padding and a forbidden EOS can take two of the three best places.
     _, ids = _top_k(logits, min(3, logits.shape[-1]))  # [B, 3]
-    allowed = (ids != OUTPUT_PADDING_ID) & ((ids != problem.eos_id) | eos_allowed[:, None])
+    allowed = (ids != PAD_ID) & ((ids != problem.eos_id) | eos_allowed[:, None])
     return jnp.take_along_axis(ids, jnp.argmax(allowed, axis=1)[:, None], axis=1)[:, 0]
 
   return _sequential_search("greedy_search", problem, best, loop_options)
@@ -590,7 +589,7 @@ def sample(problem: SearchProblem, rng: Array, *, temperature: float = 1.0, top_
   eos_id = problem.eos_id
 
   def draw(logits: Array, eos_allowed: Array, step: Array) -> Array:
-    logits = logits.at[:, OUTPUT_PADDING_ID].set(_NEG_INF)
+    logits = logits.at[:, PAD_ID].set(_NEG_INF)
     logits = logits.at[:, eos_id].set(jnp.where(eos_allowed, logits[:, eos_id], _NEG_INF))
     logits = logits / temperature
     if top_k:
@@ -658,7 +657,7 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
       forcing, token, _ = prefix
       tokens = jnp.where(forcing, token, tokens)
     silent = s.finished | (s.step >= max_decode_len)  # [B]: emits padding, scores nothing.
-    tokens = jnp.where(silent, OUTPUT_PADDING_ID, tokens)  # [B]
+    tokens = jnp.where(silent, PAD_ID, tokens)  # [B]
     log_probs = (jnp.take_along_axis(logits, tokens[:, None], axis=1)[:, 0]
                  - jax.nn.logsumexp(logits, axis=-1))
     return _SequentialState(

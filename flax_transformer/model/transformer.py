@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from flax_transformer.conventions import PAD_ID
 from flax_transformer.model.attention import (
   KeyValues,
   MultiHeadAttention,
@@ -55,8 +56,6 @@ from flax_transformer.runtime.sharding import batch_split
 
 Array = jax.Array
 
-# The decoder's first input: position t reads targets[t - 1], position 0 reads this id (padding).
-DECODER_START_ID = 0
 
 
 @flax.struct.dataclass
@@ -79,7 +78,7 @@ class CrossAttentionCache:
 
 
 def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
-  """The decoder's inputs: targets moved one step right, `DECODER_START_ID` first.
+  """The decoder's inputs: targets moved one step right, `PAD_ID` first.
 
   With packed rows every example restarts: targets [a b c d] with segments [1 1 2 2] become
   [0 a 0 c].
@@ -89,10 +88,10 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
   Returns:
     int [B, T].
   """
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
   if segment_ids is not None:
     previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
-    shifted = jnp.where(segment_ids != previous, DECODER_START_ID, shifted)
+    shifted = jnp.where(segment_ids != previous, PAD_ID, shifted)
   return shifted
 
 
@@ -415,7 +414,7 @@ class Transformer(nn.Module):
   def encode(self, inputs: Array, *, inputs_segment_ids: Array | None = None,
              inputs_positions: Array | None = None, train: bool = False) -> Array:
     """inputs int [B, S] -> encoder output [B, S, D]."""
-    valid = inputs > 0
+    valid = inputs != PAD_ID
     mask = combine_masks(
         padding_mask(valid, valid),
         None if inputs_segment_ids is None else segment_mask(inputs_segment_ids,
@@ -429,7 +428,7 @@ class Transformer(nn.Module):
                             targets_positions: Array | None = None,
                             train: bool = False) -> Array:
     """Teacher-forced decoder: encoded [B, S, D], targets int [B, T] -> logits [B, T, V]."""
-    target_valid, source_valid = targets > 0, inputs > 0
+    target_valid, source_valid = targets != PAD_ID, inputs != PAD_ID
     packed = targets_segment_ids is not None and inputs_segment_ids is not None
     self_mask = combine_masks(
         padding_mask(target_valid, target_valid), causal_mask(targets.shape[1]),
@@ -443,7 +442,7 @@ class Transformer(nn.Module):
 
   def precompute_cross_attention(self, encoded: Array, inputs: Array) -> CrossAttentionCache:
     """Cross-attention K/V of every decoder layer, from encoded [B, S, D] and inputs [B, S]."""
-    return self.decoder.cross_attention_cache(encoded, inputs > 0)
+    return self.decoder.cross_attention_cache(encoded, inputs != PAD_ID)
 
   def init_cache(self, batch_size: int, max_decode_len: int) -> DecoderCache:
     """An empty self-attention cache (see the module-level `init_cache`)."""

@@ -216,12 +216,7 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   if existing is not None and existing.get("inputs") == identities:
     num_lines = existing["lines"]  # The same files: no need to count (and check) again.
   else:
-    counts = [files.count_lines(path) for path in inputs]
-    if len(set(counts)) > 1:
-      raise InputError(" but ".join(f"{p} has {n} lines" for p, n in zip(inputs, counts,
-                                                                          strict=True))
-                       + "; they must be line-aligned.")
-    num_lines = counts[0]
+    num_lines = files.check_line_aligned({path: files.count_lines(path) for path in inputs})
   manifest = {"format": FORMAT_VERSION, "inputs": identities, "lines": num_lines,
               "chunk_lines": chunk_lines, **job}
   if extra_outputs:

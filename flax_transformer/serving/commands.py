@@ -123,9 +123,8 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
     if len(inputs) > 1 and "-" in inputs:
       raise InputError("Standard input ('-') can be the only input; give the others' lines in "
                        f"files (got {', '.join(inputs)}).")
-    if len(inputs) > 1 and len({files.count_lines(path) for path in inputs}) > 1:
-      raise InputError(" but ".join(f"{path} has {files.count_lines(path)} lines"
-                                    for path in inputs) + "; they must be line-aligned.")
+    if len(inputs) > 1:
+      files.check_line_aligned({path: files.count_lines(path) for path in inputs})
     chunks = (files.prompt_chunks("-", chunk_lines) if list(inputs) == ["-"]
               else bulk.record_chunks(inputs, chunk_lines))
     if list(inputs) == ["-"]:
@@ -170,9 +169,7 @@ def read_evaluation(src: str, ref: str, output: str | None = None) -> Evaluation
   """Reads `src` and `ref` and checks them (line-aligned) and `output` (writable): call it
   before the workdir is opened, so that bad files fail first."""
   sources, references = files.read_lines(src), files.read_lines(ref)
-  if len(sources) != len(references):
-    raise InputError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; they "
-                     "must be line-aligned.")
+  files.check_line_aligned({src: len(sources), ref: len(references)})
   if output:
     files.check_writable(output)
   return EvaluationInputs(src, ref, sources, references)

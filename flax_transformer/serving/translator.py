@@ -45,10 +45,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.data import alignments as alignments_lib
-from flax_transformer.data.tokenizer import EOS_ID, TextTokenizer
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
 from flax_transformer.errors import InputError
 from flax_transformer.model.transformer import Transformer
@@ -380,7 +381,7 @@ class Translator:
                     for k in range(take)]
                    for i, hypothesis, row, attention in zip(
                        step.indices, hypotheses, sequences, outputs[2][rows], strict=True)]
-      yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != 0)),
+      yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
                        int(cut[step.indices].sum()), aligned)
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
@@ -428,9 +429,7 @@ class Translator:
   def iter_score(self, sources: Sequence[str], targets: Sequence[str], *,
                  params: Any = None) -> Iterator[Scored]:
     """Yields the scores of `score` step by step, in plan order."""
-    if len(sources) != len(targets):
-      raise InputError(f"{len(sources)} sources but {len(targets)} targets; they must be "
-                       "line-aligned.")
+    files.check_line_aligned({"sources": len(sources), "targets": len(targets)})
     params = self._params(params)
     source_ids, source_cut = self._tokenize(sources, keep_empty=True)
     target_ids, target_cut = self._tokenize(targets, keep_empty=True, side="target")

@@ -19,6 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.conventions import PAD_ID
+
 
 class LossSums(NamedTuple):
   """Sums over the real target tokens of a batch (float32 scalars); divide by `num_tokens`."""
@@ -58,7 +60,7 @@ def is_top_prediction(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def loss_sums(
-    logits: jax.Array, targets: jax.Array, label_smoothing: float, pad_id: int = 0
+    logits: jax.Array, targets: jax.Array, label_smoothing: float, pad_id: int = PAD_ID
 ) -> LossSums:
   """Sums of the losses and correct predictions over the tokens of `targets` that are not padding.
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from flax_transformer.conventions import ALIGNMENT_KEY  # bool [B, L, L] of guided alignment.
 from flax_transformer.model.alignment import logits_and_alignment
 from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import loss as loss_lib
@@ -32,9 +33,6 @@ from flax_transformer.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
-# bool [B, L, L] of guided alignment batches: data.pipeline.ALIGNMENT_KEY (not imported here,
-# so that the step does not load the data pipeline).
-ALIGNMENT_KEY = "alignment"
 
 
 def train_step(

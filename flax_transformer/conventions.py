@@ -1,0 +1,15 @@
+"""The conventions every room shares, each written once: special token ids and batch keys.
+
+  PAD_ID = 0  pads sources, targets and search outputs (after EOS), and is the decoder's start
+              token: position 0 of the decoder reads it, position t reads target t - 1.
+  EOS_ID = 1  ends every source and target sequence.
+  UNK_ID = 2  characters the vocabulary cannot spell.
+
+ALIGNMENT_KEY names a train batch's word alignments (bool [R, L, L]) and the local corpus's
+alignment feature. No imports: the model, the searches and the data all read them here.
+"""
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+ALIGNMENT_KEY = "alignment"
