@@ -27,10 +27,12 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import io
 import itertools
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -326,6 +328,37 @@ def _file_lock(path: Path):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+_FIRST_PREPARATION_NOTICE = re.compile(r"Variant folder .* has no dataset_info\.json")
+
+
+class _DropFirstPreparationNotices(logging.Filter):
+  """Drops TFDS's warning that a dataset folder it is about to prepare holds no dataset yet."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not _FIRST_PREPARATION_NOTICE.match(record.getMessage())
+
+
+@contextlib.contextmanager
+def quiet_tfds():
+  """Our own datasets (local files, the synthetic pair) are made without TFDS's console output:
+  its progress bars (carriage returns and cursor moves, raw escapes in a log file), its
+  "Downloading and preparing dataset Unknown size ..." and "... downloaded and prepared" lines
+  (printed to stdout, meant for downloads; ours read local files) and its two "Variant folder
+  ... has no dataset_info.json" warnings on a first preparation. `prepare` logs one line of its
+  own. Everything is restored on exit; TFDS's own datasets (WMT) keep their download display."""
+  absl_logger = logging.getLogger("absl")  # TFDS logs through absl.
+  notices = _DropFirstPreparationNotices()
+  absl_logger.addFilter(notices)
+  was_shown = getattr(tfds.core.utils.tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.display_progress_bar(was_shown)
+    absl_logger.removeFilter(notices)
+
+
 def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
   """Prepares `builder` as array_record unless already prepared; safe across processes."""
   if builder.is_prepared():
@@ -337,7 +370,11 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
     fresh = type(builder)(**_builder_kwargs(builder))
     if not fresh.is_prepared():
       logging.info("Preparing %s in %s.", fresh.info.full_name, fresh.data_dir)
+      start = time.perf_counter()
       fresh.download_and_prepare(file_format=ARRAY_RECORD)
+      logging.info("Prepared %s (%s) in %.1f s.", fresh.info.full_name, ", ".join(
+          f"{name} {split.num_examples}" for name, split in fresh.info.splits.items()),
+          time.perf_counter() - start)
     return fresh
 
 

@@ -84,8 +84,9 @@ def _builder(data: DataConfig, split: str, alignments: bool = False):
 
 
 def _prepared(cls, config, data_dir):
-  builder = cls(config=config, data_dir=data_dir, file_format=builders.ARRAY_RECORD)
-  return builders.prepare(builder)
+  with builders.quiet_tfds():
+    builder = cls(config=config, data_dir=data_dir, file_format=builders.ARRAY_RECORD)
+    return builders.prepare(builder)
 
 
 def _check_tfds_builder(data: DataConfig, builder, split: str) -> None:
@@ -223,6 +224,7 @@ class _TokenizeAndFilter:
     self._pieces: list[str] | None = None  # id -> piece, read once (with alignments).
     self._lock = threading.Lock()
     self.kept = self.dropped = 0
+    self.reported = False  # An epoch's counts were logged (later ones only if they drop pairs).
 
   def __call__(self, chunk_index: int, examples: list[Any]) -> list[dict[str, np.ndarray]]:
     pairs = [self.pair(example) for example in examples]
@@ -255,16 +257,20 @@ class _TokenizeAndFilter:
     return out
 
   def _count(self, first: int, keep: list[bool]) -> None:
-    """Adds one chunk's filter results; logs when the chunk holds the last pair of an epoch."""
+    """Adds one chunk's filter results; logs when the chunk holds the last pair of an epoch: the
+    first such epoch, and any later one that dropped pairs (epochs that keep every pair would
+    repeat the same line)."""
     with self._lock:
       in_epoch = (first // self.epoch_size + 1) * self.epoch_size - first  # Left in the epoch.
       self.kept += sum(keep[:in_epoch])
       self.dropped += len(keep[:in_epoch]) - sum(keep[:in_epoch])
-      if in_epoch <= len(keep):
+      if in_epoch <= len(keep) and (self.dropped or not self.reported):
+        self.reported = True
         logging.info("Train length filter, epoch %d: kept %d, dropped %d pairs with source or "
                      "target longer than max_length=%d tokens incl. EOS (counted by this "
                      "process since it started).", first // self.epoch_size, self.kept,
                      self.dropped, self.max_length)
+      if in_epoch <= len(keep):
         rest = keep[in_epoch:]
         self.kept, self.dropped = sum(rest), len(rest) - sum(rest)
 

@@ -76,7 +76,13 @@ def enable_compilation_cache(directory: str | None = None) -> str | None:
   # process that computed before (a notebook) uses the folder from now on.
   from jax.experimental.compilation_cache import compilation_cache
 
-  compilation_cache.reset_cache()
+  jax_logger = logging.getLogger("jax._src.compilation_cache")  # Its "Resetting cache at <empty>."
+  level = jax_logger.level
+  jax_logger.setLevel(max(level, logging.WARNING))
+  try:
+    compilation_cache.reset_cache()
+  finally:
+    jax_logger.setLevel(level)
   logging.info("Persistent compilation cache: %s", path)
   return path
 
