@@ -70,48 +70,57 @@ def _add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
   distributed.add_arguments(parser)
 
 
-def _open(args: argparse.Namespace):
-  """`serving.commands.open_job` of the flags: the workdir, opened once, settings, checkpoint."""
+def _parameters(args: argparse.Namespace):
+  """`serving.commands.Parameters` of the flags: workdir, step or checkpoints, settings."""
   from flax_transformer.config import TranslateConfig
-  from flax_transformer.serving.commands import open_job
+  from flax_transformer.serving.commands import Parameters
 
   names = [field.name for field, _ in TranslateConfig.setting_fields()]
-  return open_job(args.workdir, args.step, args.checkpoint or (), **{
+  return Parameters(args.workdir, args.step, tuple(args.checkpoint or ()), {
       name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
 
 
-def run_bulk(args: argparse.Namespace) -> int:
-  """`translate` (a file or stdin to one translation, or --nbest, per line) and `score` (log
-  p(target | source) of each line pair of --src and --tgt): resumable file jobs, or streams."""
-  from flax_transformer.files import check_writable
+def _warn_truncated(count: int, inputs: str) -> None:
+  if count:
+    print(f"Warning: {count} line(s) of {inputs} exceeded the model's max_len and were "
+          "truncated.", file=sys.stderr)
+
+
+def run_translate(args: argparse.Namespace) -> int:
+  """`translate`: a file or stdin to one translation (or --nbest) per line: a resumable file
+  job, or a stream."""
   from flax_transformer.serving import commands
 
-  translate = args.command == "translate"
-  extra = [args.alignments] if translate and args.alignments else []
-  for path in (args.output, *extra):  # Bad outputs and flags fail before anything is restored.
-    check_writable(path)
-  inputs = ([args.input, *([args.target_prefix] if args.target_prefix else [])] if translate
-            else [args.src, args.tgt])
-  opened, settings, checkpoint = _open(args)
-  job, make_task = commands.bulk_task(
-      args.command, settings, nbest=getattr(args, "nbest", None), prefixed=len(inputs) > 1,
-      alignments=bool(extra), normalize=getattr(args, "normalize", False))
-  commands.run_bulk(opened, settings, checkpoint, command=args.command, inputs=inputs,
-                    output=args.output, make_task=make_task, job_settings=job,
-                    chunk_lines=args.chunk_lines, warmup=getattr(args, "warmup", False),
-                    extra_outputs=extra, sharing=commands.Sharing(
-                        args.coordinator_address, args.num_processes, args.process_id))
+  result = commands.translate(
+      _parameters(args), input=args.input, output=args.output,
+      target_prefix=args.target_prefix, alignments=args.alignments, nbest=args.nbest,
+      chunk_lines=args.chunk_lines, warmup=args.warmup, sharing=commands.Sharing(
+          args.coordinator_address, args.num_processes, args.process_id))
+  _warn_truncated(result.truncated, ", ".join(filter(None, (args.input, args.target_prefix))))
+  return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+  """`score`: log p(target | source) of each line pair of --src and --tgt."""
+  from flax_transformer.serving import commands
+
+  result = commands.score(
+      _parameters(args), src=args.src, tgt=args.tgt, output=args.output,
+      normalize=args.normalize, chunk_lines=args.chunk_lines,
+      sharing=commands.Sharing(args.coordinator_address, args.num_processes, args.process_id))
+  _warn_truncated(result.truncated, f"{args.src}, {args.tgt}")
   return 0
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
   """`evaluate`: BLEU and chrF of a checkpoint's translations against references."""
   from flax_transformer.scoring import summary
-  from flax_transformer.serving.commands import evaluate, read_evaluation
+  from flax_transformer.serving import commands
 
-  inputs = read_evaluation(args.src, args.ref, args.output)  # Before the workdir is read.
-  scores = evaluate(*_open(args), inputs, output=args.output, warmup=args.warmup,
-                    target_lang=args.target_lang)
+  scores = commands.evaluate(_parameters(args), src=args.src, ref=args.ref,
+                             output=args.output, warmup=args.warmup,
+                             target_lang=args.target_lang)
+  _warn_truncated(scores["truncated"], args.src)
   print(json.dumps(scores, indent=2) if args.json else summary(scores))
   return 0
 
@@ -225,7 +234,7 @@ def _add_bulk_commands(commands) -> None:
   translate.add_argument("--nbest", type=int, default=None,
                          help="Write K hypotheses per line as 'i ||| hypothesis ||| score'.")
   _add_bulk_arguments(translate)
-  translate.set_defaults(run=run_bulk)
+  translate.set_defaults(run=run_translate)
 
   score = commands.add_parser(
       "score", help="Write log p(target | source) of each line pair (natural log, with EOS).")
@@ -236,7 +245,7 @@ def _add_bulk_commands(commands) -> None:
   score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
   score.add_argument("--normalize", action="store_true", help="Divide by target tokens (+EOS).")
   _add_bulk_arguments(score)
-  score.set_defaults(run=run_bulk)
+  score.set_defaults(run=run_score)
 
 
 def _add_workdir_commands(commands) -> None:

@@ -428,3 +428,22 @@ def test_every_error_class_of_the_package_is_an_error():
   assert len(found) >= 16, found
   assert [cls.__name__ for cls in found if not issubclass(cls, Error)] == []
   assert flax_transformer.Error is Error
+
+
+def test_translate_returns_what_it_did_and_the_cli_warns_of_truncated_lines(workdir, tmp_path,
+                                                                           capsys):
+  """One call per command, its result a value: lines done and lines cut to max_len (48 here)."""
+  from flax_transformer.serving import commands
+
+  source = tmp_path / "in.txt"
+  source.write_text("a b\n" + " ".join(["a"] * 200) + "\n")
+  parameters = commands.Parameters(str(workdir), settings={"method": "greedy"})
+  result = commands.translate(parameters, input=str(source), output=str(tmp_path / "out.txt"))
+  assert (result.complete, result.lines, result.truncated) == (True, 2, 1)
+  resumed = commands.translate(parameters, input=str(source), output=str(tmp_path / "out.txt"))
+  assert (resumed.complete, resumed.lines) == (True, 2)  # A finished output is made again.
+  capsys.readouterr()
+  assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+               str(tmp_path / "out2.txt"), "--method", "greedy"]) == 0
+  assert (f"Warning: 1 line(s) of {source} exceeded the model's max_len and were truncated."
+          in capsys.readouterr().err)

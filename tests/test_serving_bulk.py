@@ -174,7 +174,8 @@ def test_a_crashed_job_resumes_with_only_the_missing_chunks(tokenizer, tmp_path,
       "chunk_000000", "chunk_000001", "manifest.json"]
   assert not output.exists()
   resumed = CountingTask(translator)
-  assert bulk.run_file_job(plan(source, output), resumed, params_sha256="p")
+  result = bulk.run_file_job(plan(source, output), resumed, params_sha256="p")
+  assert (result.complete, result.lines, result.truncated) == (True, 130, 0)
   assert resumed.chunks == [100, 150, 200]  # Only chunks 2, 3 and 4 were translated.
   assert output.read_text() == expected
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
@@ -202,7 +203,8 @@ def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkey
   assert rerun.chunks == []  # Every chunk was done: nothing translated again.
   assert files.read_lines(str(output)) == expected.splitlines()
   monkeypatch.undo()
-  assert bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
+  result = bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
+  assert (result.complete, result.lines) == (True, 0)  # Merged only; nothing translated again.
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz"]
   assert files.read_lines(str(output)) == expected.splitlines()
 

@@ -38,8 +38,9 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from flax_transformer import files
 from flax_transformer.errors import Error, InputError, MissingFileError
@@ -66,17 +67,36 @@ class ResumeError(Error, ValueError):
   """OUT.partial belongs to another job (other input, checkpoint or settings)."""
 
 
+class ChunkOutput(NamedTuple):
+  """What a chunk task made of one chunk."""
+
+  # One text per output file (the main one first), one '\\n'-terminated line per output line;
+  # extra outputs have as many lines as the main one.
+  texts: tuple[str, ...]
+  truncated: int = 0  # Input lines of the chunk cut to the model's max_len.
+
+
 class ChunkTask(Protocol):
-  """Turns one chunk's records (a tuple of line-aligned input lines each) into its output."""
+  """Turns one chunk's records (a tuple of line-aligned input lines each) into its output. A
+  task keeps no results: each call returns its own."""
 
   verb: str  # "Translated", "Scored": the progress summary's first word.
   line_per_record: bool  # Exactly one output line per record (checked when merging).
 
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
-               progress: Progress) -> str | tuple[str, ...]:
-    """The chunk's output text, one '\\n'-terminated line per output line; with extra outputs,
-    one text per output (the main one first), each with as many lines as the main one."""
+               progress: Progress) -> ChunkOutput:
+    """The chunk's output."""
     ...
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+  """What a bulk job did in this run (a resumed job: only the chunks it did now)."""
+
+  complete: bool  # The output is written (False: other processes still have chunks to do).
+  lines: int  # Input lines this process translated or scored now.
+  truncated: int  # Of those, the lines cut to the model's max_len.
+  seconds: float  # Wall time of this run, reading and writing included.
 
 
 # ------------------------------------------------------------------------------------ identity
@@ -226,25 +246,21 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
   return FileJob(tuple(inputs), output, chunk_lines, num_lines, manifest, tuple(extra_outputs))
 
 
-def checkpoint_identity(opened: Workdir, output: str, step: int | None,
-                        checkpoints: Sequence[str] = ()) -> tuple[dict[str, Any], int | None]:
-  """The checkpoint part of a bulk job's manifest (workdir, step or checkpoint folders, SHA-256
-  of the vocabulary files, the model config), and the step to restore: `step`, else the step a
-  partial run of `output` used (if it is still saved), else the latest; None for checkpoint
-  folders (one, or an ensemble's). `opened`: the command's workdir, as `open_workdir` read
-  it."""
-  from flax_transformer.workdir import saved_steps  # orbax: only when restoring.
-
-  if step is None and not checkpoints:
-    saved = saved_steps(opened.path)
-    previous = (read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}
-    step = previous.get("step") if previous.get("step") in saved else max(saved, default=None)
-  identity = {
+def checkpoint_identity(opened: Workdir, step: int | None, checkpoints: Sequence[str] = ()
+                        ) -> dict[str, Any]:
+  """The checkpoint part of a bulk job's manifest: the workdir, the step (chosen by the caller:
+  `serving.commands.restore_point`) or the checkpoint folders, SHA-256 of the vocabulary
+  files, the model config. `opened`: the command's workdir, as `open_workdir` read it."""
+  return {
       "workdir": str(files.absolute(opened.path)), "step": step,
       "checkpoints": [str(files.absolute(path)) for path in checkpoints] or None,
       "vocab_sha256": opened.vocab_sha256,
       "model": dataclasses.asdict(opened.model_config)}
-  return identity, None if checkpoints else step
+
+
+def previous_step(output: str) -> int | None:
+  """The step a partial run of `output` restored, if one was started (None otherwise)."""
+  return ((read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}).get("step")
 
 
 def params_fingerprint(params: Any) -> str:
@@ -262,12 +278,11 @@ def params_fingerprint(params: Any) -> str:
 
 # ------------------------------------------------------------------------------------- the run
 def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
-                 processes: Processes | None = None) -> bool:
+                 processes: Processes | None = None) -> JobResult:
   """Does this process's missing chunks, then assembles the output if every chunk is done.
   `processes`: this process's share (`runtime.processes.join`); default: the only one.
-
-  Returns whether the output is complete (False: other processes still have chunks to do).
-  """
+  Returns what this run did, and whether the output is complete."""
+  start = time.perf_counter()
   processes = processes or Processes()
   manifest = {**job.manifest,
               "checkpoint": {**job.manifest["checkpoint"], "params_sha256": params_sha256}}
@@ -279,26 +294,30 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   bar = ProgressBar(total, unit="sentences",
                     start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
+  lines = truncated = 0
   for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
-    texts = _texts(task(chunk * job.chunk_lines, records, advance), len(job.outputs))
-    for part in range(len(texts) - 1, -1, -1):  # The main output last: it marks the chunk done.
-      atomic_write(job.chunk_path(chunk, part), texts[part])
+    output = _checked_output(task(chunk * job.chunk_lines, records, advance), len(job.outputs))
+    for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
+      atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
+    lines, truncated = lines + len(records), truncated + output.truncated
   bar.close(task.verb)
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
-    return merge_chunks(job, task, report=report)
-  processes.barrier("flax_transformer.serving.bulk: chunks done")
-  complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
-  processes.barrier("flax_transformer.serving.bulk: merged")
-  return complete or not job.partial.exists()
+    complete = merge_chunks(job, task, report=report)
+  else:
+    processes.barrier("flax_transformer.serving.bulk: chunks done")
+    complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
+    processes.barrier("flax_transformer.serving.bulk: merged")
+    complete = complete or not job.partial.exists()
+  return JobResult(complete, lines, truncated, time.perf_counter() - start)
 
 
-def _texts(output: str | tuple[str, ...], count: int) -> tuple[str, ...]:
-  """A task's output as one text per output file, checked to be `count` texts."""
-  texts = (output,) if isinstance(output, str) else tuple(output)
-  if len(texts) != count:
-    raise ValueError(f"The chunk task wrote {len(texts)} outputs for {count} output files.")
-  return texts
+def _checked_output(output: ChunkOutput, count: int) -> ChunkOutput:
+  """A task's output, checked to hold one text per output file (`count`)."""
+  if len(output.texts) != count:
+    raise ValueError(f"The chunk task wrote {len(output.texts)} outputs for {count} output "
+                     "files.")
+  return output
 
 
 def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int]) -> None:
@@ -455,20 +474,23 @@ def record_chunks(inputs: Sequence[str], chunk_lines: int
 
 
 def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
-                   output: str, extra_outputs: Sequence[str] = ()) -> None:
+                   output: str, extra_outputs: Sequence[str] = ()) -> JobResult:
   """Runs `task` over `chunks` of records in order, writing each chunk's output when it is
   done: to stdout ('-', flushed per chunk) or to a temporary file renamed onto `output` at the
   end (and so for each of `extra_outputs`). Nothing to resume: for standard input, or output
   to standard output."""
+  start = time.perf_counter()
+  truncated = 0
   bar = ProgressBar(None, unit="sentences")
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   first_line = 0
   with contextlib.ExitStack() as stack:
     writers = [stack.enter_context(files.AtomicWriter(path)) for path in (output, *extra_outputs)]
     for records in chunks:
-      texts = _texts(task(first_line, records, advance), len(writers))
-      for writer, text in zip(writers, texts, strict=True):
+      done = _checked_output(task(first_line, records, advance), len(writers))
+      for writer, text in zip(writers, done.texts, strict=True):
         writer.write(text)
         writer.flush()
-      first_line += len(records)
+      first_line, truncated = first_line + len(records), truncated + done.truncated
   bar.close(task.verb)
+  return JobResult(True, first_line, truncated, time.perf_counter() - start)

@@ -13,7 +13,7 @@ import numpy as np
 from flax_transformer.data.alignments import format_alignment
 from flax_transformer.files import as_line
 from flax_transformer.serving.batching import in_input_order
-from flax_transformer.serving.bulk import Progress
+from flax_transformer.serving.bulk import ChunkOutput, Progress
 from flax_transformer.serving.translator import Translator
 
 
@@ -40,18 +40,19 @@ class TranslationTask:
     # What `Translator.compile` needs to compile this task's programs ahead (--warmup).
     self.compile_options = {"prefixed": prefixed, "align": (nbest or 1) if alignments else 0}
     self.line_per_record = nbest is None
-    self.truncated = 0  # Input lines cut to the model's max_len, over all chunks.
 
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
-               progress: Progress) -> str | tuple[str, str]:
+               progress: Progress) -> ChunkOutput:
     lines = [record[0] for record in records]
     prefixes = [record[1] for record in records] if self.prefixed else None
+    truncated = 0
 
     def batches() -> Iterator[tuple[np.ndarray, list[tuple[list[tuple[str, float]], Any]]]]:
+      nonlocal truncated
       for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line,
                                               target_prefix=prefixes,
                                               alignments=self.alignments):
-        self.truncated += batch.truncated
+        truncated += batch.truncated
         progress(len(batch.indices), batch.target_tokens)
         yield batch.indices, list(zip(batch.hypotheses,
                                       batch.alignments or [None] * len(batch.indices),
@@ -65,9 +66,9 @@ class TranslationTask:
       text = "".join(as_line(f"{first_line + i} ||| {hyp} ||| {format_score(score)}")
                      for i, (hypotheses, _) in enumerate(results) for hyp, score in hypotheses)
     if not self.alignments:
-      return text
-    return text, "".join(as_line(format_alignment(pairs))
-                         for _, aligned in results for pairs in aligned)
+      return ChunkOutput((text,), truncated)
+    return ChunkOutput((text, "".join(as_line(format_alignment(pairs))
+                                      for _, aligned in results for pairs in aligned)), truncated)
 
 
 class ScoringTask:
@@ -79,19 +80,20 @@ class ScoringTask:
 
   def __init__(self, translator: Translator, normalize: bool = False):
     self.translator, self.normalize = translator, normalize
-    self.truncated = 0
 
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
-               progress: Progress) -> str:
+               progress: Progress) -> ChunkOutput:
     del first_line  # Scores need no key.
     sources = [record[0] for record in records]
     targets = [record[1] for record in records]
+    truncated = 0
 
     def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+      nonlocal truncated
       for batch in self.translator.iter_score(sources, targets):
-        self.truncated += batch.truncated
+        truncated += batch.truncated
         progress(len(batch.indices), int(batch.target_tokens.sum()))
         yield batch.indices, batch.log_probs / (batch.target_tokens if self.normalize else 1)
 
     values = [float(value) for value in in_input_order(len(records), batches(), 0.0)]
-    return "".join(format_score(value) + "\n" for value in values)
+    return ChunkOutput(("".join(format_score(value) + "\n" for value in values),), truncated)

@@ -1,14 +1,18 @@
-"""What `flax-transformer translate`, `score` and `evaluate` run once their flags are parsed.
+"""What `flax-transformer translate`, `score` and `evaluate` run: one function each, called once
+with the parsed flags, that returns its result as a value (the CLI prints it).
 
-Each takes the command's workdir opened once (`workdir.open_workdir`) and its resolved settings,
-restores the parameters once, and runs:
+Each checks its files and outputs, opens the command's workdir once (`open_job`: the settings
+are resolved there), chooses the parameters in one place (`restore_point`), restores them once
+and runs:
 
-* `run_bulk`: a resumable file job (`bulk.plan_file_job` + `bulk.run_file_job`, with the
-  parameters' fingerprint in its manifest), or a stream when the input or the output is '-';
-* `read_evaluation` + `evaluate`: translations of a source file scored against line-aligned
-  references (the files are checked before the workdir is opened).
+* `translate`, `score`: a resumable file job (`bulk.plan_file_job` + `bulk.run_file_job`, with
+  the parameters' fingerprint in its manifest), or a stream when an input or the output is '-';
+  they return a `bulk.JobResult` (lines, truncated lines, seconds, whether the output is whole);
+* `evaluate`: translations of a source file scored against line-aligned references (the files
+  are read and checked before the workdir is opened); it returns the scores.
 
-Imports JAX only when a translator is built, so a bad flag or file is reported first.
+Importing this module loads JAX and orbax (through `flax_transformer.workdir`): the CLI imports
+it only once its flags are parsed, so `--help` and a bad flag answer before that.
 """
 
 from __future__ import annotations
@@ -64,15 +68,30 @@ def open_job(workdir: str | None, step: int | None = None, checkpoints: Sequence
   return opened, opened.translate_config(**settings), Checkpoint(step, checkpoints)
 
 
+def restore_point(opened: Workdir, checkpoint: Checkpoint, output: str | None = None
+                  ) -> Checkpoint:
+  """The one place where a command's parameters are chosen: checkpoint folders as given (each
+  names its step); else the step asked for; else, for a file job resumed into `output`, the
+  step its first run restored if that is still saved (so a resumed job does not switch
+  parameters when training saved a newer one meanwhile); else the latest saved step."""
+  if checkpoint.paths or checkpoint.step is not None:
+    return checkpoint
+  from flax_transformer.workdir import saved_steps
+
+  saved = saved_steps(opened.path)
+  previous = bulk.previous_step(output) if output else None
+  return Checkpoint(previous if previous in saved else max(saved, default=None))
+
+
 def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
-               step: int | None = None, warmup: bool = False) -> Any:
-  """The command's `Translator` over this process's devices (`step` overrides the
-  checkpoint's: a resumed file job's); `warmup`: its searches compiled first
-  (`Translator.compile`, a progress bar)."""
+               warmup: bool = False) -> Any:
+  """The command's `Translator` of `checkpoint` (chosen by `restore_point`) over this
+  process's devices; `warmup`: its searches compiled first (`Translator.compile`, a progress
+  bar)."""
   from flax_transformer.runtime import sharding
   from flax_transformer.serving.translator import Translator
 
-  restored = Translator.restore(opened, settings, checkpoint.step if step is None else step,
+  restored = Translator.restore(opened, settings, checkpoint.step,
                                 checkpoint=checkpoint.paths or None,
                                 mesh=sharding.local_mesh())
   if warmup:
@@ -80,42 +99,68 @@ def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoin
   return restored
 
 
-def bulk_task(command: str, settings: TranslateConfig, *, nbest: int | None = None,
-              prefixed: bool = False, alignments: bool = False, normalize: bool = False
-              ) -> tuple[dict[str, Any], Callable[[Any], bulk.ChunkTask]]:
-  """(every setting of the job that changes its output, for its manifest; the chunk task of a
-  translator) of `translate` (`nbest`; records of (source, prefix) when `prefixed`; a second
-  output of word alignments with `alignments`) or `score` (`normalize`)."""
+@dataclasses.dataclass(frozen=True)
+class Parameters:
+  """Which workdir and parameters a command uses, and its search settings (`TranslateConfig`
+  fields, e.g. {"beam_size": 5}; the workdir's config.search gives the rest)."""
+
+  workdir: str | None = None
+  step: int | None = None
+  checkpoints: tuple[str, ...] = ()
+  settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def translate(parameters: Parameters, *, input: str, output: str,
+              target_prefix: str | None = None, alignments: str | None = None,
+              nbest: int | None = None, chunk_lines: int = bulk.DEFAULT_CHUNK_LINES,
+              sharing: Sharing = Sharing(), warmup: bool = False) -> bulk.JobResult:
+  """`flax-transformer translate`: `input` (one sentence a line; '-' for stdin) into `output`
+  (one translation a line, or `nbest` Moses n-best entries; '-' for stdout), each line forced
+  to start with its line of `target_prefix`, with each hypothesis's word alignment written
+  line by line to `alignments`. A resumable file job, or a stream when a path is '-'. Bad
+  outputs, settings and files fail before anything is restored."""
   from flax_transformer.serving import chunk_tasks
 
-  if command == "translate":
-    check_nbest(nbest, settings)
-    return {**dataclasses.asdict(settings), "nbest": nbest}, (
-        lambda translator: chunk_tasks.TranslationTask(translator, nbest, prefixed=prefixed,
-                                                       alignments=alignments))
-  return {"batch_tokens": settings.batch_tokens, "normalize": normalize}, (
-      lambda translator: chunk_tasks.ScoringTask(translator, normalize))
+  extra = [alignments] if alignments else []
+  for path in (output, *extra):
+    files.check_writable(path)
+  opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
+                                          parameters.checkpoints, **parameters.settings)
+  check_nbest(nbest, settings)
+  prefixed = target_prefix is not None
+  task = lambda restored: chunk_tasks.TranslationTask(restored, nbest, prefixed=prefixed,
+                                                      alignments=bool(extra))
+  return _run_bulk(opened, settings, checkpoint, command="translate",
+                   inputs=[input, *([target_prefix] if prefixed else [])], output=output,
+                   extra_outputs=extra, make_task=task,
+                   job_settings={**dataclasses.asdict(settings), "nbest": nbest},
+                   chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
 
 
-def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
-             command: str, inputs: Sequence[str], output: str,
-             make_task: Callable[[Any], bulk.ChunkTask], job_settings: dict[str, Any],
-             chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing(),
-             warmup: bool = False, extra_outputs: Sequence[str] = ()) -> None:
-  """Translates or scores `inputs` into `output`: a resumable file job, or a stream when an
-  input or the output is '-'.
+def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize: bool = False,
+          chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing(),
+          warmup: bool = False) -> bulk.JobResult:
+  """`flax-transformer score`: log p(target | source) of each line pair of `src` and `tgt`
+  into `output` (`normalize`: per target token), as `translate` runs its job."""
+  from flax_transformer.serving import chunk_tasks
 
-  Args:
-    opened, settings, checkpoint: the workdir, the resolved settings and the parameters.
-    command: "translate" or "score" (part of the job's identity).
-    inputs: line-aligned input files ('-' for stdin: one input only).
-    output: the output file ('-' for stdout).
-    extra_outputs: more output files the task writes line-aligned with `output` (alignments).
-    make_task: the chunk task of a translator (`chunk_tasks.TranslationTask`, ...).
-    job_settings: every setting that changes the output (the job's manifest keeps them).
-    chunk_lines: input lines per chunk. sharing: several processes' shares.
-    warmup: compile every search shape before the first chunk (`Translator.compile`).
-  """
+  files.check_writable(output)
+  opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
+                                          parameters.checkpoints, **parameters.settings)
+  return _run_bulk(opened, settings, checkpoint, command="score", inputs=[src, tgt],
+                   output=output, extra_outputs=[],
+                   make_task=lambda restored: chunk_tasks.ScoringTask(restored, normalize),
+                   job_settings={"batch_tokens": settings.batch_tokens, "normalize": normalize},
+                   chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
+
+
+def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
+              command: str, inputs: Sequence[str], output: str, extra_outputs: Sequence[str],
+              make_task: Callable[[Any], bulk.ChunkTask], job_settings: dict[str, Any],
+              chunk_lines: int, sharing: Sharing, warmup: bool) -> bulk.JobResult:
+  """The job of `translate` or `score`: a resumable file job (its manifest keeps `command`,
+  the checkpoint's identity and `job_settings`, everything that changes the output), or a
+  stream when an input or an output is '-'."""
   streamed = "-" in (*inputs, output, *extra_outputs)
   processes.check_flags(sharing.num_processes, sharing.process_id,
                         sharing.coordinator_address, streamed)
@@ -129,22 +174,18 @@ def run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
               else bulk.record_chunks(inputs, chunk_lines))
     if list(inputs) == ["-"]:
       chunks = ([(line,) for line in lines] for lines in chunks)
-    task = _warm(make_task(translator(opened, settings, checkpoint)), warmup)
-    bulk.run_stream_job(chunks, task, output, extra_outputs)
-  else:
-    mine = processes.join(sharing.coordinator_address, sharing.num_processes,
-                          sharing.process_id)
-    identity, step = bulk.checkpoint_identity(opened, output, checkpoint.step,
-                                              checkpoint.paths)
-    job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
-        "command": command, "checkpoint": identity, "settings": job_settings},
-        extra_outputs=extra_outputs)
-    task = _warm(make_task(restored := translator(opened, settings, checkpoint, step)), warmup)
-    bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
-                      processes=mine)
-  if task.truncated:
-    bulk.say(f"Warning: {task.truncated} line(s) of {', '.join(inputs)} exceeded the model's "
-             "max_len and were truncated.")
+    task = _warm(make_task(translator(opened, settings, restore_point(opened, checkpoint))),
+                 warmup)
+    return bulk.run_stream_job(chunks, task, output, extra_outputs)
+  mine = processes.join(sharing.coordinator_address, sharing.num_processes, sharing.process_id)
+  checkpoint = restore_point(opened, checkpoint, output)
+  job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
+      "command": command, "settings": job_settings,
+      "checkpoint": bulk.checkpoint_identity(opened, checkpoint.step, checkpoint.paths)},
+      extra_outputs=extra_outputs)
+  task = _warm(make_task(restored := translator(opened, settings, checkpoint)), warmup)
+  return bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
+                           processes=mine)
 
 
 def _warm(task: bulk.ChunkTask, warmup: bool) -> bulk.ChunkTask:
@@ -175,23 +216,24 @@ def read_evaluation(src: str, ref: str, output: str | None = None) -> Evaluation
   return EvaluationInputs(src, ref, sources, references)
 
 
-def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
-             inputs: EvaluationInputs, output: str | None = None,
+def evaluate(parameters: Parameters, *, src: str, ref: str, output: str | None = None,
              warmup: bool = False, target_lang: str | None = None) -> dict[str, Any]:
-  """BLEU and chrF of the translations of `inputs.sources` against `inputs.references`, with
-  what was searched and how; the translations are also written to `output` when given
-  (`warmup`: every search shape compiled first). BLEU in the lc.norm.tok variant too
-  (`scoring.score_translations`) for `target_lang`, by default the workdir's
+  """`flax-transformer evaluate`: BLEU and chrF of the translations of `src` against `ref`
+  (read and checked before the workdir is opened), with what was searched and how, and
+  "truncated", the source lines cut to the model's max_len; the translations are also written
+  to `output` when given (`warmup`: every search shape compiled first). BLEU in the lc.norm.tok
+  variant too (`scoring.score_translations`) for `target_lang`, by default the workdir's
   data.target_lang (an imported model has none: then only the cased scores)."""
   from flax_transformer.serving.translator import translate_lines
 
+  inputs = read_evaluation(src, ref, output)
+  opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
+                                          parameters.checkpoints, **parameters.settings)
+  checkpoint = restore_point(opened, checkpoint)
   restored = translator(opened, settings, checkpoint, warmup=warmup)
   bar = ProgressBar(sum(1 for line in inputs.sources if line.strip()), unit="sentences")
   hypotheses, truncated = translate_lines(restored, inputs.sources, progress=bar.advance)
   bar.close("Translated")
-  if truncated:
-    bulk.say(f"Warning: {truncated} line(s) of {inputs.src} exceeded the model's max_len and "
-             "were truncated.")
   if output:
     files.write_lines_atomically(output, hypotheses)
   target_lang = target_lang or opened.config.get("data", {}).get("target_lang")
@@ -204,7 +246,7 @@ def evaluate(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
                 ref=inputs.ref, method=search.method, beam_size=search.beam_size,
                 length_penalty=search.length_penalty,
                 length_normalization=search.length_normalization,
-                finish_rule=search.finish_rule)
+                finish_rule=search.finish_rule, truncated=truncated)
   return scores
 
 
@@ -223,5 +265,5 @@ def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
                      f"{search.beam_size}).")
 
 
-__all__ = ["Checkpoint", "EvaluationInputs", "Sharing", "bulk_task", "check_nbest", "evaluate",
-           "open_job", "read_evaluation", "run_bulk", "translator"]
+__all__ = ["Checkpoint", "EvaluationInputs", "Parameters", "Sharing", "check_nbest", "evaluate",
+           "open_job", "read_evaluation", "restore_point", "score", "translate", "translator"]
