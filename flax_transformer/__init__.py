@@ -14,8 +14,18 @@ Public API:
   Ranking            how beam search finishes and ranks hypotheses (rule, length penalty)
   LoopOptions        how a search's while loop runs (outputs do not depend on it)
   load_config        parse and validate an experiment ConfigDict (-> Experiment)
+  load_config_file   a config file's ConfigDict (configs/NAME.py, a variant)
   Error              the base of every error a user can fix (a bad config, file, workdir, ...);
                      anything else the package raises is a bug
+  train_and_evaluate the training job (what train.py runs), for a notebook
+  split_texts        a split's (source, target) texts; score_translations, lc_norm_tok: BLEU,
+                     chrF and the lc.norm.tok variant
+  describe_model, override_problem, average_checkpoints, read_lines, visualize (plots),
+  import_marian, export_marian, export_ctranslate2, PAD_ID, EOS_ID, UNK_ID
+
+Each subpackage's `__init__` lists what other rooms and users may use (`__all__`), imported on
+first use; the rest is internal to it (tests/test_package_layout.py holds every import of the
+package, its notebooks and the README to those lists).
 
 Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the
 `flax-transformer` command serves (`flax_transformer.cli`); `flax_transformer.planning` compiles
@@ -35,7 +45,23 @@ from flax_transformer.runtime import platforms as _platforms
 # no JAX (as gemma's `epy.lazy_api_imports` does); `dir()` and `from flax_transformer import *`
 # list them all.
 _LAZY = {
+    "EOS_ID": "flax_transformer.conventions:EOS_ID",
     "Error": "flax_transformer.errors:Error",
+    "PAD_ID": "flax_transformer.conventions:PAD_ID",
+    "UNK_ID": "flax_transformer.conventions:UNK_ID",
+    "average_checkpoints": "flax_transformer.workdir:average_checkpoints",
+    "describe_model": "flax_transformer.model.config:describe_model",
+    "export_ctranslate2": "flax_transformer.interop.ctranslate2:export_ctranslate2",
+    "export_marian": "flax_transformer.interop.marian:export_marian",
+    "import_marian": "flax_transformer.interop.marian:import_marian",
+    "lc_norm_tok": "flax_transformer.scoring:lc_norm_tok",
+    "load_config_file": "flax_transformer.experiment_flags:load_config_file",
+    "override_problem": "flax_transformer.config:override_problem",
+    "read_lines": "flax_transformer.files:read_lines",
+    "score_translations": "flax_transformer.scoring:score_translations",
+    "split_texts": "flax_transformer.data.pipeline:split_texts",
+    "train_and_evaluate": "flax_transformer.training.trainer:train_and_evaluate",
+    "visualize": "flax_transformer.visualize",
     "LoopOptions": "flax_transformer.decoding.loop:LoopOptions",
     "ModelConfig": "flax_transformer.config:ModelConfig",
     "Ranking": "flax_transformer.decoding.search:Ranking",
@@ -60,7 +86,9 @@ def __getattr__(name: str):
   if target is None:
     raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
   module, _, attribute = target.partition(":")
-  value = getattr(importlib.import_module(module), attribute)
+  value = importlib.import_module(module)
+  if attribute:
+    value = getattr(value, attribute)
   globals()[name] = value  # Later lookups skip __getattr__.
   return value
 

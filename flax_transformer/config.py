@@ -418,3 +418,23 @@ def _check_batch(experiment: Experiment, num_devices: int, num_processes: int) -
     raise ConfigError(
         f"config.data.eval_batch_size ({data.eval_batch_size}, rows per process) must be a "
         f"multiple of the devices per process ({local_devices}).")
+
+
+__all__ = [
+  "DEFAULT_LOCAL_PATTERN",
+  "GROUPS",
+  "SYNTHETIC_LANGS",
+  "CheckpointConfig",
+  "ConfigError",
+  "DataConfig",
+  "EvalConfig",
+  "Experiment",
+  "ModelConfig",
+  "SearchConfig",
+  "TrainConfig",
+  "TranslateConfig",
+  "group_keys",
+  "load",
+  "override_problem",
+  "search_config_from",
+]

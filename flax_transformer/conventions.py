@@ -13,3 +13,6 @@ PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
 ALIGNMENT_KEY = "alignment"
+
+
+__all__ = ["ALIGNMENT_KEY", "EOS_ID", "PAD_ID", "UNK_ID"]

@@ -40,3 +40,6 @@ def bug_report(command: str) -> str:
     version = "unknown"
   return (f"{command}: this is a bug in flax-transformer {version}, not a problem with your "
           "input: please report it with the traceback above and the command you ran.")
+
+
+__all__ = ["Error", "ExistingFileError", "InputError", "MissingFileError", "bug_report"]

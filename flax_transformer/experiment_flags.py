@@ -78,3 +78,7 @@ def config_flag_problem(argv: Sequence[str], error: BaseException) -> str:
         return f"--config.{path}: {problem}"
   cause = str(error.__cause__ or error).strip().splitlines()
   return f"--config: the config file cannot be loaded: {cause[-1].strip() if cause else error}"
+
+
+__all__ = ["CONFIG_HELP", "config_flag_problem", "config_from_flags", "define_config_flag",
+           "load_config_file"]

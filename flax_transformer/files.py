@@ -552,3 +552,35 @@ class AtomicWriter:
       self.commit()
     else:
       self.abort()
+
+
+__all__ = [
+  "GCS_EXTRA",
+  "REMOTE_SCHEMES",
+  "AtomicWriter",
+  "FileStat",
+  "Path",
+  "StorageError",
+  "absolute",
+  "as_line",
+  "atomic_write",
+  "check_line_aligned",
+  "check_storage",
+  "check_writable",
+  "count_lines",
+  "decode_line",
+  "is_remote",
+  "iter_lines",
+  "iter_raw_lines",
+  "new_file_mode",
+  "prompt_chunks",
+  "read_lines",
+  "remove_tree",
+  "scheme",
+  "stat",
+  "storage_error",
+  "storage_faults",
+  "to_path",
+  "write_json",
+  "write_lines_atomically",
+]

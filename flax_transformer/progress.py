@@ -98,3 +98,6 @@ class ProgressBar:
       self.stream.write(f"{verb} {count} {self.unit} in {elapsed:.1f} s ({', '.join(rates)}).\n")
       self.stream.flush()
     return elapsed
+
+
+__all__ = ["ProgressBar", "format_duration"]

@@ -125,3 +125,6 @@ def summary(scores: dict[str, Any]) -> str:
     lines.append(f"BLEU {scores['bleu_lc_norm_tok']:.2f}  "
                  f"({scores['bleu_lc_norm_tok_signature']})")
   return "\n".join(lines)
+
+
+__all__ = ["LC_NORM_TOK", "lc_norm_tok", "lc_norm_tok_label", "score_translations", "summary"]

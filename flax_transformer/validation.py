@@ -89,3 +89,18 @@ def parse_group(cls: type, group: Mapping[str, Any], **extra: Any) -> Any:
 def group_dict(group: Any) -> dict[str, Any]:
   """A parsed group (a dataclass above) as the mapping `parse_group` reads back."""
   return {field.name: getattr(group, field.name) for field in dataclasses.fields(group)}
+
+
+__all__ = [
+  "FRACTION",
+  "NON_NEGATIVE",
+  "POSITIVE",
+  "Check",
+  "ConfigError",
+  "check_fields",
+  "checked_field",
+  "fail",
+  "group_dict",
+  "parse_group",
+  "unknown_key_message",
+]

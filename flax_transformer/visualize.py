@@ -206,3 +206,6 @@ def _save_figure(figure: Any, output: str | os.PathLike) -> None:
   figure.savefig(png, format="png", dpi=110)
   atomic_write(output, png.getvalue())
 
+
+__all__ = ["KINDS", "attention_maps", "plot_alignment", "plot_attention", "plot_training_curves",
+           "read_metrics"]

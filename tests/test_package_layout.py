@@ -7,6 +7,8 @@ stays true as the code changes."""
 from __future__ import annotations
 
 import ast
+import importlib
+import json
 import re
 from pathlib import Path
 
@@ -21,27 +23,29 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 ALLOWED = {
     "errors": set(),  # The one family of errors: every room may raise them.
     "conventions": set(),  # Special token ids and batch keys, written once.
+    "exports": set(),  # lazy_exports: a package's public names, imported on first use.
     "files": {"errors"},
     "validation": {"errors"},
     "progress": set(),
     "scoring": {"errors", "files"},
-    "runtime": {"errors"},
-    "model": {"conventions", "validation", "runtime"},
+    "runtime": {"exports", "errors"},
+    "model": {"exports", "conventions", "validation", "runtime"},
     "config": {"model", "validation"},
     "experiment_flags": {"config"},
-    "data": {"conventions", "errors", "config", "files"},
-    "decoding": {"conventions", "model", "runtime"},
+    "data": {"exports", "conventions", "errors", "config", "files"},
+    "decoding": {"exports", "conventions", "model", "runtime"},
     "workdir": {"errors", "model", "data", "config", "files"},
     "visualize": {"errors", "workdir", "data", "model", "files"},
-    "serving": {"errors", "decoding", "workdir", "model", "data", "config", "files", "progress",
-                "runtime", "scoring"},
-    "interop": {"errors", "workdir", "model", "data", "config", "validation", "files"},
-    "training": {"conventions", "errors", "serving", "workdir", "model", "data", "config",
-                 "validation", "files", "progress", "scoring", "runtime"},
+    "serving": {"exports", "errors", "decoding", "workdir", "model", "data", "config", "files",
+                "progress", "runtime", "scoring"},
+    "interop": {"exports", "errors", "workdir", "model", "data", "config", "validation", "files"},
+    "training": {"exports", "conventions", "errors", "serving", "workdir", "model", "data",
+                 "config", "validation", "files", "progress", "scoring", "runtime"},
     "planning": {"errors", "training", "serving", "decoding", "model", "config", "runtime"},
-    "cli": {"errors", "serving", "interop", "planning", "workdir", "visualize", "scoring", "files",
+    "cli": {"errors", "serving", "interop", "planning", "workdir", "visualize", "scoring",
             "config", "experiment_flags", "runtime"},
-    "__init__": {"errors", "config", "model", "decoding", "serving", "runtime"},
+    "__init__": {"errors", "config", "model", "decoding", "serving", "runtime", "conventions",
+                 "data", "files", "interop", "scoring", "training", "workdir", "experiment_flags"},
 }
 # Modules that must not import some rooms even where their room may: the search core works on
 # any step function (the bridge, decoding/bridge.py, is where the model plugs in).
@@ -229,3 +233,76 @@ def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
                           timeout=300, cwd=PACKAGE.parent)
   assert result.returncode == 0, result.stderr
   assert "has no attribute 'NoSuchName'" in result.stdout
+
+
+# ------------------------------------------------------------------ each room's public names
+def _public(room: str) -> set[str]:
+  """The `__all__` of a room: a subpackage's `__init__` or a top-level module."""
+  return set(importlib.import_module(f"flax_transformer.{room}").__all__)
+
+
+def _imported_names(source: str) -> list[tuple[str, str]]:
+  """(module, name) of every `from flax_transformer... import name` and `import
+  flax_transformer.x.y` (as (x, y)) in `source`."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ImportFrom) and not node.level and (
+        node.module or "").startswith("flax_transformer"):
+      found += [(node.module, alias.name) for alias in node.names]
+    elif isinstance(node, ast.Import):
+      found += [(alias.name.rsplit(".", 1)[0], alias.name.rsplit(".", 1)[1])
+                for alias in node.names if alias.name.startswith("flax_transformer.")]
+  return found
+
+
+def test_rooms_import_only_what_other_rooms_make_public():
+  """A module may use another room's name only if that room lists it in `__all__` (its
+  `__init__`, or the top-level module's own), whichever module of the room defines it."""
+  problems = []
+  for name, path in _modules().items():
+    room = name.split(".")[0]
+    for module, imported in _imported_names(path.read_text()):
+      parts = module.split(".")
+      if len(parts) < 2 or parts[1] == room:
+        continue  # `from flax_transformer import room`, or the room's own modules.
+      if imported not in _public(parts[1]):
+        problems.append(f"{name}: from {module} import {imported}")
+  assert not problems, "\n".join(problems)
+
+
+def test_every_public_name_resolves():
+  for room in {name.split(".")[0] for name in _modules()} - {"__init__", "cli", "planning"}:
+    module = importlib.import_module(f"flax_transformer.{room}")
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing, (room, missing)
+  import flax_transformer
+
+  assert [name for name in flax_transformer.__all__ if not hasattr(flax_transformer, name)] == []
+
+
+def _notebook_and_readme_code() -> dict[str, str]:
+  code = {}
+  for notebook in sorted((PACKAGE.parent / "notebooks").glob("*.ipynb")):
+    cells = json.loads(notebook.read_text())["cells"]
+    code[notebook.name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+  readme = (PACKAGE.parent / "README.md").read_text()
+  code["README.md"] = "\n".join(re.findall(r"```python\n(.*?)```", readme, re.S))
+  return code
+
+
+def test_notebooks_and_readme_import_only_public_names():
+  """What users copy: `from flax_transformer import X` (the top-level API) or a room's public
+  names (`from flax_transformer.data import split_texts`), never a module inside a room."""
+  import flax_transformer
+
+  problems = []
+  for where, source in _notebook_and_readme_code().items():
+    source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(
+        ("!", "%")))  # Shell and magic lines are not Python.
+    for module, name in _imported_names(source):
+      parts = module.split(".")
+      public = (set(flax_transformer.__all__) | {"visualize"} if len(parts) == 1
+                else _public(parts[1]) if len(parts) == 2 else set())
+      if name not in public:
+        problems.append(f"{where}: from {module} import {name}")
+  assert not problems, "\n".join(problems)

@@ -7,31 +7,34 @@ the shared SentencePiece vocabulary, and grain pipelines of packed train and pad
   evals = eval_batches(data, tokenizer, data.eval_split)
   pairs = split_texts(data, data.test_split)          # raw (source, target) text, for BLEU
 
-Special ids (PAD_ID 0, EOS_ID 1, UNK_ID 2) are defined in `tokenizer.py`. The pipeline names
-are imported on first use, so decoding and serving, which need only the tokenizer,
-does not load grain or TFDS.
+Special ids (PAD_ID 0, EOS_ID 1, UNK_ID 2) come from `flax_transformer.conventions`. Every name is
+imported on first use, so serving, which needs only the tokenizer, does not load grain or TFDS.
 """
 
-from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from flax_transformer.exports import lazy_exports
 
-__all__ = [
-    "EOS_ID",
-    "PAD_ID",
-    "UNK_ID",
-    "Tokenizer",
-    "eval_batches",
-    "split_texts",
-    "train_dataset",
-    "train_iterator",
-]
-
-_PIPELINE_NAMES = frozenset(
-    ("eval_batches", "split_texts", "train_dataset", "train_iterator"))
-
-
-def __getattr__(name: str):
-  if name in _PIPELINE_NAMES:
-    from flax_transformer.data import pipeline
-
-    return getattr(pipeline, name)
-  raise AttributeError(f"module 'flax_transformer.data' has no attribute {name!r}")
+_EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "ALIGNMENT_KEY": "pipeline:ALIGNMENT_KEY",
+    "EOS_ID": "tokenizer:EOS_ID",
+    "PAD_ID": "tokenizer:PAD_ID",
+    "TextTokenizer": "tokenizer:TextTokenizer",
+    "Tokenizer": "tokenizer:Tokenizer",
+    "UNK_ID": "tokenizer:UNK_ID",
+    "MarianTokenizer": "marian_tokenizer:MarianTokenizer",
+    "TRAIN_KEYS": "pipeline:TRAIN_KEYS",
+    "alignments": "alignments",
+    "builders": "builders",
+    "eval_batches": "pipeline:eval_batches",
+    "format_alignment": "alignments:format_alignment",
+    "marian_tokenizer": "marian_tokenizer",
+    "parse_alignment": "alignments:parse_alignment",
+    "pipeline": "pipeline",
+    "split_texts": "pipeline:split_texts",
+    "synthetic": "synthetic",
+    "tokenizer": "tokenizer",
+    "train_dataset": "pipeline:train_dataset",
+    "train_iterator": "pipeline:train_iterator",
+    "train_tokenizer": "tokenizer:train_tokenizer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

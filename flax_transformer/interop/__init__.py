@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from flax_transformer.errors import InputError
+from flax_transformer.exports import lazy_exports
 
 FORMATS = ("ctranslate2", "marian")
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")  # CTranslate2's.
@@ -37,3 +38,15 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *, for
   from flax_transformer.interop.marian import export_marian
 
   return export_marian(workdir, output, step=step, checkpoint=checkpoint)
+
+
+_EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "MarianFormatError": "marian:MarianFormatError",
+    "ctranslate2": "ctranslate2",
+    "export_ctranslate2": "ctranslate2:export_ctranslate2",
+    "export_marian": "marian:export_marian",
+    "import_marian": "marian:import_marian",
+    "marian": "marian",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted({"FORMATS", "QUANTIZATIONS", "export_workdir", *_EXPORTS})

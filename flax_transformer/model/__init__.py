@@ -13,3 +13,32 @@
 Arrows point down: transformer -> attention -> layers -> config. Run modes (training dropout,
 decoding) are call arguments, not config fields. No data, training or serving imports.
 """
+
+from flax_transformer.exports import lazy_exports
+
+_EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "CrossAttentionCache": "transformer:CrossAttentionCache",
+    "DecoderCache": "transformer:DecoderCache",
+    "ModelConfig": "config:ModelConfig",
+    "PRESETS": "config:PRESETS",
+    "Transformer": "transformer:Transformer",
+    "alignment": "alignment",
+    "alignment_layer_index": "alignment:alignment_layer_index",
+    "attention": "attention",
+    "config": "config",
+    "describe_model": "config:describe_model",
+    "expand_cache": "transformer:expand_cache",
+    "init_cache": "transformer:init_cache",
+    "layers": "layers",
+    "logits_and_alignment": "alignment:logits_and_alignment",
+    "model_config_from": "config:model_config_from",
+    "model_group": "config:model_group",
+    "reorder_cache": "transformer:reorder_cache",
+    "resize_cache": "transformer:resize_cache",
+    "select_heads": "alignment:select_heads",
+    "sinusoid_permutation": "layers:sinusoid_permutation",
+    "sinusoidal_positions": "layers:sinusoidal_positions",
+    "transformer": "transformer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -5,3 +5,23 @@ HBM, and the platform a program is traced for), `platforms` (leaving a TPU the m
 not have out of JAX's platforms) and `sharding` (the mesh and its one axis, the logical-axis
 rules, where activations are split, multi-host batches: the one place sharding is decided).
 No model, data or serving imports."""
+
+from flax_transformer.exports import lazy_exports
+
+_EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "CompilationCacheError": "compilation_cache:CompilationCacheError",
+    "DistributedError": "distributed:DistributedError",
+    "GIB": "accelerators:GIB",
+    "Processes": "processes:Processes",
+    "accelerators": "accelerators",
+    "batch_split": "sharding:batch_split",
+    "compilation_cache": "compilation_cache",
+    "distributed": "distributed",
+    "enable_compilation_cache": "compilation_cache:enable_compilation_cache",
+    "local_mesh": "sharding:local_mesh",
+    "platforms": "platforms",
+    "processes": "processes",
+    "sharding": "sharding",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

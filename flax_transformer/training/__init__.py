@@ -21,3 +21,27 @@
 Mesh and shardings come from `flax_transformer.runtime.sharding`. Serving and export do not
 import this package; `flax_transformer.planning` uses recipe, state and metrics.
 """
+
+from flax_transformer.exports import lazy_exports
+
+_EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "CheckpointMismatchError": "checkpoints:CheckpointMismatchError",
+    "NonFiniteStepError": "loop:NonFiniteStepError",
+    "Preempted": "preemption:Preempted",
+    "checkpoints": "checkpoints",
+    "evaluation": "evaluation",
+    "init_from": "init_from",
+    "loop": "loop",
+    "loss": "loss",
+    "metrics": "metrics",
+    "optim": "optim",
+    "preemption": "preemption",
+    "recipe": "recipe",
+    "state": "state",
+    "steps": "steps",
+    "train_and_evaluate": "trainer:train_and_evaluate",
+    "trainer": "trainer",
+    "vocabulary": "vocabulary",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,41 @@
+"""A package's public names, imported when first used: the one helper behind every
+`__init__.py` that lists its interface (`__all__`) without importing its modules up front (as
+gemma's `epy.lazy_api_imports` does). No imports of the package: every room may use it.
+
+  __getattr__, __dir__ = lazy_exports(__name__, {"Translator": "translator:Translator",
+                                                 "bulk": "bulk"})
+  __all__ = ["Translator", "bulk"]
+
+Each value names a module of the package ("bulk") or an attribute of one ("translator:Translator").
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+  """(`__getattr__`, `__dir__`) for the module `package` whose public names are `exports`."""
+  namespace = importlib.import_module(package).__dict__
+
+  def getattr_(name: str) -> Any:
+    target = exports.get(name)
+    if target is None:
+      raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    module, _, attribute = target.partition(":")
+    value = importlib.import_module(f"{package}.{module}")
+    if attribute:
+      value = getattr(value, attribute)
+    namespace[name] = value  # Later lookups skip __getattr__.
+    return value
+
+  def dir_() -> list[str]:
+    return sorted({*namespace, *exports})
+
+  return getattr_, dir_
+
+
+__all__ = ["lazy_exports"]
