@@ -414,7 +414,7 @@ class Transformer(nn.Module):
   def encode(self, inputs: Array, *, inputs_segment_ids: Array | None = None,
              inputs_positions: Array | None = None, train: bool = False) -> Array:
     """inputs int [B, S] -> encoder output [B, S, D]."""
-    valid = inputs != PAD_ID
+    valid = inputs > PAD_ID  # Ids are never negative.
     mask = combine_masks(
         padding_mask(valid, valid),
         None if inputs_segment_ids is None else segment_mask(inputs_segment_ids,
@@ -428,7 +428,7 @@ class Transformer(nn.Module):
                             targets_positions: Array | None = None,
                             train: bool = False) -> Array:
     """Teacher-forced decoder: encoded [B, S, D], targets int [B, T] -> logits [B, T, V]."""
-    target_valid, source_valid = targets != PAD_ID, inputs != PAD_ID
+    target_valid, source_valid = targets > PAD_ID, inputs > PAD_ID
     packed = targets_segment_ids is not None and inputs_segment_ids is not None
     self_mask = combine_masks(
         padding_mask(target_valid, target_valid), causal_mask(targets.shape[1]),
@@ -442,7 +442,7 @@ class Transformer(nn.Module):
 
   def precompute_cross_attention(self, encoded: Array, inputs: Array) -> CrossAttentionCache:
     """Cross-attention K/V of every decoder layer, from encoded [B, S, D] and inputs [B, S]."""
-    return self.decoder.cross_attention_cache(encoded, inputs != PAD_ID)
+    return self.decoder.cross_attention_cache(encoded, inputs > PAD_ID)
 
   def init_cache(self, batch_size: int, max_decode_len: int) -> DecoderCache:
     """An empty self-attention cache (see the module-level `init_cache`)."""
