@@ -29,6 +29,8 @@ from flax_transformer.runtime.compilation_cache import (
 )
 from flax_transformer.workdir import average_checkpoints, lock, restore_params
 
+pytestmark = pytest.mark.slow  # trains workdirs with train.py.
+
 STEPS = 30
 
 

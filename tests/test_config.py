@@ -168,6 +168,7 @@ def test_multi30k_mini_is_wu_et_als_recipe():
   assert exp.search.beam_size == 5
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
   result = subprocess.run(
       [sys.executable, str(CONFIGS.parent / "train.py"), f"--config={CONFIGS / 'default.py'}",
@@ -178,6 +179,7 @@ def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
   assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_train_py_reports_an_unusable_compilation_cache_folder(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder\n")

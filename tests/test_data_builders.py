@@ -115,6 +115,7 @@ def test_empty_lines_dropped_and_counted(tmp_path, corpus, caplog):
   assert "Dropped 3 pairs with an empty line" in caplog.text
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_two_processes_prepare_together(tmp_path, corpus):
   script = textwrap.dedent(f"""
       import sys

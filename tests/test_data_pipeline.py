@@ -176,6 +176,7 @@ def test_exact_resume_from_state_and_orbax_checkpoint(setup, tmp_path):
         np.testing.assert_array_equal(a[key], b[key])
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_worker_processes_give_the_same_batches(setup):
   data, tokenizer = setup
   workers = parse_group(DataConfig, {**vars(data), "num_workers": 1})
@@ -189,6 +190,7 @@ def test_worker_processes_give_the_same_batches(setup):
       np.testing.assert_array_equal(batch[key], expected[key])
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_worker_processes_outlive_stop_signals_sent_to_the_process_group(setup):
   """`scancel`, Kubernetes and Ctrl-C signal every process of the group. The workers must
   keep serving batches, in order, until the trainer has saved and closes the iterator."""

@@ -46,6 +46,8 @@ from flax_transformer.scoring import score_translations
 
 import random_workdir
 
+pytestmark = pytest.mark.slow  # a workdir trained by train.py.
+
 ctranslate2 = pytest.importorskip("ctranslate2", reason="needs ctranslate2: pip install -e "
                                   "'.[test]' (the [export] extra)")
 N = 20  # Output tokens, EOS included.

@@ -48,6 +48,8 @@ from flax_transformer.model.layers import sinusoidal_positions
 
 import marian_fixture
 
+pytestmark = pytest.mark.slow  # Hugging Face models built with torch.
+
 torch = pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 

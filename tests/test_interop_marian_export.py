@@ -27,6 +27,8 @@ from flax_transformer.workdir import restore_params
 import marian_fixture
 import random_workdir
 
+pytestmark = pytest.mark.slow  # a workdir trained by train.py.
+
 torch = pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 N = 20

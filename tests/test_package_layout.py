@@ -214,6 +214,7 @@ def test_no_module_builds_a_pathlib_path_from_a_users_path():
   assert not found, f"modules importing pathlib outside files.py: {found}"
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
   import subprocess
   import sys

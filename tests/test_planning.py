@@ -22,6 +22,8 @@ from flax_transformer.runtime import accelerators
 from flax_transformer.serving import batching
 from flax_transformer.training import steps
 
+pytestmark = pytest.mark.slow  # XLA's TPU compiler.
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = str(REPO / "configs" / "default.py")
 

@@ -14,6 +14,8 @@ import pytest
 from flax_transformer.runtime import distributed
 from flax_transformer.runtime.distributed import DistributedError, Launcher
 
+pytestmark = pytest.mark.slow  # several processes.
+
 REPO = Path(__file__).resolve().parents[1]
 # What srun sets for task 1 of 2 on one node (the variables JAX's SLURM detection reads).
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",

@@ -67,6 +67,7 @@ def test_platforms_without_tpu_keep_jax_preference(priorities, expected):
 _CHOICE = "import flax_transformer, jax; print(repr(jax.config.jax_platforms))"
 
 
+@pytest.mark.slow  # Spawns processes.
 @pytest.mark.parametrize("changes, code, expected", [
     ({"JAX_PLATFORMS": ""}, _CHOICE, "''"),  # The user's setting wins, even JAX's "all".
     ({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, _CHOICE, "None"),  # A TPU's sign: JAX decides.
@@ -79,6 +80,7 @@ def test_jax_decides_where_a_tpu_shows_or_the_user_chose(changes, code, expected
   assert result.stdout.strip() == expected
 
 
+@pytest.mark.slow  # Spawns processes.
 @needs_no_tpu
 def test_without_a_tpu_jax_is_given_every_platform_but_tpu():
   code = "import flax_transformer, jax; print(jax.config.jax_platforms, jax.default_backend())"

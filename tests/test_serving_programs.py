@@ -46,6 +46,7 @@ def _fresh(translator: Translator) -> programs.StoredPrograms:
   return programs.StoredPrograms(translator.search_fn.jitted, translator.search_fn.name)
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_a_new_process_loads_the_stored_program_and_translates_alike(
     tokenizer, stored_in, monkeypatch):  # noqa: F811
   texts = sentences(5, seed=7)
@@ -109,6 +110,7 @@ def test_compile_leaves_nothing_for_later_calls_to_compile(tokenizer, stored_in,
   assert built == []
 
 
+@pytest.mark.slow  # Spawns processes.
 def test_a_translator_turns_the_persistent_cache_on_under_the_clis_switch(tmp_path):
   code = ("import jax\n"
           "from flax_transformer.runtime.compilation_cache import "

@@ -23,6 +23,8 @@ from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.training import metrics as metrics_lib
 
+pytestmark = pytest.mark.slow  # the GCS emulator.
+
 
 @pytest.fixture
 def folder(gcs):

@@ -14,6 +14,8 @@ import sys
 import pytest
 from conftest import REPO, STORAGE_KINDS, listing, run_train_py, storage_folder
 
+pytestmark = pytest.mark.slow  # runs train.py.
+
 HOLD_LOCK = "from flax_transformer import workdir; import sys, time; lock = workdir.lock(sys.argv[1]); print('held', flush=True); time.sleep(600)"  # noqa: E501
 
 

@@ -28,6 +28,8 @@ from flax_transformer.model.config import model_group
 from flax_transformer.training import init_from, trainer
 from flax_transformer.workdir import average_checkpoints, restore_params
 
+pytestmark = pytest.mark.slow  # trains with train.py.
+
 # The run's data and loop: conftest.py's SHRUNK on a new sample of the synthetic pair (data.seed
 # 1), 20 steps (checkpoints at 10 and 20), saved synchronously (the runs share this process).
 RUN = {"data__synthetic_num_train": 600, "data__synthetic_num_eval": 32, "data__seed": 1,

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # several processes on 127.0.0.1.
+
 NUM_STEPS = 3
 ROWS = 16
 

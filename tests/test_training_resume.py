@@ -32,6 +32,8 @@ from conftest import (
 
 from flax_transformer.workdir import restore_params
 
+pytestmark = pytest.mark.slow  # trains with train.py, signals to the process group.
+
 TOTAL_STEPS = 24  # 2N
 HALF_STEPS = 12  # N
 # conftest.py's SHRUNK with 2N steps, a loss logged every step, checkpoints every 8 steps, the

@@ -20,6 +20,8 @@ from flax_transformer.interop.marian import export_marian
 
 import random_workdir
 
+pytestmark = pytest.mark.slow  # a workdir trained by train.py.
+
 
 def _modes(root: Path) -> dict[str, int]:
   return {str(path.relative_to(root)): stat.S_IMODE(path.stat().st_mode)
