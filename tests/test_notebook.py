@@ -44,7 +44,6 @@ import json as _json
 import flax_transformer as _package
 import sacrebleu as _sacrebleu
 
-pytestmark = pytest.mark.slow  # executes the notebook (trains).
 print("PROBE " + _json.dumps({
     "step": translator.step,
     "train_loss": visualize.read_metrics(WORKDIR)[("train", "loss")],

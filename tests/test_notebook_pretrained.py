@@ -41,7 +41,6 @@ import flax_transformer as _package
 import sacrebleu as _sacrebleu
 from flax_transformer import visualize as _visualize
 
-pytestmark = pytest.mark.slow  # executes the notebook (trains).
 print("PROBE " + _json.dumps({
     "bleu": [scores_before["bleu"], scores_after["bleu"], ct2_scores["bleu"]],
     "sacrebleu": [_sacrebleu.corpus_bleu(h, [test_references]).score
