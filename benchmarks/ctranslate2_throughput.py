@@ -17,6 +17,8 @@ median, ours_over_ct2_paired, which drift moves less.
 
   python benchmarks/ctranslate2_throughput.py [--configs small base] [--repeats 5]
       [--ct2_threads 2]
+  python benchmarks/ctranslate2_throughput.py --our_precision int8 --ct2_compute_type int8 \
+      --report_checks                           # like with like: int8 on both sides
   python benchmarks/ctranslate2_throughput.py --ct2_device cuda --ct2_compute_type float16 \
       --our_dtype bfloat16 --report_checks      # on a GPU: fp16/bf16 rounding, checks reported
 """
@@ -43,6 +45,7 @@ from decode_throughput import jit_search  # benchmarks/decode_throughput.py, bes
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.interop import ctranslate2 as ctranslate2_export
+from flax_transformer.model import precision
 
 CONFIGS = {
     "small": lambda: ModelConfig.small(8000),
@@ -182,16 +185,19 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def _measure(name: str, args: argparse.Namespace) -> dict:
   """Converts, checks, then times both beam searches alternately; one JSON record."""
-  config = CONFIGS[name]().replace(dropout_rate=0.0, attention_dropout_rate=0.0,
-                                   dtype=args.our_dtype)
-  model = Transformer(config)
-  inputs = _inputs(config.vocab_size, args.sentences, args.source_len)
-  variables = jax.jit(model.init)(jax.random.key(0), inputs, inputs)
-  tokens = vocabulary(config.vocab_size)
+  trained = CONFIGS[name]().replace(dropout_rate=0.0, attention_dropout_rate=0.0,
+                                    dtype=args.our_dtype)
+  inputs = _inputs(trained.vocab_size, args.sentences, args.source_len)
+  variables = jax.jit(Transformer(trained).init)(jax.random.key(0), inputs, inputs)
+  tokens = vocabulary(trained.vocab_size)
   token_ids = {token: i for i, token in enumerate(tokens)}
   with tempfile.TemporaryDirectory(prefix="ct2_") as directory:
-    translator = load_translator(build_spec(config, variables), directory, args.ct2_threads,
+    translator = load_translator(build_spec(trained, variables), directory, args.ct2_threads,
                                  args.ct2_device, args.ct2_compute_type)
+  # Ours at --our_precision, converted from the same weights as a Translator would convert them.
+  config = precision.precision_config(trained, args.our_precision)
+  variables = {"params": precision.convert_params(nn.unbox(variables["params"]), config)}
+  model = Transformer(config)
   strict = not args.report_checks
   score_diff = check_scores(model, variables, translator, config.vocab_size, args.tolerance,
                             strict=strict)
@@ -231,7 +237,8 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
   paired = [ct2 / ours for ours, ct2 in zip(times["ours"], times["ct2"], strict=True)]
   return dict(
       benchmark="ctranslate2_throughput", config=name, beam_size=args.beam_size,
-      dtype=args.our_dtype, sentences=args.sentences, source_len=args.source_len, steps=args.steps,
+      dtype=args.our_dtype, precision=args.our_precision, sentences=args.sentences,
+      source_len=args.source_len, steps=args.steps,
       vocab_size=config.vocab_size, repeats=args.repeats,
       ours_sentences_per_s=round(speed["ours"], 2), ct2_sentences_per_s=round(speed["ct2"], 2),
       ours_over_ct2=round(speed["ours"] / speed["ct2"], 3),
@@ -243,7 +250,7 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
       ours_compile_s=round(compile_s, 2),
       same_beam_output=f"{same_output}/{args.sentences}",
       check_max_abs_logprob_diff=float(f"{score_diff:.3g}"),
-      check_greedy_equal=f"{greedy_equal}/{args.greedy_sentences}",
+      check_greedy_equal=f"{greedy_equal}/{len(inputs[:args.greedy_sentences])}",
       ct2_device=args.ct2_device, ct2_compute_type=args.ct2_compute_type,
       ct2_intra_threads=args.ct2_threads, ct2_inter_threads=1,
       backend=jax.default_backend(), cpu_count=os.cpu_count(), jax=jax.__version__,
@@ -272,6 +279,9 @@ def main() -> None:
                       help="CTranslate2 compute type, e.g. float32, float16, bfloat16")
   parser.add_argument("--our_dtype", default="float32", choices=("float32", "bfloat16"),
                       help="our compute dtype (parameters stay float32)")
+  parser.add_argument("--our_precision", default="float32", choices=precision.PRECISIONS,
+                      help="our serving precision (model.precision): float32 as trained, "
+                           "bfloat16 weights and compute, int8 w8a8 projections")
   parser.add_argument("--report_checks", action="store_true",
                       help="report the faithfulness checks instead of raising (reduced "
                            "precision on a GPU rounds differently)")

@@ -158,7 +158,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
   config = config_from_flags([f"--config={args.config}", *args.config_overrides])
   plans = planning.plan_config(config, args.topology, num_slices=args.num_slices,
-                               decode=args.decode, batch_tokens=args.batch_tokens)
+                               decode=args.decode, batch_tokens=args.batch_tokens,
+                               precisions=args.precision)
   text, problems = planning.report(plans, args.json)
   print(text)
   for line in problems:
@@ -179,6 +180,10 @@ def _add_plan_command(commands) -> None:
                     "(config.search) at the largest batch of each length bucket.")
   plan.add_argument("--batch_tokens", type=int, default=None, help="--decode: padded source "
                     "tokens per chip, as translate's --batch_tokens (default 4096).")
+  plan.add_argument("--precision", nargs="+", default=["float32"],
+                    choices=("float32", "bfloat16", "int8"), help="--decode: the serving "
+                    "precisions to compile the search at, as translate's --precision (default "
+                    "float32; several: one plan each).")
   plan.add_argument("--json", action="store_true", help="Print the figures as JSON.")
   plan.set_defaults(run=run_plan)
 
@@ -239,7 +244,7 @@ def _add_bulk_commands(commands) -> None:
   score = commands.add_parser(
       "score", help="Write log p(target | source) of each line pair (natural log, with EOS).")
   _add_checkpoint_arguments(score, ensemble=True)
-  _add_settings_arguments(score, "batch_tokens")
+  _add_settings_arguments(score, "batch_tokens", "precision")
   score.add_argument("--src", required=True, help="Source sentences, one a line.")
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
   score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")

@@ -295,6 +295,9 @@ class TranslateConfig:
                                     "Padded source tokens per batch and device.")
   seed: int = checked_field(0, NON_NEGATIVE,
                             "Sampling: line i draws from fold_in(key(seed), i).")
+  precision: Literal["float32", "bfloat16", "int8"] = checked_field(
+      "float32", doc="Serving precision: float32 (the model as trained), bfloat16 (weights and "
+      "compute) or int8 (w8a8 projections, `model.precision`); checkpoints stay as trained.")
 
   def __post_init__(self):
     check_fields(self)
@@ -369,6 +372,10 @@ def load(
       eval=parse_group(EvalConfig, config["eval"]),
       search=parse_group(SearchConfig, config["search"]),
       preset=config["model"].get("preset", "") or "")
+  if experiment.model.quantization != "none":
+    raise ConfigError(
+        f"config.model.quantization={experiment.model.quantization!r} is for serving only: "
+        "train with 'none', then translate with --precision int8 (Translator precision='int8').")
   _check_lengths(experiment)
   _check_batch(experiment, *_device_counts(num_devices, num_processes))
   return experiment

@@ -80,6 +80,14 @@ def test_search_group_of_a_workdir_config_json_is_read_and_an_old_one_is_told_to
     config_lib.search_config_from({"search": {"beam_size": 0}})
 
 
+def test_training_refuses_an_int8_model_in_one_line():
+  config = _config()
+  config.model.quantization = "int8"
+  with pytest.raises(ConfigError, match=r"^config\.model\.quantization='int8' is for serving "
+                     r"only: .* --precision int8"):
+    _load(config)
+
+
 def test_batch_must_split_over_devices_and_micro_batches():
   config = _config()
   config.data.batch_tokens = 12 * 32  # 12 rows: not divisible by 8 devices
@@ -219,7 +227,8 @@ COMMON_FIELDS = dict(
     attention_bias=False, activation="relu", sinusoid_layout="interleaved",
     scale_embeddings=True, logits_bias=False, share_embeddings=True, tie_output_projection=True,
     share_layer_weights=False, param_dtype="float32", attention_implementation=None,
-    alignment_layer=-1, alignment_heads=0)  # Fields added later (issue 33) keep defaults.
+    alignment_layer=-1, alignment_heads=0,  # Fields added later (issues 33, 40) keep defaults.
+    quantization="none")
 # Every shipped config's resolved model as it was on 2026-11-26, before the config files were cut
 # down to their preset plus the fields that differ from it: the regression target.
 QUICK_START = dict(vocab_size=512, emb_dim=64, num_heads=4, mlp_dim=256, num_encoder_layers=2,

@@ -9,9 +9,14 @@
   transformer.py  `Transformer`: encoder and decoder stacks, teacher-forced logits, and the
                   calls and cache of step-by-step decoding (`encode`,
                   `precompute_cross_attention`, `init_cache`, `decode_step`)
+  quantization.py the int8 scheme (w8a8) and `Int8DenseGeneral`, used by the layers when
+                  `ModelConfig.quantization` is "int8"
+  precision.py    serving precisions (float32, bfloat16, int8): the served config and the
+                  conversion of trained params, done once when a model is loaded
 
-Arrows point down: transformer -> attention -> layers -> config. Run modes (training dropout,
-decoding) are call arguments, not config fields. No data, training or serving imports.
+Arrows point down: precision -> transformer -> attention -> layers -> quantization, config.
+Run modes (training dropout, decoding) are call arguments, not config fields. No data, training
+or serving imports.
 """
 
 from flax_transformer.exports import lazy_exports
@@ -20,12 +25,14 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "CrossAttentionCache": "transformer:CrossAttentionCache",
     "DecoderCache": "transformer:DecoderCache",
     "ModelConfig": "config:ModelConfig",
+    "PRECISIONS": "precision:PRECISIONS",
     "PRESETS": "config:PRESETS",
     "Transformer": "transformer:Transformer",
     "alignment": "alignment",
     "alignment_layer_index": "alignment:alignment_layer_index",
     "attention": "attention",
     "config": "config",
+    "convert_params": "precision:convert_params",
     "describe_model": "config:describe_model",
     "expand_cache": "transformer:expand_cache",
     "init_cache": "transformer:init_cache",
@@ -33,6 +40,9 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "logits_and_alignment": "alignment:logits_and_alignment",
     "model_config_from": "config:model_config_from",
     "model_group": "config:model_group",
+    "precision": "precision",
+    "precision_config": "precision:precision_config",
+    "quantization": "quantization",
     "reorder_cache": "transformer:reorder_cache",
     "resize_cache": "transformer:resize_cache",
     "select_heads": "alignment:select_heads",

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer.model.layers import keep_mask
+from flax_transformer.model.quantization import Int8DenseGeneral
 from flax_transformer.runtime import accelerators
 
 Array = jax.Array
@@ -234,8 +235,19 @@ class MultiHeadAttention(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   implementation: str | None = None
   use_bias: bool = False
+  quantized: bool = False  # int8 projections (serving, `model.quantization`).
 
   def setup(self):
+    if self.quantized:
+      projection = dict(features=(self.num_heads, self.head_dim), use_bias=self.use_bias,
+                        dtype=self.dtype, kernel_axes=("embed", "heads", "kv"))
+      self.query = Int8DenseGeneral(**projection)
+      self.key = Int8DenseGeneral(**projection)
+      self.value = Int8DenseGeneral(**projection)
+      self.output = Int8DenseGeneral(
+          features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=self.use_bias,
+          dtype=self.dtype, kernel_axes=("heads", "kv", "embed"))
+      return
     init = nn.initializers.xavier_uniform()
     zeros = nn.initializers.zeros
     projection = dict(

@@ -64,6 +64,9 @@ class ModelConfig:
   share_layer_weights: bool = False  # One layer's weights reused at every depth (Universal T.).
   dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Compute dtype.
   param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Master weights.
+  # "int8": int8 projections and embeddings, for serving only (`model.precision`, the
+  # `--precision int8` of translate/score/evaluate); training refuses it.
+  quantization: Literal["none", "int8"] = "none"
   # jax.nn.dot_product_attention's implementation; None lets the package decide per backend.
   attention_implementation: Literal["xla", "cudnn", None] = None
   # Word alignments (`model.alignment`): the cross-attention of this decoder layer (negative

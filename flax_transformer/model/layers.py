@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.model import quantization
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.runtime.sharding import batch_split
 
@@ -101,15 +102,30 @@ class Dropout(nn.Module):
 
 class Embedder(nn.Module):
   """Token embeddings scaled by sqrt(D) (or not, with `scale=False`), and (tied) logits from the
-  same table."""
+  same table.
+
+  `quantized` (serving in int8, `model.quantization`): the table is int8, stored as the logits'
+  kernel `embedding_kernel` [D, V] with one scale per token `embedding_scale` [V]; the logits
+  are a w8a8 product and a lookup dequantizes the token's column.
+  """
 
   vocab_size: int
   emb_dim: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   scale: bool = True
+  quantized: bool = False
 
   def setup(self):
+    if self.quantized:
+      self.kernel = self.param(
+          "embedding_kernel", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                           ("embed", "vocab")),
+          (self.emb_dim, self.vocab_size), jnp.int8)
+      self.kernel_scale = self.param(
+          "embedding_scale", nn.with_logical_partitioning(nn.initializers.ones, ("vocab",)),
+          (self.vocab_size,), jnp.float32)
+      return
     # stddev D^-0.5 makes the scaled embedding sqrt(D) * E[id] unit-variance.
     init = nn.initializers.normal(stddev=self.emb_dim**-0.5)
     self.table = self.param(
@@ -118,13 +134,23 @@ class Embedder(nn.Module):
 
   def __call__(self, ids: Array) -> Array:
     """int [B, T] -> [B, T, D], multiplied by sqrt(D) as in the paper (when `scale`)."""
-    embedded = jnp.take(self.table, ids, axis=0).astype(self.dtype)
+    if self.quantized:
+      columns = jnp.take(self.kernel, ids, axis=1).astype(jnp.float32)  # [D, B, T]
+      columns = columns * jnp.take(self.kernel_scale, ids, axis=0)[None]
+      embedded = jnp.moveaxis(columns, 0, -1).astype(self.dtype)  # [B, T, D]
+    else:
+      embedded = jnp.take(self.table, ids, axis=0).astype(self.dtype)
     if not self.scale:
       return embedded
     return embedded * jnp.sqrt(jnp.asarray(self.emb_dim, self.dtype))
 
   def logits(self, x: Array) -> Array:
     """[B, T, D] -> [B, T, V], the output projection tied to this table (no scaling, no bias)."""
+    if self.quantized:
+      rows = x.shape[:-1]
+      logits = quantization.int8_matmul(x.reshape(-1, self.emb_dim), self.kernel,
+                                        self.kernel_scale)  # [B*T, V]
+      return logits.reshape(*rows, self.vocab_size)
     return jnp.einsum("btd,vd->btv", x, self.table.astype(self.dtype))
 
 
@@ -167,11 +193,18 @@ class FeedForward(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   activation: str = "relu"  # A key of ACTIVATIONS.
+  quantized: bool = False  # int8 kernels (serving, `model.quantization`).
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     """[B, T, D] -> [B, T, D]."""
     emb_dim = x.shape[-1]
+    if self.quantized:
+      hidden = quantization.Int8DenseGeneral(self.mlp_dim, use_bias=True, dtype=self.dtype,
+                                             kernel_axes=("embed", "mlp"), name="wi")(x)
+      hidden = batch_split(ACTIVATIONS[self.activation](hidden))  # [B, T, F]
+      return quantization.Int8DenseGeneral(emb_dim, use_bias=True, dtype=self.dtype,
+                                           kernel_axes=("mlp", "embed"), name="wo")(hidden)
     init = nn.initializers.xavier_uniform()
     hidden = nn.Dense(
         self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wi",

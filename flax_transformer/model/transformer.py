@@ -52,6 +52,7 @@ from flax_transformer.model.layers import (
   SubLayer,
   layer_norm,
 )
+from flax_transformer.model.quantization import Int8DenseGeneral
 from flax_transformer.runtime.sharding import batch_split
 
 Array = jax.Array
@@ -175,12 +176,12 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
       num_heads=config.num_heads, head_dim=config.head_dim,
       dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
       param_dtype=config.parameter_dtype, implementation=config.attention_implementation,
-      use_bias=config.attention_bias)
+      use_bias=config.attention_bias, quantized=config.quantization == "int8")
 
 
 def _feed_forward(config: ModelConfig) -> FeedForward:
   return FeedForward(config.mlp_dim, config.compute_dtype, config.parameter_dtype,
-                     activation=config.activation)
+                     activation=config.activation, quantized=config.quantization == "int8")
 
 
 def _default_positions(ids: Array) -> Array:
@@ -318,7 +319,10 @@ class Decoder(_Stack):
   def setup(self):
     super().setup()
     c = self.config
-    if not c.tie_output_projection:
+    if not c.tie_output_projection and c.quantization == "int8":
+      self.output_projection = Int8DenseGeneral(c.vocab_size, dtype=c.compute_dtype,
+                                                kernel_axes=("embed", "vocab"))
+    elif not c.tie_output_projection:
       self.output_projection = nn.DenseGeneral(
           c.vocab_size, use_bias=False, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
           kernel_init=nn.with_logical_partitioning(
@@ -392,7 +396,8 @@ class Transformer(nn.Module):
   def setup(self):
     c = self.config
     embedder = dict(vocab_size=c.vocab_size, emb_dim=c.emb_dim, dtype=c.compute_dtype,
-                    param_dtype=c.parameter_dtype, scale=c.scale_embeddings)
+                    param_dtype=c.parameter_dtype, scale=c.scale_embeddings,
+                    quantized=c.quantization == "int8")
     self.embedder = Embedder(**embedder)  # Source (and, when shared, target) embeddings.
     if not c.share_embeddings:
       self.target_embedder = Embedder(**embedder)

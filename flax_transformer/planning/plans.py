@@ -30,6 +30,7 @@ import ml_collections
 from flax_transformer import config as config_lib
 from flax_transformer.config import TranslateConfig
 from flax_transformer.decoding import bridge
+from flax_transformer.model import precision as precision_lib
 from flax_transformer.model.config import describe_model
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.planning.topology import PlanError, Topology, chip_of
@@ -117,12 +118,15 @@ def plan_train(config: ml_collections.ConfigDict, devices: list[jax.Device],
 
 
 def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
-                topology: Topology, batch_tokens: int | None = None) -> list[Plan]:
+                topology: Topology, batch_tokens: int | None = None,
+                precision: str = "float32") -> list[Plan]:
   """Compiles translate's search of `config` (its search group) for `devices`, at the largest
   device batch of every length bucket (`batching.largest_shapes`), one device batch per chip,
-  parameters replicated as `Translator.from_workdir(mesh=)` places them."""
+  parameters replicated as `Translator.from_workdir(mesh=)` places them, at the serving
+  `precision` (`model.precision`: int8 kernels, bfloat16 weights)."""
   exp = load_experiment(config, devices)
-  settings = TranslateConfig(search=exp.search)
+  exp = dataclasses.replace(exp, model=precision_lib.precision_config(exp.model, precision))
+  settings = TranslateConfig(search=exp.search, precision=precision)
   if batch_tokens is not None:
     settings = settings.replace(batch_tokens=batch_tokens)
   search = settings.search
@@ -141,7 +145,8 @@ def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
                                   sharding=rows_sharding)
     rng = _rng(search.method, rows * len(devices), replicated, rows_sharding)
     plans.append(_compile(
-        f"{search.method} search [{rows} x {length}]",
+        f"{search.method} search [{rows} x {length}]"
+        + ("" if precision == "float32" else f", {precision}"),
         lambda inputs=inputs, rng=rng, decode_len=decode_len: program.lower(
             params, inputs, rng, settings=search, max_decode_len=decode_len),
         devices, topology, state_bytes=_bytes_per_chip(params) + _bytes_per_chip(inputs),
@@ -149,7 +154,8 @@ def plan_decode(config: ml_collections.ConfigDict, devices: list[jax.Device],
         settings={"model": describe_model(exp.model, exp.preset), "rows_per_chip": rows,
                   "source_length": length, "max_decode_len": decode_len,
                   "beam_size": search.beam_size if search.method == "beam" else 1,
-                  "batch_tokens": settings.batch_tokens, "grow_cache": grow}))
+                  "batch_tokens": settings.batch_tokens, "grow_cache": grow,
+                  "precision": precision}))
   return plans
 
 

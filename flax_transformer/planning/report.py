@@ -126,10 +126,11 @@ def _tera(flops: float) -> str:
 
 
 def plan_config(config: Any, topology: str, *, num_slices: int = 1, decode: bool = False,
-                batch_tokens: int | None = None) -> list[Plan]:
+                batch_tokens: int | None = None, precisions: Sequence[str] = ("float32",)
+                ) -> list[Plan]:
   """What `flax-transformer plan` compiles: the train step of `config` (an experiment
   ConfigDict) for `topology` ("v5e:2x4") and, with `decode`, translate's search at every length
-  bucket's largest batch."""
+  bucket's largest batch, at each serving precision of `precisions` (`model.precision`)."""
   from flax_transformer.planning import plans
   from flax_transformer.planning import topology as topology_lib
 
@@ -137,7 +138,9 @@ def plan_config(config: Any, topology: str, *, num_slices: int = 1, decode: bool
   devices = topology_lib.topology_devices(parsed)
   programs = [plans.plan_train(config, devices, parsed)]
   if decode:
-    programs += plans.plan_decode(config, devices, parsed, batch_tokens=batch_tokens)
+    for precision in precisions:
+      programs += plans.plan_decode(config, devices, parsed, batch_tokens=batch_tokens,
+                                    precision=precision)
   return programs
 
 

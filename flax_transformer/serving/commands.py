@@ -150,7 +150,8 @@ def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize:
   return _run_bulk(opened, settings, checkpoint, command="score", inputs=[src, tgt],
                    output=output, extra_outputs=[],
                    make_task=lambda restored: chunk_tasks.ScoringTask(restored, normalize),
-                   job_settings={"batch_tokens": settings.batch_tokens, "normalize": normalize},
+                   job_settings={"batch_tokens": settings.batch_tokens, "normalize": normalize,
+                                 "precision": settings.precision},
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
 
 

@@ -52,6 +52,7 @@ from flax_transformer.data import alignments as alignments_lib
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
 from flax_transformer.errors import InputError
+from flax_transformer.model import precision
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
@@ -192,6 +193,8 @@ class Translator:
   Args:
     model_config: the architecture. params: its parameters (variables['params']), used by calls
       that pass none; None for a translator that is always given them (training's evaluation).
+      Both as trained: `settings.precision` converts them once, here (`model.precision`), and
+      the Translator holds the served config and params (int8 kernels, bfloat16 weights).
     tokenizer: the shared vocabulary. settings: how to search and batch (default: defaults).
     step: the checkpoint step the parameters come from (for reports).
     mesh: search one device batch per device of this mesh's 'data' axis at every step;
@@ -230,6 +233,11 @@ class Translator:
           f"model expects {self.model_config.vocab_size}.")
     if self.settings is None:
       object.__setattr__(self, "settings", TranslateConfig())
+    served = precision.precision_config(self.model_config, self.settings.precision)
+    if served != self.model_config:  # Once: a Translator already converted keeps its params.
+      object.__setattr__(self, "model_config", served)
+      if self.params is not None:
+        object.__setattr__(self, "params", self._converted(self.params))
     compilation_cache.enable_default_compilation_cache()  # Before anything compiles.
     score_fn = _jitted(self.model_config, self.mesh, self.ensemble)[1]
     if self.search_fn is None:
@@ -355,7 +363,7 @@ class Translator:
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
     sampling derives each sentence's key. `target_prefix`: one prefix per sentence ('' for
     none). `alignments`: also the word alignment of each hypothesis yielded."""
-    options = self.settings.replace(**settings)
+    options = self._options(settings)
     params = self._params(params)
     token_ids, cut = self._tokenize(sentences)
     prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index)
@@ -446,11 +454,28 @@ class Translator:
                    int(cut[step.indices].sum()))
 
   def _params(self, params: Any) -> Any:
-    """The call's params, else the translator's."""
-    params = self.params if params is None else params
-    if params is None:
+    """The call's params (as trained: converted to the serving precision), else the
+    translator's."""
+    if params is None and self.params is None:
       raise InputError("This Translator has no params of its own: pass params=.")
-    return params
+    return self.params if params is None else self._converted(params)
+
+  def _options(self, settings: dict[str, Any]) -> TranslateConfig:
+    """This translator's settings with a call's `settings` applied (all but the precision,
+    which the translator's params were converted to)."""
+    options = self.settings.replace(**settings)
+    if options.precision != self.settings.precision:
+      raise InputError(
+          f"precision is chosen when a Translator is made (this one serves "
+          f"{self.settings.precision}): Translator.from_workdir(..., "
+          f"precision={options.precision!r}).")
+    return options
+
+  def _converted(self, params: Any) -> Any:
+    """Trained params at this translator's precision (`model.precision.convert_params`)."""
+    if self.settings.precision == "float32":
+      return params
+    return precision.convert_params(params, self.model_config, leading_axes=int(self.ensemble))
 
   def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False,
                 side: str = "source") -> tuple[list[list[int]], np.ndarray]:
@@ -514,7 +539,7 @@ class Translator:
     alignments of that many hypotheses; `settings`: `TranslateConfig` fields, as `translate`
     takes them.
     """
-    options = self.settings.replace(**settings)
+    options = self._options(settings)
     params = self._params(params)
     shapes = batching.search_shapes(options.batch_tokens, self.model_config.max_len)
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)

@@ -1,0 +1,83 @@
+"""Serving precisions: a trained model served as it is (float32), in bfloat16, or with int8
+projections. Chosen when a model is loaded (`serving.Translator`'s `precision` setting, the
+CLI's `--precision`); the parameters on disk stay as trained.
+
+  float32   the model as trained.
+  bfloat16  every weight stored in bfloat16 and activations computed in bfloat16
+            (`ModelConfig.dtype` and `param_dtype`); LayerNorm statistics, the attention's
+            softmax, the logits and the search stay float32.
+  int8      w8a8 (`model.quantization`) on every projection: attention Q, K, V and output, the
+            FFN's two layers and the output projection (tied or not); embedding lookups read the
+            same int8 table. LayerNorm, the residual stream, attention scores and weights,
+            softmax, the logits and the search stay float32.
+
+  config = precision_config(trained_config, "int8")
+  params = convert_params(trained_params, config)   # once, when the model is loaded
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_transformer.model.config import ModelConfig
+from flax_transformer.model.quantization import quantize
+from flax_transformer.model.transformer import Transformer
+from flax_transformer.validation import ConfigError
+
+PRECISIONS: tuple[str, ...] = ("float32", "bfloat16", "int8")
+
+
+def precision_config(config: ModelConfig, precision: str) -> ModelConfig:
+  """The ModelConfig that serves the trained `config` at `precision` (one of PRECISIONS;
+  "float32" is the model as trained). Applying it twice changes nothing."""
+  if precision not in PRECISIONS:
+    raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
+  if precision == "bfloat16":
+    return config.replace(dtype="bfloat16", param_dtype="bfloat16")
+  if precision == "int8":
+    return config.replace(quantization="int8")
+  return config
+
+
+def convert_params(params: Any, config: ModelConfig, *, leading_axes: int = 0) -> Any:
+  """Parameters as trained -> the parameters of `config` (`precision_config`'s result).
+
+  bfloat16: every floating leaf cast to `config.param_dtype`. int8: each projection's kernel
+  quantized per output channel (`kernel` int8 and `kernel_scale`), each embedding table per
+  token (`embedding` [V, D] -> `embedding_kernel` int8 [D, V] and `embedding_scale` [V]); the
+  rest as it is. Which axes a kernel contracts comes from the int8 model's own parameters
+  (`kernel_scale` has the output axes), so every layer is cut along its own inputs.
+  `leading_axes`: axes in front of every leaf (1 for an ensemble's models axis). Parameters
+  already converted are returned as they are.
+  """
+  if config.quantization != "int8":
+    dtype = config.parameter_dtype
+    return jax.tree.map(
+        lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  target = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
+  return _quantized(params, nn.meta.unbox(target)["params"], leading_axes)
+
+
+def _quantized(params: Any, target: Any, leading: int) -> Any:
+  """`params` with the int8 leaves that `target` (the int8 model's parameter shapes) has."""
+  node = dict(params)
+  if "kernel_scale" in target and node["kernel"].dtype != jnp.int8:
+    contracted = target["kernel"].ndim - target["kernel_scale"].ndim
+    node["kernel"], node["kernel_scale"] = _quantize(
+        node["kernel"], axes=tuple(range(leading, leading + contracted)))
+  if "embedding_scale" in target and "embedding" in node:
+    table = node.pop("embedding")  # [..., V, D]: one scale per token.
+    kernel, node["embedding_scale"] = _quantize(table, axes=(table.ndim - 1,))
+    node["embedding_kernel"] = jnp.swapaxes(kernel, -1, -2)  # [..., D, V]
+  for name, child in target.items():
+    if isinstance(child, dict):
+      node[name] = _quantized(node[name], child, leading)
+  return node
+
+
+_quantize = jax.jit(quantize, static_argnames="axes")

@@ -1,0 +1,151 @@
+"""Serving precisions through the serving path (`Translator(precision=...)`, `--precision`): the
+checkpoint stays as trained, every search method and option runs at each precision, an ensemble
+of one checkpoint twice is that checkpoint, 1 device = 8 devices = 2 processes byte for byte,
+and a bulk job cannot switch precision when it resumes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from test_serving_bulk import (  # noqa: F401 (fixtures)
+  cli,
+  free_port,
+  tokenizer,
+  translate_args,
+  workdir,
+  write_input,
+)
+from test_serving_translator import sentences
+
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.cli import main
+from flax_transformer.errors import InputError
+from flax_transformer.runtime import sharding as sharding_lib
+from flax_transformer.serving import bulk
+from flax_transformer.serving.translator import Translator
+
+PRECISIONS = ("float32", "bfloat16", "int8")
+
+
+@pytest.fixture(scope="module")
+def translators(workdir):  # noqa: F811
+  return {precision: Translator.from_workdir(workdir, precision=precision)
+          for precision in PRECISIONS}
+
+
+def _dtypes(params) -> set[str]:
+  return {str(leaf.dtype) for leaf in jax.tree.leaves(params)}
+
+
+def test_each_precision_converts_the_params_once_and_leaves_the_checkpoint_as_trained(
+    workdir, translators):  # noqa: F811
+  assert _dtypes(translators["float32"].params) == {"float32"}
+  assert _dtypes(translators["bfloat16"].params) == {"bfloat16"}
+  assert _dtypes(translators["int8"].params) == {"int8", "float32"}
+  assert translators["int8"].model_config.quantization == "int8"
+  assert translators["bfloat16"].model_config.dtype == "bfloat16"
+  on_disk, _ = workdir_lib.restore_params(workdir)
+  assert _dtypes(on_disk) == {"float32"}
+  # Compiled and stored programs are kept per precision: each has its own search.
+  assert len({id(t.search_fn) for t in translators.values()}) == 3
+
+
+@pytest.mark.slow  # Compiles 7 searches per precision.
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_every_method_and_option_runs_at_each_precision(translators, precision):
+  translator = translators[precision]
+  texts = sentences(6, seed=5)
+  prefixes = [text.split()[0] for text in translators["float32"].translate(texts)]
+  for hypotheses, prefix in zip(translator.translate_nbest(texts, n=2, target_prefix=prefixes),
+                                prefixes, strict=True):
+    # ('', -inf) stands for a hypothesis the beam did not reach (float32 has one here too).
+    found = [text for text, score in hypotheses if score > -np.inf]
+    assert len(hypotheses) == 2 and found and all(text.startswith(prefix) for text in found)
+  aligned = translator.translate_aligned(texts)
+  assert [text for text, _ in aligned] == translator.translate(texts)
+  assert any(pairs for _, pairs in aligned)
+  for method in ("greedy", "sample"):
+    other = Translator(translator.model_config, translator.params, translator.tokenizer,
+                       translator.settings.replace(method=method, seed=1))
+    assert len(other.translate(texts)) == len(texts)
+
+
+@pytest.mark.slow  # Compiles an ensemble's search per precision.
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_an_ensemble_of_one_checkpoint_twice_translates_as_the_checkpoint(
+    workdir, translators, precision):  # noqa: F811
+  checkpoint = str(workdir / "checkpoints" / "1")
+  ensemble = Translator.from_checkpoints([checkpoint, checkpoint], precision=precision)
+  assert ensemble.ensemble and _dtypes(ensemble.params) == _dtypes(translators[precision].params)
+  texts = sentences(8, seed=6)
+  assert ensemble.translate(texts) == translators[precision].translate(texts)
+
+
+# ------------------------------------------------------------ devices, processes, resuming
+@pytest.mark.slow  # Spawns processes.
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
+    workdir, tmp_path, monkeypatch, precision):  # noqa: F811
+  source = tmp_path / "in.txt"
+  write_input(source, 80, seed=4)
+  flags = ["--chunk_lines", "24", "--batch_tokens", "96", "--precision", precision]
+  outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo")}
+  port = free_port()
+  gloo = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
+              "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+              "--process_id", str(i), devices=2, stderr=subprocess.PIPE)
+          for i in range(2)]
+  assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
+  monkeypatch.setattr(sharding_lib, "local_mesh",
+                      lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
+  assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
+  errors = [run.communicate(timeout=300)[1] for run in gloo]
+  assert [run.returncode for run in gloo] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  expected = outputs["one"].read_bytes()
+  assert len(expected.splitlines()) == 80 and len(set(expected.splitlines())) > 40
+  assert outputs["eight"].read_bytes() == expected
+  assert outputs["gloo"].read_bytes() == expected
+
+
+@pytest.mark.slow  # Runs the CLI's bulk job twice.
+def test_a_resumed_job_cannot_switch_precision(workdir, tmp_path, monkeypatch, capsys):  # noqa: F811
+  source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+  write_input(source, 30)
+  args = translate_args(workdir, source, output, "--chunk_lines", "10", "--precision", "int8")
+  real_read_chunks = bulk.read_chunks
+
+  def one_chunk_then_crash(*a, **k):
+    for number, item in enumerate(real_read_chunks(*a, **k)):
+      if number == 1:
+        raise RuntimeError("simulated kill")
+      yield item
+
+  monkeypatch.setattr(bulk, "read_chunks", one_chunk_then_crash)
+  assert main(args) == 1
+  monkeypatch.undo()
+  capsys.readouterr()
+  assert main(args[:-1] + ["float32"]) == 2
+  error = capsys.readouterr().err
+  assert 'settings.precision: "int8" in the partial run, "float32" now' in error
+  assert error.count("\n") == 1
+  assert main(args) == 0  # The same precision resumes.
+  assert len(output.read_text().splitlines()) == 30
+
+
+def test_translate_and_score_take_precision_and_reject_unknown_ones(capsys):
+  with pytest.raises(SystemExit):
+    main(["translate", "--workdir", "w", "--precision", "int4"])
+  assert "invalid choice: 'int4' (choose from 'float32', 'bfloat16', 'int8')" in (
+      capsys.readouterr().err)
+  with pytest.raises(SystemExit):
+    main(["score", "--workdir", "w", "--precision", "fp8"])
+  assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_a_call_cannot_switch_the_translators_precision(translators):
+  with pytest.raises(InputError, match=r"this one serves int8\): .*precision='float32'"):
+    translators["int8"].translate(["a"], precision="float32")
