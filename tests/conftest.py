@@ -3,9 +3,12 @@
 XLA reads the flag once, when the CPU backend starts, so it must be set before JAX is imported.
 """
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,30 @@ if os.environ["JAX_PLATFORMS"] in ("cuda", "gpu"):
   # unaffected: the setting only keeps float32 dots at float32.
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# train.py and the CLI cache compiled programs in ~/.cache by default; tests stay hermetic (a
-# test that checks the cache passes its own folder).
-os.environ["FLAX_TRANSFORMER_COMPILATION_CACHE"] = ""
+# train.py and the CLI cache compiled programs in ~/.cache by default. Tests use a cache of
+# their own, new for each session and removed at its end: nothing carries over between runs,
+# while the many processes that tests spawn (CLI commands, train.py, several hosts) and the
+# modules that build the same programs again load them instead of compiling them again. A test
+# that checks the cache passes its own folder; FLAX_TRANSFORMER_TEST_CACHE=off runs without one.
+if os.environ.get("FLAX_TRANSFORMER_TEST_CACHE") == "off":
+  os.environ["FLAX_TRANSFORMER_COMPILATION_CACHE"] = ""
+else:
+  # pytest-xdist's workers inherit the folder of the process that started them.
+  if not os.environ.get("_FLAX_TRANSFORMER_TEST_SESSION_CACHE"):
+    os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"] = tempfile.mkdtemp(
+        prefix="flax_transformer_tests_xla_")
+    atexit.register(shutil.rmtree, os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"],
+                    ignore_errors=True)
+  os.environ["FLAX_TRANSFORMER_COMPILATION_CACHE"] = (
+      os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_compilation_cache():
+  """This process uses the session's cache too (as a `Translator` would turn it on)."""
+  from flax_transformer.runtime.compilation_cache import enable_default_compilation_cache
+
+  enable_default_compilation_cache()
 
 
 @pytest.fixture(scope="module", autouse=True)

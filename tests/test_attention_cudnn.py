@@ -34,6 +34,7 @@ def _padding(t=T, s=S):
   return padding_mask(query_valid, key_valid)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("case, expected", [
     (dict(), True),
     (dict(dtype=jnp.float16), True),

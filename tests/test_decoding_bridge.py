@@ -77,6 +77,7 @@ def _teacher_forced_scores(model, variables, inputs, sequences, alpha):
   return (totals / ((5.0 + lengths) / 6.0) ** alpha).reshape(batch, beams)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_beam_scores_equal_teacher_forced_rescoring(model_and_variables):
   model, variables, inputs = model_and_variables
   search = jax.jit(lambda v, x: translate_ids(model, v, x, beam_size=3, max_decode_len=MAX_LEN,
@@ -94,6 +95,7 @@ def test_beam_scores_equal_teacher_forced_rescoring(model_and_variables):
     assert len({tuple(row) for row in np.asarray(sequences[b])}) == 3
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_shared_cross_attention_equals_recomputing_it_per_beam(model_and_variables):
   model, variables, inputs = model_and_variables
   options = dict(beam_size=4, max_decode_len=MAX_LEN, length_penalty=0.6, eos_id=EOS,
@@ -123,6 +125,7 @@ def test_shared_cross_attention_equals_recomputing_it_per_beam(model_and_variabl
 GROWTH = [dict(grow_cache=False), dict(grow_cache=True, segment_length=3)]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("growth", GROWTH, ids=["fixed_cache", "growing_cache"])
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_and_variables,
@@ -157,6 +160,7 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
   np.testing.assert_allclose(cached[1], reference[1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("options", [dict(method="beam", grow_cache=False),
                                      dict(method="beam", grow_cache=True, segment_length=3),
                                      dict(method="greedy", grow_cache=True, segment_length=3)],
@@ -204,6 +208,7 @@ def test_grow_cache_runs_one_loop_per_segment_and_by_default_only_for_beams_on_c
     grows_cache("maybe", "beam")
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("growth", GROWTH, ids=["fixed_cache", "growing_cache"])
 def test_greedy_equals_beam_one_and_its_own_rescoring(model_and_variables, growth):
   # EOS forbidden before L - 1 tokens and forced after them: beam 1 must then follow exactly
@@ -242,6 +247,7 @@ def test_sampling_runs_with_the_model_and_scores_its_samples(model_and_variables
   np.testing.assert_allclose(scores, expected[:, 0], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_make_tokens_to_logits_matches_decode_step(model_and_variables):
   model, variables, inputs = model_and_variables
   encoded = model.apply(variables, inputs, method=Transformer.encode)
@@ -301,6 +307,7 @@ def _numpy_sequence_log_prob(model, variables, source, target):
   return float(log_probs[np.arange(len(target)), target].sum())
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_sequence_log_probs_equal_a_numpy_log_softmax_per_pair(model_and_variables):
   model, variables, inputs = model_and_variables
   targets = [[4, 9, 1], [7, 1], [12, 3, 3, 5, 1]]  # Ending with EOS, three lengths.
@@ -324,6 +331,7 @@ def test_sequence_log_probs_equal_a_numpy_log_softmax_per_pair(model_and_variabl
   np.testing.assert_allclose(got_more, [*got, 0.0], atol=1e-6, rtol=5e-7)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_empty_rows_end_at_once_and_change_no_other_row(model_and_variables):
   model, variables, inputs = model_and_variables
   padded = jnp.concatenate([inputs, jnp.zeros((1, inputs.shape[1]), jnp.int32)])  # Row 3 empty.

@@ -63,6 +63,7 @@ def _default(model, method: str, prefixed: bool = True) -> list[np.ndarray]:
   return _RESULTS[key]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
 def test_every_hypothesis_starts_with_its_prefix(model, method):
   sequences, scores = _default(model, method)
@@ -116,6 +117,7 @@ def test_beam_scores_are_the_continuations_length_normalised(model):
                                  rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["beam"])
 def test_rows_do_not_depend_on_each_other(model, method):
   together = _default(model, method)

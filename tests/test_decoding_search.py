@@ -304,6 +304,7 @@ def _assert_matches_field_rule(toy, beams, alpha, normalization, **limits):
     np.testing.assert_allclose([s for s, _ in got], [s for s, _ in expected], rtol=2e-6)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("normalization", search.LENGTH_NORMALIZATIONS)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 @pytest.mark.parametrize("beams", [2, 4])
@@ -341,6 +342,7 @@ def test_top_k_rule_differs_from_every_beam_where_eos_has_weight():
   assert not np.array_equal(np.asarray(top_k), np.asarray(every_beam))
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("limits", [{}, dict(min_length=2), dict(max_lengths=[2, 5, 0, 3, 7])])
 @pytest.mark.parametrize("seed", [71, 72, 73])
 def test_top_k_rule_with_one_beam_is_greedy(seed, limits):
@@ -488,6 +490,7 @@ class HistoryToy(HashToy):
     return {**state, "tokens": jnp.pad(tokens, ((0, 0), (0, capacity - tokens.shape[1])))}
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
   # L = 5 in segments of 2: capacities 2, 4, 5. K = 81 holds every alive prefix (3 ** 4), so
@@ -602,6 +605,7 @@ def _search_with(method, toy, step, state, resize_state=None, **loop_options):
   return sample(problem, jax.random.key(5), temperature=2.0, loop_options=options)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("growing", [False, True], ids=["fixed_state", "growing_state"])
 @pytest.mark.parametrize("early_exit", [True, False], ids=["early_exit", "all_L_steps"])
 @pytest.mark.parametrize("method", ["beam", "beam_every_beam", "greedy", "sample"])

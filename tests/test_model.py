@@ -175,6 +175,7 @@ def test_one_encoder_and_one_decoder_layer_match_numpy(norm):
   assert relative_error(logits, want_logits) < RTOL
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("overrides", [
     dict(),
     dict(norm_placement="pre"),
@@ -219,6 +220,7 @@ def test_changing_a_target_token_leaves_earlier_logits_unchanged():
       assert np.abs(logits[:, j + 1:] - base[:, j + 1:]).max() > 1e-4
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_gradient_of_logits_wrt_future_decoder_inputs_is_zero():
   config = make_config(norm_placement="pre")
   inputs, targets = make_batch(source_lengths=(7, 7), target_lengths=(5, 5))
@@ -243,6 +245,7 @@ def test_gradient_of_logits_wrt_future_decoder_inputs_is_zero():
     assert np.abs(grad[:, : t + 1]).max() > 0.0
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_appending_padding_changes_no_real_logit():
   config = make_config()
   inputs, targets = make_batch()
@@ -256,6 +259,7 @@ def test_appending_padding_changes_no_real_logit():
                              rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_packed_rows_equal_examples_run_separately():
   config = make_config(norm_placement="pre")
   inputs, targets = make_batch(source_lengths=(4, 3), target_lengths=(3, 2))
@@ -307,6 +311,7 @@ def assert_cached_decoding_matches_the_full_forward_pass(config: ModelConfig, va
     ids = targets[:, t:t + 1]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_beams_share_cross_attention_without_copies():
   """K=3 beam rows per sentence against one cross-attention cache of B rows."""
   config = make_config()
@@ -470,6 +475,7 @@ def test_every_parameter_has_logical_axis_names():
     assert set(spec) <= allowed and any(name is not None for name in spec)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_bfloat16_compute_stays_close_to_float32():
   config = make_config()
   inputs, targets = make_batch()

@@ -104,6 +104,7 @@ def _trained(overrides: dict) -> tuple[ModelConfig, dict]:
   return config, init(config, *make_batch())
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("leading_axes", [0, 1])
 def test_int8_params_quantize_every_projection_and_embedding_and_nothing_else(leading_axes):
   config, variables = _trained(dict(tie_output_projection=False, share_embeddings=False,
@@ -142,6 +143,7 @@ def _leaf(tree, path: str):
   return tree
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 @pytest.mark.parametrize("overrides", [dict(), dict(tie_output_projection=False,
                                                     share_embeddings=False, **MARIAN_OPTIONS)],

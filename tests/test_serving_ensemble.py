@@ -58,6 +58,7 @@ def _reference_problem(model, params: list, min_length: int) -> SearchProblem:
                        eos_id=EOS, min_length=min_length, bos_id=PAD_ID)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("grow_cache", [False, True])
 def test_ensemble_beam_search_equals_a_search_that_averages_probabilities_by_hand(members,
                                                                                 grow_cache):
@@ -77,6 +78,7 @@ def test_ensemble_beam_search_equals_a_search_that_averages_probabilities_by_han
   assert all(not np.array_equal(ours[0], a) for a in alone)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_ensemble_greedy_equals_the_hand_averaged_reference(members):
   model, params = members
   ensemble = bridge.prepare_search(model, {"params": _stacked(params[:2])}, INPUTS,
@@ -87,6 +89,7 @@ def test_ensemble_greedy_equals_the_hand_averaged_reference(members):
   np.testing.assert_allclose(ours[1], reference[1], atol=2e-5)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_an_ensemble_of_one_model_twice_searches_as_that_model(members):
   model, params = members
   single = jax.jit(lambda: beam_search(bridge.prepare_search(
@@ -98,6 +101,7 @@ def test_an_ensemble_of_one_model_twice_searches_as_that_model(members):
   np.testing.assert_allclose(single[1], twice[1], atol=1e-5)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_ensemble_scores_are_the_log_of_the_mean_probability(members):
   model, params = members
   targets = jnp.array([[5, 6, EOS, 0], [7, EOS, 0, 0], [8, 9, 10, EOS]])
@@ -127,6 +131,7 @@ def workdirs(tmp_path_factory):
 SENTENCES = ["the dog sees the cat", "a man runs", "the old king sleeps near the river"]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_translator_of_one_checkpoint_twice_translates_as_the_checkpoint(workdirs):
   first, _, _ = workdirs
   checkpoint = str(first / "checkpoints" / "0")
@@ -142,6 +147,7 @@ def test_translator_of_one_checkpoint_twice_translates_as_the_checkpoint(workdir
                              twice.score(SENTENCES, SENTENCES), rtol=1e-5)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_translator_of_two_workdirs_scores_by_fairseqs_rule(workdirs):
   first, second, _ = workdirs
   ensemble = Translator.from_checkpoints([str(first / "checkpoints" / "0"),
@@ -155,6 +161,7 @@ def test_translator_of_two_workdirs_scores_by_fairseqs_rule(workdirs):
   assert len(ensemble.translate(SENTENCES)) == 3
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_cli_translates_with_an_ensemble_and_refuses_mismatched_members(workdirs, tmp_path,
                                                                        capsys):
   first, second, other = workdirs

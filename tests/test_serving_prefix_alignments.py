@@ -31,6 +31,7 @@ def translator(workdir):  # noqa: F811
 PREFIXES = ["the dog", "", "a", "the old man"]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["beam", "sample"])  # Greedy: tests/test_decoding_prefix.py.
 def test_every_translation_starts_with_its_prefix(translator, method):
   outputs = translator.translate_nbest(SENTENCES, target_prefix=PREFIXES, method=method)
@@ -43,6 +44,7 @@ def test_every_translation_starts_with_its_prefix(translator, method):
   assert not plain[3].startswith(PREFIXES[3])  # The prefix made the difference.
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_translate_aligned_gives_the_words_of_the_alignment_attention(translator):
   results = translator.translate_aligned(SENTENCES)
   assert [text for text, _ in results] == translator.translate(SENTENCES)
@@ -74,6 +76,7 @@ def test_bad_prefixes_are_one_line(translator):
     translator.translate(SENTENCES, target_prefix=["", "", long, ""])
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("kind", STORAGE_KINDS)
 def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
     kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):  # noqa: F811

@@ -95,6 +95,7 @@ def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monke
   assert not stored_in.exists()
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_compile_leaves_nothing_for_later_calls_to_compile(tokenizer, stored_in, monkeypatch):  # noqa: F811
   translator = _translator(tokenizer, batch_tokens=64, beam_size=2)
   built = []
@@ -134,6 +135,7 @@ def test_making_a_translator_asks_for_the_default_cache(tokenizer, monkeypatch):
   assert asked == [1]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["greedy", "sample"])
 def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer, stored_in,  # noqa: F811
                                                                        method):

@@ -64,6 +64,7 @@ def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
                     search_fn=copy_search)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokenizer,
                                                                          monkeypatch):
   # tests/test_decoding_bridge.py checks long searches with both caches; here: the setting's route.
@@ -124,6 +125,7 @@ def test_bucket_length():
   assert [bucket_length(n, 100) for n in (1, 8, 9, 33, 100)] == [8, 8, 16, 64, 100]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_order_is_restored_and_empty_lines_stay_empty(tokenizer):
   translator = copy_translator(tokenizer, batch_tokens=64)
   lines = sentences(40, seed=1)
@@ -169,6 +171,7 @@ def test_write_lines_compresses_a_gz_output_and_round_trips(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["out.de", "out.de.gz"]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_failure_leaves_no_partial_output(tokenizer, tmp_path):
   translator = copy_translator(tokenizer, batch_tokens=16)
   output = tmp_path / "out.txt"

@@ -108,6 +108,7 @@ def test_infinite_gradient_norm_with_a_finite_loss_stops_before_saving(tmp_path)
   assert checkpoints.make_manager(tmp_path, read_only=True).all_steps() == [2, 4]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_gradients_that_overflow_float32_stop_the_real_step(tmp_path):
   """Embeddings scaled by 3e18: the forward pass (and so the loss) stays finite, the backward
   pass overflows float32, and the update would make every parameter NaN."""

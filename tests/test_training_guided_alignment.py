@@ -130,6 +130,7 @@ def test_alignment_loss_sum_equals_numpy():
                              expected, rtol=1e-6)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_step_alignment_loss_equals_numpy_forward_pass():
   config = _model_config()
   examples = _examples(3)
@@ -159,6 +160,7 @@ def test_packed_rows_give_the_loss_of_unpacked_rows():
     np.testing.assert_allclose(packed[key], unpacked[key], rtol=2e-5)
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_accumulation_and_eight_devices_equal_one_step_on_one_device():
   config, train = _model_config(dropout_rate=0.1), _train_config()
   batch = _pack([_examples(2, seed=s) for s in range(8)], length=16)
@@ -187,6 +189,7 @@ def _alignment_loss(config, params, batch) -> float:
   return float(loss_lib.alignment_loss_sum(attention, batch["alignment"]))
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_short_guided_run_learns_the_alignment():
   config = _model_config()
   batch = _pack([_examples(2, seed=s) for s in range(4)], length=16)

@@ -57,6 +57,7 @@ def _train_py_program(config, workdir) -> str:
   return texts[0]
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("fsdp", [False, True], ids=["data_parallel", "fsdp"])
 def test_plan_compiles_the_program_train_py_runs(tmp_path, fsdp):
   assert jax.device_count() == 8
@@ -84,6 +85,7 @@ def test_recipe_places_the_batch_and_state_as_the_step_takes_them():
       train.abstract_state.params))
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_a_restart_reads_config_json_once_and_writes_no_vocabulary(tmp_path, monkeypatch):
   from flax_transformer.training import vocabulary
   from flax_transformer.workdir import layout

@@ -64,6 +64,7 @@ def single_device_run():
   return _run(jax.devices()[:1], fsdp=False, batch=_packed_batch(16))
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("fsdp", [False, True], ids=["data_parallel", "fsdp"])
 def test_sharded_step_matches_single_device(single_device_run, fsdp):
   assert jax.device_count() == 8
@@ -96,6 +97,7 @@ def test_data_parallel_replicates_params():
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings.opt_state))
 
 
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_gradient_accumulation_equals_one_step_on_the_whole_batch():
   batch = _packed_batch(16, seed=1)
   whole, whole_losses = _run(jax.devices(), fsdp=False, batch=batch, num_steps=1, dropout=0.0)
