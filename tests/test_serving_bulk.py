@@ -83,6 +83,20 @@ def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11) ->
   return lines
 
 
+def crash_after_chunks(monkeypatch, chunks: int) -> None:
+  """Bulk jobs read `chunks` chunks, then raise RuntimeError("simulated kill") (a crash that is
+  not an Error: the CLI prints its traceback and exits with 1); `monkeypatch.undo()` ends it."""
+  real_read_chunks = bulk.read_chunks
+
+  def crashing(*a, **k):
+    for number, item in enumerate(real_read_chunks(*a, **k)):
+      if number == chunks:
+        raise RuntimeError("simulated kill")
+      yield item
+
+  monkeypatch.setattr(bulk, "read_chunks", crashing)
+
+
 def translate_args(workdir: Path, source: Path, output: Path, *extra: str) -> list[str]:
   return ["translate", "--workdir", str(workdir), "--input", str(source), "--output",
           str(output), *extra]
@@ -216,15 +230,7 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   write_input(source, 40)
   args = translate_args(workdir, source, output, "--chunk_lines", "10", "--method", "greedy")
-  real_read_chunks = bulk.read_chunks
-
-  def one_chunk_then_crash(*a, **k):
-    for number, item in enumerate(real_read_chunks(*a, **k)):
-      if number == 1:
-        raise RuntimeError("simulated kill")
-      yield item
-
-  monkeypatch.setattr(bulk, "read_chunks", one_chunk_then_crash)
+  crash_after_chunks(monkeypatch, 1)
   assert main(args) == 1  # Not an Error: the CLI shows its traceback and exits with 1.
   assert "RuntimeError: simulated kill" in capsys.readouterr().err
   monkeypatch.undo()
@@ -264,13 +270,12 @@ def cli(*args: str, devices: int = 8, cache: Path | None = None, environ: dict |
                           cwd=REPO, env=env, text=True, **popen)
 
 
-def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir, tmp_path,
-                                                                          monkeypatch):
-  source = tmp_path / "in.txt"
-  write_input(source, 160, seed=4)
-  flags = ["--chunk_lines", "48", "--batch_tokens", "96"]  # Several steps of several shapes.
-  outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo", "files", "srun")}
-  port, cache = free_port(), tmp_path / "xla"
+def translate_on_eight_devices_one_and_two_processes(
+    workdir: Path, source: Path, outputs: dict[str, Path], flags: list[str], monkeypatch,
+    cache: Path | None = None) -> None:
+  """Translates `source` into outputs["eight"] (this process, 8 devices), outputs["one"] (one
+  device) and outputs["gloo"] (2 processes of 2 devices joined by jax.distributed)."""
+  port = free_port()
   gloo = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
               "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
               "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
@@ -281,6 +286,17 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir
   assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
   errors = [run.communicate(timeout=300)[1] for run in gloo]
   assert [run.returncode for run in gloo] == [0, 0], "\n".join(e[-3000:] for e in errors)
+
+
+def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir, tmp_path,
+                                                                          monkeypatch):
+  source = tmp_path / "in.txt"
+  write_input(source, 160, seed=4)
+  flags = ["--chunk_lines", "48", "--batch_tokens", "96"]  # Several steps of several shapes.
+  outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo", "files", "srun")}
+  cache = tmp_path / "xla"
+  translate_on_eight_devices_one_and_two_processes(workdir, source, outputs, flags, monkeypatch,
+                                                   cache)
   # Without jax.distributed: each process does its chunks; the one that ends last merges.
   files = [cli(*translate_args(workdir, source, outputs["files"], *flags), "--num_processes",
                "2", "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)

@@ -5,17 +5,14 @@ and a bulk job cannot switch precision when it resumes."""
 
 from __future__ import annotations
 
-import subprocess
-
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 from test_serving_bulk import (  # noqa: F401 (fixtures)
-  cli,
-  free_port,
+  crash_after_chunks,
   tokenizer,
   translate_args,
+  translate_on_eight_devices_one_and_two_processes,
   workdir,
   write_input,
 )
@@ -24,8 +21,6 @@ from test_serving_translator import sentences
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
 from flax_transformer.errors import InputError
-from flax_transformer.runtime import sharding as sharding_lib
-from flax_transformer.serving import bulk
 from flax_transformer.serving.translator import Translator
 
 PRECISIONS = ("float32", "bfloat16", "int8")
@@ -94,17 +89,7 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
   write_input(source, 80, seed=4)
   flags = ["--chunk_lines", "24", "--batch_tokens", "96", "--precision", precision]
   outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo")}
-  port = free_port()
-  gloo = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
-              "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
-              "--process_id", str(i), devices=2, stderr=subprocess.PIPE)
-          for i in range(2)]
-  assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
-  monkeypatch.setattr(sharding_lib, "local_mesh",
-                      lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
-  assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
-  errors = [run.communicate(timeout=300)[1] for run in gloo]
-  assert [run.returncode for run in gloo] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  translate_on_eight_devices_one_and_two_processes(workdir, source, outputs, flags, monkeypatch)
   expected = outputs["one"].read_bytes()
   assert len(expected.splitlines()) == 80 and len(set(expected.splitlines())) > 40
   assert outputs["eight"].read_bytes() == expected
@@ -116,15 +101,7 @@ def test_a_resumed_job_cannot_switch_precision(workdir, tmp_path, monkeypatch, c
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   write_input(source, 30)
   args = translate_args(workdir, source, output, "--chunk_lines", "10", "--precision", "int8")
-  real_read_chunks = bulk.read_chunks
-
-  def one_chunk_then_crash(*a, **k):
-    for number, item in enumerate(real_read_chunks(*a, **k)):
-      if number == 1:
-        raise RuntimeError("simulated kill")
-      yield item
-
-  monkeypatch.setattr(bulk, "read_chunks", one_chunk_then_crash)
+  crash_after_chunks(monkeypatch, 1)
   assert main(args) == 1
   monkeypatch.undo()
   capsys.readouterr()

@@ -11,7 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import STORAGE_KINDS, storage_folder
-from test_serving_bulk import tokenizer, translate_args, workdir, write_input  # noqa: F401
+from test_serving_bulk import (  # noqa: F401 (fixtures)
+  crash_after_chunks,
+  tokenizer,
+  translate_args,
+  workdir,
+  write_input,
+)
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
@@ -103,16 +109,8 @@ def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
                                         len(text.split()))
     assert len(parsed) == len(text.split())
   # A job killed after two chunks resumes them and writes the same bytes.
-  real_read_chunks = bulk.read_chunks
-
-  def two_chunks_then_crash(*a, **k):
-    for number, item in enumerate(real_read_chunks(*a, **k)):
-      if number == 2:
-        raise RuntimeError("simulated kill")
-      yield item
-
   out, align = folder / "out.txt", folder / "out.align"
-  monkeypatch.setattr(bulk, "read_chunks", two_chunks_then_crash)
+  crash_after_chunks(monkeypatch, 2)
   assert main(args(out, align)) == 1  # Not an Error: its traceback, exit status 1.
   assert "RuntimeError: simulated kill" in capsys.readouterr().err
   monkeypatch.undo()
