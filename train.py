@@ -73,6 +73,8 @@ def main(argv):
     logging.warning("%s", stop)
     sys.exit(stop.exit_code)
   except Error as error:  # A fault of the job or its inputs that the user can fix: one line.
+    # The last line: a data thread still finishing a batch logs nothing after it.
+    logging.set_verbosity(logging.ERROR)
     sys.exit(f"error: {error}")
   except Exception:  # A bug: its traceback, and how to report it.
     traceback.print_exc()

@@ -147,7 +147,12 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
       workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save)
   record = _record(config, recipe.model.config, exp.preset)
   _log_config_changes(record, saved, workdir)
-  state = _restore_or_init(recipe, manager, train_iter, source)
+  try:
+    state = _restore_or_init(recipe, manager, train_iter, source)
+  except BaseException:  # The iterator may be prefetching already (its state was restored).
+    manager.close()
+    train_iter.close()
+    raise
   if is_chief:  # Only once the checkpoint is known to fit the config.
     files.write_json(workdir / workdir_lib.CONFIG_FILE, record)
   logging.info("%s parameters; mesh %s; fsdp=%s.", f"{recipe.parameter_count:,}",
