@@ -152,12 +152,15 @@ def test_cached_decoding_matches_the_full_forward_pass_at_each_precision(precisi
   config, variables = _trained(overrides)
   served = precision_config(config, precision)
   params = convert_params(variables["params"], served)
-  # int8: both passes quantize the same rows the same way, so only float rounding differs.
+  # int8: both passes quantize the same rows the same way, so only float rounding differs
+  # (measured on CPU: 5e-7). bfloat16: the two passes round in a different order; the largest
+  # difference measured is one bfloat16 step at |logit| ~ 2 (0.0156).
   assert_cached_decoding_matches_the_full_forward_pass(
       served, {"params": params}, tolerance=1e-5 if precision == "int8" else 2e-2)
 
 
-@pytest.mark.parametrize(("precision", "bound"), [("bfloat16", 0.05), ("int8", 0.05)])
+# Measured: 0.016 (bfloat16) and 0.028 (int8), largest over every real target token.
+@pytest.mark.parametrize(("precision", "bound"), [("bfloat16", 0.03), ("int8", 0.05)])
 def test_teacher_forced_log_probabilities_stay_near_float32(precision, bound):
   config, variables = _trained(dict())
   inputs, targets = make_batch()
