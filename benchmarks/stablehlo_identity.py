@@ -1,6 +1,6 @@
-"""Hashes of the StableHLO of the float32 train step, beam search and greedy search (tiny model,
-source locations stripped): run it in two checkouts to show that a change leaves the compiled
-programs, and so their speed, as they were.
+"""Hashes of the StableHLO of the float32 train step, beam search, greedy search and the
+Translator's `search_batch` (tiny model, source locations stripped): run it in two checkouts to
+show that a change leaves the compiled programs, and so their speed, as they were.
 
   (cd OLD && PYTHONPATH=$PWD python /path/to/benchmarks/stablehlo_identity.py)
   (cd NEW && PYTHONPATH=$PWD python benchmarks/stablehlo_identity.py)
@@ -10,6 +10,7 @@ Each line: program, SHA-256 prefix of its text, its length in characters.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -18,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer import ModelConfig, Transformer
-from flax_transformer.config import TrainConfig
+from flax_transformer.config import SearchConfig, TrainConfig
 from flax_transformer.decoding import bridge, search
+from flax_transformer.serving.translator import search_batch
 from flax_transformer.training import recipe
 
 
@@ -30,7 +32,7 @@ def _without_locations(text: str) -> str:
 
 
 def programs() -> dict[str, str]:
-  """{name: StableHLO text} of the three programs."""
+  """{name: StableHLO text} of the four programs."""
   config = ModelConfig.tiny(200)
   train = TrainConfig(schedule="warmup_rsqrt", learning_rate=1e-3, warmup_steps=10,
                       num_train_steps=100, label_smoothing=0.1, seed=0)
@@ -48,9 +50,13 @@ def programs() -> dict[str, str]:
     return search.greedy_search(bridge.prepare_search(model, variables, inputs,
                                                       max_decode_len=20))
 
+  # The Translator's program, as a call without a prefix or constraints runs it.
+  settings = SearchConfig(beam_size=4, grow_cache="yes")
+  served = jax.jit(functools.partial(search_batch, model, settings=settings, max_decode_len=20))
   return {"train_step": built.lower(built.init_state(), batch).as_text(),
           "beam_search": jax.jit(beam).lower(variables, ids).as_text(),
-          "greedy_search": jax.jit(greedy).lower(variables, ids).as_text()}
+          "greedy_search": jax.jit(greedy).lower(variables, ids).as_text(),
+          "search_batch": served.lower(variables["params"], ids, jax.random.key(0)).as_text()}
 
 
 def main() -> None:

@@ -112,4 +112,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Grow the self-attention cache with the output (faster search, longer compiles): "auto"
   # (beam search on CPU), "yes" or "no".
   search.grow_cache = "auto"
+  # Terminology constraints (translate --constraints): "unordered" or "ordered"; the most
+  # constraints (and forbidden phrases) per sentence, and target pieces per phrase.
+  search.constraint_order = "unordered"
+  search.max_constraints = 8
+  search.max_constraint_pieces = 16
   return config

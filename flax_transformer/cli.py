@@ -59,6 +59,16 @@ def _add_settings_arguments(parser: argparse.ArgumentParser, *names: str) -> Non
                         "length bucket and batch size first, with a progress bar.")
 
 
+def _add_phrase_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument(
+      "--constraints", default=None, help="A file of line-aligned terminology constraints: the "
+      "target phrases each translation must contain, separated by tabs (or a JSON list), an "
+      "empty line for none; beam search only (--constraint_order: in any order, or as given).")
+  parser.add_argument(
+      "--forbid", default=None, help="A file of line-aligned phrases no translation may "
+      "contain, laid out as --constraints.")
+
+
 def _add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
   from flax_transformer.serving.bulk import DEFAULT_CHUNK_LINES
 
@@ -86,6 +96,13 @@ def _warn_truncated(count: int, inputs: str) -> None:
           "truncated.", file=sys.stderr)
 
 
+def _warn_unmet(count: int, constraints: str | None) -> None:
+  if count:
+    print(f"Warning: the translations of {count} line(s) miss a phrase of {constraints}: the "
+          "length cap (--max_len_a, --max_len_b, the model's max_len) ended them first.",
+          file=sys.stderr)
+
+
 def run_translate(args: argparse.Namespace) -> int:
   """`translate`: a file or stdin to one translation (or --nbest) per line: a resumable file
   job, or a stream."""
@@ -93,10 +110,12 @@ def run_translate(args: argparse.Namespace) -> int:
 
   result = commands.translate(
       _parameters(args), input=args.input, output=args.output,
-      target_prefix=args.target_prefix, alignments=args.alignments, nbest=args.nbest,
+      target_prefix=args.target_prefix, constraints=args.constraints, forbid=args.forbid,
+      alignments=args.alignments, nbest=args.nbest,
       chunk_lines=args.chunk_lines, warmup=args.warmup, sharing=commands.Sharing(
           args.coordinator_address, args.num_processes, args.process_id))
   _warn_truncated(result.truncated, ", ".join(filter(None, (args.input, args.target_prefix))))
+  _warn_unmet(result.unmet, args.constraints)
   return 0
 
 
@@ -119,20 +138,24 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
   scores = commands.evaluate(_parameters(args), src=args.src, ref=args.ref,
                              output=args.output, warmup=args.warmup,
-                             target_lang=args.target_lang)
+                             target_lang=args.target_lang, constraints=args.constraints,
+                             forbid=args.forbid)
   _warn_truncated(scores["truncated"], args.src)
+  _warn_unmet(scores.get("unmet", 0), args.constraints)
   print(json.dumps(scores, indent=2) if args.json else summary(scores))
   return 0
 
 
 def _call(target: str, *names: str) -> Callable[[argparse.Namespace], int]:
   """A command that imports `target` ("module:function") when it runs, calls it with the flags
-  `names` as keyword arguments, and prints what it returns: the path it wrote."""
+  `names` as keyword arguments, and prints what it returns: the path it wrote (or each of a
+  list, one a line)."""
 
   def run(args: argparse.Namespace) -> int:
     module, _, function = target.partition(":")
-    print(getattr(importlib.import_module(module), function)(
-        **{name: getattr(args, name) for name in names}))
+    result = getattr(importlib.import_module(module), function)(
+        **{name: getattr(args, name) for name in names})
+    print(*(result if isinstance(result, list) else [result]), sep="\n")
     return 0
 
   return run
@@ -234,6 +257,7 @@ def _add_bulk_commands(commands) -> None:
                          help="Output file ('-' for stdout; gzip when it ends in .gz).")
   translate.add_argument("--target_prefix", default=None, help="A file of line-aligned target "
                          "prefixes that each translation starts with (an empty line: none).")
+  _add_phrase_arguments(translate)
   translate.add_argument("--alignments", default=None, help="Also write each output line's word "
                          "alignment here, Moses 'i-j' (source word i, target word j, from 0).")
   translate.add_argument("--nbest", type=int, default=None,
@@ -262,6 +286,7 @@ def _add_workdir_commands(commands) -> None:
   evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")
   evaluate.add_argument("--output", default=None, help="Also write the translations here.")
   evaluate.add_argument("--json", action="store_true", help="Print the scores as JSON.")
+  _add_phrase_arguments(evaluate)
   evaluate.add_argument("--target_lang", default=None, help="The references' language, for BLEU "
                         "on lowercased, normalized, Moses-tokenized text (lc.norm.tok) beside "
                         "the cased sacreBLEU (default: the workdir's data.target_lang).")
@@ -284,6 +309,16 @@ def _add_workdir_commands(commands) -> None:
                          help="Head indices to draw (default: all).")
   attention.add_argument("--output", required=True, help="PNG file to write.")
   attention.set_defaults(run=run_attention)
+
+  split = commands.add_parser("split", help="Write a data split of the workdir as SPLIT.src "
+                               "and SPLIT.ref, the files evaluate and score read.")
+  split.add_argument("--workdir", required=True)
+  split.add_argument("--split", default="test", choices=("train", "eval", "test"),
+                     help="config.data's train_split, eval_split or test_split (default test).")
+  split.add_argument("--output", default=None,
+                     help="Write OUTPUT.src and OUTPUT.ref (default: the split's name, here).")
+  split.set_defaults(run=_call("flax_transformer.workdir:write_split", "workdir", "split",
+                               "output"))
 
   curves = commands.add_parser("curves", help="Plot loss, BLEU and learning rate vs steps.")
   curves.add_argument("--workdir", required=True)

@@ -275,6 +275,13 @@ class SearchConfig:
   grow_cache: Literal["auto", "yes", "no"] = checked_field(
       "auto", doc="Grow the self-attention cache with the output: faster search, longer "
       "compiles (auto = yes for beam search on CPU, in batches of more than 8 rows).")
+  constraint_order: Literal["unordered", "ordered"] = checked_field(
+      "unordered", doc="Beam search with constraints: meet them in any order, or in the order "
+      "given (fairseq's --constraints ordered).")
+  max_constraints: int = checked_field(
+      8, POSITIVE, "Most constraints, and most forbidden phrases, per sentence.")
+  max_constraint_pieces: int = checked_field(
+      16, POSITIVE, "Most target pieces per constraint or forbidden phrase.")
 
   def __post_init__(self):
     check_fields(self)
@@ -393,6 +400,14 @@ def search_config_from(config: Mapping[str, Any]) -> SearchConfig:
   return parse_group(SearchConfig, config["search"])
 
 
+def data_config_from(config: Mapping[str, Any]) -> DataConfig:
+  """The data group of a saved config (a workdir's config.json); ConfigError when it has none
+  or a bad one."""
+  if "data" not in config:
+    raise ConfigError("it has no data group (config.data).")
+  return parse_group(DataConfig, config["data"])
+
+
 def _device_counts(num_devices: int | None, num_processes: int | None) -> tuple[int, int]:
   if num_devices is None or num_processes is None:
     import jax
@@ -440,6 +455,7 @@ __all__ = [
   "SearchConfig",
   "TrainConfig",
   "TranslateConfig",
+  "data_config_from",
   "group_keys",
   "load",
   "override_problem",

@@ -1,10 +1,11 @@
 """`flax-transformer export --format ctranslate2`: the exported model computes ours.
 
 Checked with CTranslate2 itself: teacher-forced log-probabilities (`score_batch`) within 1e-5
-for every model option, greedy ids equal, and the README's text recipe (SentencePiece pieces in,
-pieces out) gives our text. On the briefly trained workdir's 64 test sentences (beam 4), int8's
-BLEU must be within 2.0 of float32's (the three BLEU scores are printed), and int8_float32,
-float16 and bfloat16 exports must give at least 16 of the first 32 lines as float32 does (beam 2).
+for every model option, greedy ids equal, and the text recipe of docs/pretrained.md
+(SentencePiece pieces in, pieces out) gives our text. On the briefly trained workdir's 64 test
+sentences (beam 4), int8's BLEU must be within 2.0 of float32's (the three BLEU scores are
+printed), and int8_float32, float16 and bfloat16 exports must give at least 16 of the first 32
+lines as float32 does (beam 2).
 
 Beam search with finish_rule "top_k" and length_normalization "fairseq" is CTranslate2's own (a
 hypothesis finishes when its EOS ranks among the step's K best extensions; a sentence is done at
@@ -191,7 +192,7 @@ def test_float32_greedy_ids_and_text_equal_ours(exported, trained_workdir, train
   texts = [s for s, _ in trained_test_split[:16]]
   mine = _check_greedy(ours, ct2, texts)
   assert sum(row[-1] == EOS_ID for row in mine) > len(mine) // 2  # Most end by the model.
-  # The README's recipe: SentencePiece pieces in, pieces out, SentencePiece decode.
+  # docs/pretrained.md's recipe: SentencePiece pieces in, pieces out, SentencePiece decode.
   source = spm.SentencePieceProcessor(model_file=str(exported / "float32" / "source.spm"))
   target = spm.SentencePieceProcessor(model_file=str(exported / "float32" / "target.spm"))
   results = ct2.translate_batch([source.encode(t, out_type=str) for t in texts], beam_size=1,
@@ -372,7 +373,7 @@ def test_alignment_attention_equals_ctranslate2_on_the_trained_workdir(exported,
 
 
 def _ct2_texts(exported_folder: Path, sources: list[str], **settings) -> list[str]:
-  """The README's recipe: SentencePiece pieces in, pieces out, SentencePiece decode."""
+  """docs/pretrained.md's recipe: SentencePiece pieces in, pieces out, SentencePiece decode."""
   source = spm.SentencePieceProcessor(model_file=str(exported_folder / "source.spm"))
   target = spm.SentencePieceProcessor(model_file=str(exported_folder / "target.spm"))
   results = _translator(exported_folder).translate_batch(

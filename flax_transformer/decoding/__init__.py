@@ -1,8 +1,9 @@
 """Decoding: `search` (beam search, greedy decoding, sampling over any step function and its
 explicit state; no model imports), `loop` (the while loop's segments and steps per iteration),
-`topk` (the blocked top-k the beam step uses) and `bridge` (the Transformer as a search
+`topk` (the blocked top-k the beam step uses), `constraints` (terminology constraints
+and forbidden phrases as data of static shape) and `bridge` (the Transformer as a search
 problem: encode once, cross-attention K/V once, an empty cache, the length limits). Arrows point
-down: bridge -> model, search; search -> loop, topk."""
+down: bridge -> model, search; search -> loop, topk, constraints."""
 
 from flax_transformer.exports import lazy_exports
 
@@ -12,6 +13,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "SearchProblem": "search:SearchProblem",
     "beam_search": "search:beam_search",
     "bridge": "bridge",
+    "constraints": "constraints",
     "greedy_search": "search:greedy_search",
     "loop": "loop",
     "prepare_search": "bridge:prepare_search",

@@ -158,6 +158,8 @@ def prepare_search(
     model: Transformer, variables: Any, inputs: Array, *, max_decode_len: int,
     max_len_a: float = 0.0, max_len_b: int | None = None, min_length: int = 0,
     grow_cache: bool = False, target_prefix: Array | None = None, ensemble: bool = False,
+    constraints: Array | None = None, ordered_constraints: bool = False,
+    forbid: Array | None = None,
 ) -> search.SearchProblem:
   """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
   decoder step, an empty self-attention cache of one slot per sentence (K slots in beam
@@ -175,6 +177,9 @@ def prepare_search(
     target_prefix: optional int32 [B, P] (P <= max_decode_len): the tokens every hypothesis of
       a row starts with, zeros after (`search`'s "Target prefix").
     ensemble: variables["params"] leaves lead with M models (module docstring, "Ensembles").
+    constraints, ordered_constraints, forbid: optional int32 [B, C, P] phrases every hypothesis
+      must contain (in the given order), or must not (`search`'s "Constraints and forbidden
+      phrases").
   """
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
@@ -194,6 +199,7 @@ def prepare_search(
     step = make_tokens_to_logits(model, variables)
   return search.SearchProblem(
       tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
+      constraints=constraints, ordered_constraints=ordered_constraints, forbid=forbid,
       batch_size=batch_size, max_decode_len=max_decode_len, eos_id=EOS_ID,
       bos_id=PAD_ID, shared_state=cross,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,

@@ -100,6 +100,17 @@ Target prefix (`target_prefix`, int32 [B, P], P <= L, each row's tokens then zer
   candidate, and where it ranks 2nd to K-th it takes the place of an alive beam without
   finishing (CTranslate2's guard against short outputs, its issue #277). Rows of different
   prefix lengths (0: none) share one program: the lengths are data.
+
+Constraints and forbidden phrases (`constraints`, `forbid`: int32 [B, C, P], `decoding.constraints`)
+  `constraints`: phrases every hypothesis of beam search must contain, met in any order or, with
+  `ordered_constraints`, in the given one. The step allocates its candidates to banks by the
+  constraint pieces they have (vectorized dynamic beam allocation, Hu et al. 2019, as fairseq's
+  `--constraints`; `decoding.constraints` defines it); EOS is allowed only to a hypothesis that
+  has met every phrase, unless the length cap forces it. It needs the "top_k" finish rule and
+  K >= 2 (a single beam has no banks to allocate); greedy decoding and sampling refuse it. A
+  problem without constraints runs `_beam_step`, the plain step, unchanged. `forbid`: phrases
+  no hypothesis may contain (every search). Rows with any mix of phrase counts share one
+  program: zero rows are no phrase.
 """
 
 from __future__ import annotations
@@ -115,6 +126,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from flax_transformer.conventions import PAD_ID
+from flax_transformer.decoding import constraints as constraints_lib
 from flax_transformer.decoding import loop
 from flax_transformer.decoding.loop import LoopOptions, ResizeState
 from flax_transformer.decoding.topk import top_k as _top_k
@@ -168,6 +180,10 @@ class SearchProblem:
       of the state's rows (module docstring, "State protocol").
     target_prefix: optional int32 [B, P], P <= max_decode_len: tokens every hypothesis of the
       sentence starts with, zeros after (module docstring, "Target prefix").
+    constraints: optional int32 [B, C, P]: phrases every hypothesis must contain, each row's
+      pieces then zeros, a zero row for none (module docstring, "Constraints and forbidden
+      phrases"). ordered_constraints: met in the given order.
+    forbid: optional int32 [B, F, P]: phrases no hypothesis may contain, laid out the same way.
   """
 
   tokens_to_logits: TokensToLogits | TokensToLogitsWithShared
@@ -183,6 +199,9 @@ class SearchProblem:
   expand_state: ExpandState | None = None
   reorder_state: ReorderState | None = None
   target_prefix: Array | None = None
+  constraints: Array | None = None
+  ordered_constraints: bool = False
+  forbid: Array | None = None
 
   def __post_init__(self):
     if (self.expand_state is None) != (self.reorder_state is None):
@@ -207,6 +226,12 @@ class SearchProblem:
       raise ValueError(
           f"SearchProblem: target_prefix must be int [batch_size, P] with P <= max_decode_len = "
           f"{self.max_decode_len}, got shape {jnp.shape(self.target_prefix)}.")
+    for name in ("constraints", "forbid"):
+      phrases = getattr(self, name)
+      if phrases is not None and (jnp.ndim(phrases) != 3
+                                  or jnp.shape(phrases)[0] != self.batch_size):
+        raise ValueError(f"SearchProblem: {name} must be int [batch_size, C, P] with "
+                         f"batch_size = {self.batch_size}, got shape {jnp.shape(phrases)}.")
     if self.max_lengths is not None and jnp.shape(self.max_lengths) != (self.batch_size,):
       raise ValueError(
           f"SearchProblem: max_lengths must have shape (batch_size,) = ({self.batch_size},), "
@@ -254,6 +279,10 @@ class BeamState:
   finished_scores: Array  # float32 [B, K]: their length-normalized scores, best first; -inf = none.
   num_finished: Array  # int32 [B]: hypotheses finished so far (may exceed K; K are kept).
   done: Array  # bool [B]: the sentence's K finished hypotheses can no longer change.
+  # bool [B, K, C]: the constraints each alive beam has met (None without constraints).
+  constraint_met: Array | None = None
+  # bool [B, K]: whether each finished hypothesis met every constraint (None without them).
+  finished_met: Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,12 +360,30 @@ def beam_search(problem: SearchProblem, *, beam_size: int, ranking: Ranking = Ra
   state = _initial_beam_state(expand(initial_state, beam_size), problem.batch_size, beam_size,
                               problem.max_decode_len, problem.bos_id)
   _check_step_fn(step_fn, state.last_ids.reshape(-1, 1), state.alive_state, problem.eos_id)
+  forbid = None if problem.forbid is None else jnp.asarray(problem.forbid, jnp.int32)
   step = functools.partial(_beam_step, step_fn, reorder, problem.eos_id, ranking,
-                           problem.length_caps(), problem.min_length, problem.prefix_at)
+                           problem.length_caps(), problem.min_length, problem.prefix_at,
+                           forbid=forbid)
+  if problem.constraints is not None:
+    if ranking.finish_rule != "top_k" or beam_size < 2:
+      raise ValueError(
+          "beam_search: constraints need finish_rule 'top_k' and beam_size >= 2 (dynamic beam "
+          f"allocation shares the K beams among banks), got {ranking.finish_rule!r} and "
+          f"{beam_size}.")
+    phrases = jnp.asarray(problem.constraints, jnp.int32)
+    state = state.replace(
+        constraint_met=jnp.zeros((problem.batch_size, beam_size, phrases.shape[1]), bool),
+        finished_met=jnp.zeros((problem.batch_size, beam_size), bool))
+    step = functools.partial(_constrained_beam_step, step_fn, reorder, problem.eos_id, ranking,
+                             problem.length_caps(), problem.min_length, problem.prefix_at,
+                             phrases, problem.ordered_constraints, forbid)
   grow = lambda s, capacity: s.replace(
       alive_state=loop.resized(problem.resize_state, s.alive_state, capacity))
   final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
-  sequences, scores = _ranked_hypotheses(final, ranking)
+  if problem.constraints is None:
+    sequences, scores = _ranked_hypotheses(final, ranking)
+  else:
+    sequences, scores = _ranked_constrained_hypotheses(final, ranking, phrases)
   if return_all:
     return sequences, scores
   return sequences[:, 0], scores[:, 0]
@@ -368,7 +415,7 @@ def _initial_beam_state(beams_state: PyTree, batch_size: int, beam_size: int,
 def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, ranking: Ranking,
                max_lengths: Array, min_length: int,
                prefix_at: Callable[[Array], tuple[Array, Array] | None],
-               state: BeamState) -> BeamState:
+               state: BeamState, *, forbid: Array | None = None) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
   A loop iteration runs k steps (`loop.segmented_loop`), so steps can follow the last position or
@@ -382,7 +429,12 @@ def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, rank
   batch, beams, max_len = state.alive_seqs.shape
   valid = state.step < max_len
   logits, new_state = step_fn(state.last_ids.reshape(batch * beams, 1), state.alive_state)
-  eos_log_probs, token_log_probs, token_ids = _expand(logits.astype(jnp.float32), eos_id, beams)
+  logits = logits.astype(jnp.float32)
+  log_normalizer = None
+  if forbid is not None:  # Scores stay the model's log-probabilities.
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    logits = _ban_forbidden(logits, state.alive_seqs, state.step, forbid)
+  eos_log_probs, token_log_probs, token_ids = _expand(logits, eos_id, beams, log_normalizer)
   forced = state.step >= max_lengths  # [B]: EOS is the only choice from here on.
   eos_allowed = (state.step >= min_length) | forced  # [B]
   first_free = None
@@ -409,6 +461,28 @@ def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, rank
       finishes &= ~second[:, None]
       alive_log_probs = alive_log_probs.at[:, -1].set(
           jnp.where(second, _NEG_INF, alive_log_probs[:, -1]))
+  finished = _finish(state, finishes, eos_sums, eos_id, ranking)
+  parent = flat // token_log_probs.shape[-1]  # [B, K]
+  tokens = jnp.take_along_axis(token_ids.reshape(batch, -1), flat, axis=1)  # [B, K]
+  return _advanced(state, valid, finished, alive_log_probs, parent, tokens, new_state, reorder,
+                   ranking, max_lengths)
+
+
+@flax.struct.dataclass
+class _Finished:
+  """A step's finished hypotheses (`_finish`) and its position mask."""
+
+  seqs: Array  # int32 [B, K, L]
+  scores: Array  # float32 [B, K]
+  count: Array  # int32 [B]
+  at_step: Array  # bool [L]: the position this step writes.
+
+
+def _finish(state: BeamState, finishes: Array, eos_sums: Array, eos_id: int, ranking: Ranking
+            ) -> _Finished:
+  """The K best finished hypotheses after the EOS extensions `finishes` (bool [B, K], their
+  summed log-probabilities eos_sums [B, K]) join the earlier ones."""
+  beams, max_len = state.alive_seqs.shape[1:]
   eos_scores = jnp.where(finishes, eos_sums / ranking.divisor(state.step + 1), _NEG_INF)
   at_step = jnp.arange(max_len) == state.step  # [L]
   eos_seqs = jnp.where(at_step, eos_id, state.alive_seqs)  # [B, K, L]
@@ -417,29 +491,163 @@ def _beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int, rank
   finished_seqs = jnp.take_along_axis(
       jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), pick[..., None], axis=1)
   num_finished = state.num_finished + jnp.sum(finishes, axis=1, dtype=jnp.int32)  # [B]
+  return _Finished(finished_seqs, finished_scores, num_finished, at_step)
 
-  parent = flat // token_log_probs.shape[-1]  # [B, K]
-  tokens = jnp.take_along_axis(token_ids.reshape(batch, -1), flat, axis=1)  # [B, K]
-  alive_seqs = jnp.where(at_step, tokens[..., None],
+
+def _advanced(state: BeamState, valid: Array, finished: _Finished, alive_log_probs: Array,
+              parent: Array, tokens: Array, new_state: PyTree, reorder: ReorderState,
+              ranking: Ranking, max_lengths: Array, constraint_met: Array | None = None
+              ) -> BeamState:
+  """The loop state after a step: beam k of sentence b continues beam parent[b, k] with
+  tokens[b, k] (parent, tokens int32 [B, K]; alive_log_probs [B, K] their sums), and the
+  callable's `new_state` is reordered alike. A step past L (`valid` false) keeps the beams."""
+  beams, max_len = state.alive_seqs.shape[1:]
+  alive_seqs = jnp.where(finished.at_step, tokens[..., None],
                          jnp.take_along_axis(state.alive_seqs, parent[..., None], axis=1))
   keep = lambda new, old: jnp.where(valid, new, old)
   alive_log_probs = keep(alive_log_probs, state.alive_log_probs)
   if ranking.finish_rule == "top_k":
     # Not at the last position: there the alive beams among the step's K best finish too
     # (`_ranked_hypotheses`), so a sentence ending there must keep them.
-    done = (num_finished >= beams) & (state.step + 1 < max_len)
+    done = (finished.count >= beams) & (state.step + 1 < max_len)
   else:
-    done = _every_beam_done(alive_log_probs, finished_scores, state.step + 1, max_lengths,
+    done = _every_beam_done(alive_log_probs, finished.scores, state.step + 1, max_lengths,
                             max_len, ranking)
   return BeamState(
       step=state.step + valid.astype(jnp.int32), last_ids=keep(tokens, state.last_ids),
       alive_seqs=keep(alive_seqs, state.alive_seqs), alive_log_probs=alive_log_probs,
       alive_state=reorder(new_state, parent),
-      finished_seqs=finished_seqs, finished_scores=finished_scores, num_finished=num_finished,
-      done=state.done | done | (alive_log_probs[:, 0] == _NEG_INF))
+      finished_seqs=finished.seqs, finished_scores=finished.scores, num_finished=finished.count,
+      done=state.done | done | (alive_log_probs[:, 0] == _NEG_INF),
+      constraint_met=None if constraint_met is None else keep(constraint_met,
+                                                              state.constraint_met))
 
 
-def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array]:
+def _constrained_beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int,
+                           ranking: Ranking, max_lengths: Array, min_length: int,
+                           prefix_at: Callable[[Array], tuple[Array, Array] | None],
+                           phrases: Array, ordered: bool, forbid: Array | None,
+                           state: BeamState) -> BeamState:
+  """`_beam_step` under constraints (phrases int32 [B, C, P]): the candidates of
+  `decoding.constraints` (sources a-d), allocated to banks, taken in DBA's rounds.
+
+  N = K * (K + 2) + K * 2C + K candidates per sentence: every beam's K + 2 best tokens (those
+  in source a or c kept), its 2C constraint tokens (b), its EOS (d). Everything else, the
+  steps past L and after `done` included, is as in `_beam_step`.
+  """
+  batch, beams, max_len = state.alive_seqs.shape
+  valid = state.step < max_len
+  logits, new_state = step_fn(state.last_ids.reshape(batch * beams, 1), state.alive_state)
+  logits = logits.astype(jnp.float32)  # [B*K, V]
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [B*K]: of the model, before any ban.
+  if forbid is not None:
+    logits = _ban_forbidden(logits, state.alive_seqs, state.step, forbid)
+  eos_log_probs, token_log_probs, token_ids = _expand(logits, eos_id, beams, log_normalizer)
+  forced = state.step >= max_lengths  # [B]: EOS is the only choice from here on.
+  eos_allowed = (state.step >= min_length) | forced  # [B]
+  forcing, first_free = jnp.zeros_like(forced), None
+  if (prefix := prefix_at(state.step)) is not None:
+    forcing, token, first_free = prefix
+    token_log_probs, token_ids = _force_prefix(token_log_probs, token_ids, forcing, token)
+    forced, eos_allowed = forced & ~forcing, eos_allowed & ~forcing
+  alive, met = state.alive_log_probs, state.constraint_met  # [B, K], [B, K, C]
+  window = constraints_lib.tail(state.alive_seqs, state.step, phrases.shape[-1])  # [B, K, P]
+
+  # (b): the pieces that advance a constraint -> [B, K, 2C].
+  advancing, exists = constraints_lib.advancing_tokens(window, phrases, met, ordered)
+  exists &= ~(forced | forcing)[:, None, None] & (advancing != eos_id)
+  advancing_log_probs = (jnp.take_along_axis(logits.reshape(batch, beams, -1), advancing, axis=-1)
+                         - log_normalizer.reshape(batch, beams, 1))
+  advancing_sums = jnp.where(exists, alive[..., None] + advancing_log_probs, _NEG_INF)
+  # (a) the sentence's K best and (c) each beam's best of the beams' K + 2 best -> [B, K, K + 2].
+  natural_ids = token_ids.reshape(batch, beams, -1)
+  natural = alive[..., None] + token_log_probs.reshape(batch, beams, -1)
+  natural = jnp.where(forced[:, None, None], _NEG_INF, natural)
+  columns = natural.shape[-1]
+  k_best = lax.top_k(natural.reshape(batch, -1), beams)[1]  # [B, K] into K * (K + 2)
+  in_k_best = jnp.any(jnp.arange(beams * columns)[None, :, None] == k_best[:, None, :], axis=-1)
+  beam_best = jnp.arange(columns) == jnp.argmax(natural, axis=-1)[..., None]  # [B, K, K + 2]
+  counted = jnp.any((natural_ids[..., :, None] == advancing[..., None, :])
+                    & exists[..., None, :], axis=-1)  # Already a (b) candidate.
+  natural = jnp.where((in_k_best.reshape(natural.shape) | beam_best) & ~counted, natural,
+                      _NEG_INF)
+  # (d): EOS of the beams that met every constraint (or that the length cap stops) -> [B, K].
+  eos_sums = alive + eos_log_probs.reshape(batch, beams)
+  eos_ok = (eos_allowed[:, None] & (constraints_lib.all_met(met, phrases) | forced[:, None])
+            & valid & ~state.done[:, None] & (eos_sums > _NEG_INF))
+
+  sums = jnp.concatenate([natural.reshape(batch, -1), advancing_sums.reshape(batch, -1),
+                          jnp.where(eos_ok, eos_sums, _NEG_INF)], axis=1)  # [B, N]
+  ids = jnp.concatenate([natural_ids.reshape(batch, -1), advancing.reshape(batch, -1),
+                         jnp.full((batch, beams), eos_id, jnp.int32)], axis=1)  # [B, N]
+  parents = jnp.concatenate([jnp.repeat(jnp.arange(beams), columns),
+                             jnp.repeat(jnp.arange(beams), advancing.shape[-1]),
+                             jnp.arange(beams)])  # [N]
+  windows = jnp.concatenate([window[:, parents, 1:], ids[..., None]], axis=-1)  # [B, N, P]
+  new_met, banks = constraints_lib.advance(windows, phrases, met[:, parents], ordered)
+  order = constraints_lib.bank_order(sums, banks, constraints_lib.num_banks(phrases))  # [B, N]
+
+  # EOS among the first K of the rounds finishes; the first K others stay alive.
+  first = -lax.top_k(-order, beams)[0]  # [B, K], ascending
+  eos_order = order[:, -beams:]  # [B, K]
+  finishes = eos_ok & (eos_order <= first[:, -1:])
+  is_eos = jnp.arange(order.shape[1]) >= order.shape[1] - beams
+  alive_order, pick = lax.top_k(-jnp.where(is_eos, constraints_lib.NEVER, order), beams)
+  alive_log_probs = jnp.where(-alive_order < constraints_lib.NEVER,
+                              jnp.take_along_axis(sums, pick, axis=1), _NEG_INF)  # [B, K]
+  if first_free is not None:  # A prefix's first free step (module docstring).
+    eos_ranked = jnp.any(finishes, axis=1) & first_free  # [B]
+    second = eos_ranked & (jnp.min(eos_order, axis=1) > first[:, 0])  # [B]: EOS not the best.
+    finishes &= ~second[:, None]
+    alive_log_probs = alive_log_probs.at[:, -1].set(
+        jnp.where(second, _NEG_INF, alive_log_probs[:, -1]))
+  finished, finished_met = _finish_constrained(
+      state, finishes, eos_sums, constraints_lib.all_met(met, phrases), eos_id, ranking)
+  return _advanced(state, valid, finished, alive_log_probs, parents[pick],
+                   jnp.take_along_axis(ids, pick, axis=1), new_state, reorder, ranking,
+                   max_lengths, jnp.take_along_axis(new_met, pick[..., None], axis=1)
+                   ).replace(finished_met=finished_met)
+
+
+def _met_first(met: Array, scores: Array, count: int) -> Array:
+  """int32 [B, count]: positions of the `count` best of met bool [B, N] and scores [B, N]:
+  hypotheses that met every constraint first, then by score, then by position; -inf last."""
+  group = jnp.where(scores == _NEG_INF, 2, jnp.where(met, 0, 1))
+  position = jnp.broadcast_to(jnp.arange(scores.shape[1], dtype=jnp.int32), scores.shape)
+  return lax.sort((group, -scores, position), dimension=1, num_keys=2)[2][:, :count]
+
+
+def _finish_constrained(state: BeamState, finishes: Array, eos_sums: Array, eos_met: Array,
+                        eos_id: int, ranking: Ranking) -> tuple[_Finished, Array]:
+  """`_finish` under constraints: the K finished hypotheses kept are those that met every
+  constraint first (eos_met bool [B, K]: the finishing beams'; the length cap finishes the
+  others), then by score, so a forced one never takes a met one's place. Also their met flags
+  [B, K]."""
+  beams, max_len = state.alive_seqs.shape[1:]
+  eos_scores = jnp.where(finishes, eos_sums / ranking.divisor(state.step + 1), _NEG_INF)
+  at_step = jnp.arange(max_len) == state.step  # [L]
+  eos_seqs = jnp.where(at_step, eos_id, state.alive_seqs)  # [B, K, L]
+  scores = jnp.concatenate([state.finished_scores, eos_scores], axis=1)  # [B, 2K]
+  met = jnp.concatenate([state.finished_met, eos_met], axis=1)
+  pick = _met_first(met, scores, beams)  # [B, K]
+  finished_seqs = jnp.take_along_axis(
+      jnp.concatenate([state.finished_seqs, eos_seqs], axis=1), pick[..., None], axis=1)
+  num_finished = state.num_finished + jnp.sum(finishes, axis=1, dtype=jnp.int32)  # [B]
+  return (_Finished(finished_seqs, jnp.take_along_axis(scores, pick, axis=1), num_finished,
+                    at_step), jnp.take_along_axis(met, pick, axis=1))
+
+
+def _ban_forbidden(logits: Array, sequences: Array, step: Array, forbid: Array) -> Array:
+  """logits [R, V] of the rows of sequences [B, (K,) L] at `step`, -inf where a forbidden
+  phrase (forbid int32 [B, F, P]) would end (`decoding.constraints.ban_forbidden`)."""
+  rows = logits.shape[0]
+  history = constraints_lib.tail(sequences, step, forbid.shape[-1] - 1).reshape(rows, -1)
+  return constraints_lib.ban_forbidden(
+      logits, history, jnp.repeat(forbid, rows // forbid.shape[0], axis=0))
+
+
+def _expand(logits: Array, eos_id: int, beams: int, log_normalizer: Array | None = None
+            ) -> tuple[Array, Array, Array]:
   """Log-probabilities of EOS and of the best C = min(V, K + 2) tokens of every row.
 
   A row's K best non-EOS, non-padding tokens are among its K + 2 best, so one top-k over the raw
@@ -448,10 +656,13 @@ def _expand(logits: Array, eos_id: int, beams: int) -> tuple[Array, Array, Array
 
   Args:
     logits: float32 [R, V] (R = B*K rows).
+    log_normalizer: float32 [R], log-sum-exp of the logits before any were banned (None:
+      of `logits`).
   Returns:
     (eos log-prob [R], token log-probs [R, C], token ids int32 [R, C]).
   """
-  log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [R]
+  if log_normalizer is None:
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # [R]
   eos_log_probs = logits[:, eos_id] - log_normalizer
   top_logits, top_ids = _top_k(logits, min(logits.shape[-1], beams + 2))  # [R, C]
   emittable = (top_ids != eos_id) & (top_ids != PAD_ID)
@@ -519,6 +730,23 @@ def _ranked_hypotheses(final: BeamState, ranking: Ranking) -> tuple[Array, Array
       jnp.concatenate([final.finished_seqs, final.alive_seqs], axis=1), pick[..., None], axis=1)
   sequences = jnp.where(scores[..., None] > _NEG_INF, sequences, PAD_ID)
   return sequences, scores
+
+
+def _ranked_constrained_hypotheses(final: BeamState, ranking: Ranking, phrases: Array
+                                   ) -> tuple[Array, Array]:
+  """`_ranked_hypotheses` ("top_k") under constraints: hypotheses that met every constraint
+  first (finished ones, or alive ones cut at L), then by score; the length cap's come after."""
+  beams = final.alive_seqs.shape[1]
+  unfinished_scores = jnp.where(final.done[:, None], _NEG_INF,
+                                final.alive_log_probs / ranking.divisor(final.step))  # [B, K]
+  scores = jnp.concatenate([final.finished_scores, unfinished_scores], axis=1)  # [B, 2K]
+  met = jnp.concatenate([final.finished_met,
+                         constraints_lib.all_met(final.constraint_met, phrases)], axis=1)
+  pick = _met_first(met, scores, beams)  # [B, K]; ties keep finished ones first
+  scores = jnp.take_along_axis(scores, pick, axis=1)
+  sequences = jnp.take_along_axis(
+      jnp.concatenate([final.finished_seqs, final.alive_seqs], axis=1), pick[..., None], axis=1)
+  return jnp.where(scores[..., None] > _NEG_INF, sequences, PAD_ID), scores
 
 
 @flax.struct.dataclass
@@ -632,8 +860,12 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
   emits padding and adds nothing to the score, so steps after the early exit or after L
   change no output.
   """
+  if problem.constraints is not None:
+    raise ValueError(f"{name}: constraints need beam search (dynamic beam allocation), not "
+                     "one hypothesis per sentence.")
   steps = loop.resolved_steps(name, loop_options.steps_per_iteration, beam=False)
   step_fn = problem.step_fn()
+  forbid = None if problem.forbid is None else jnp.asarray(problem.forbid, jnp.int32)
   batch_size, max_decode_len, eos_id = problem.batch_size, problem.max_decode_len, problem.eos_id
   min_length, max_lengths = problem.min_length, problem.length_caps()
   capacities, initial_state = loop.capacities(max_decode_len, problem.resize_state,
@@ -649,7 +881,9 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
 
   def step(s: _SequentialState) -> _SequentialState:
     logits, new_state = step_fn(s.last_ids[:, None], s.state)
-    logits = logits.astype(jnp.float32)  # [B, V]
+    logits = model_logits = logits.astype(jnp.float32)  # [B, V]
+    if forbid is not None:
+      logits = _ban_forbidden(logits, s.sequences, s.step, forbid)
     forced = s.step >= max_lengths  # [B]
     tokens = jnp.where(forced, eos_id, choose(logits, (s.step >= min_length) | forced, s.step))
     forcing = None
@@ -658,8 +892,8 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
       tokens = jnp.where(forcing, token, tokens)
     silent = s.finished | (s.step >= max_decode_len)  # [B]: emits padding, scores nothing.
     tokens = jnp.where(silent, PAD_ID, tokens)  # [B]
-    log_probs = (jnp.take_along_axis(logits, tokens[:, None], axis=1)[:, 0]
-                 - jax.nn.logsumexp(logits, axis=-1))
+    log_probs = (jnp.take_along_axis(model_logits, tokens[:, None], axis=1)[:, 0]
+                 - jax.nn.logsumexp(model_logits, axis=-1))
     return _SequentialState(
         step=s.step + 1, last_ids=tokens,
         sequences=jnp.where(jnp.arange(max_decode_len) == s.step, tokens[:, None], s.sequences),

@@ -160,6 +160,17 @@ def fill_rows(step: Step, token_ids: Sequence[Sequence[int]], length: int) -> np
   return array
 
 
+def fill_phrases(step: Step, phrase_ids: Sequence[Sequence[Sequence[int]]], count: int,
+                 pieces: int) -> np.ndarray:
+  """int32 [D * rows, count, pieces]: each sentence's phrases (its list of id lists) at its row,
+  each phrase's ids then zeros; zeros for no phrase."""
+  array = np.zeros((len(step.batches) * step.rows, count, pieces), np.int32)
+  for row, index in zip(step.row_positions(), step.indices, strict=True):
+    for c, ids in enumerate(phrase_ids[index]):
+      array[row, c, : len(ids)] = ids
+  return array
+
+
 def in_input_order(count: int, batches: Iterable[tuple[Sequence[int], Sequence[T]]],
                    fill: T) -> list[T]:
   """The values of `batches` ((input indices, values) in plan order) put back in input order,

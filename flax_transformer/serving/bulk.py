@@ -74,6 +74,7 @@ class ChunkOutput(NamedTuple):
   # extra outputs have as many lines as the main one.
   texts: tuple[str, ...]
   truncated: int = 0  # Input lines of the chunk cut to the model's max_len.
+  unmet: int = 0  # Input lines whose translation misses a constraint (the length cap first).
 
 
 class ChunkTask(Protocol):
@@ -97,6 +98,7 @@ class JobResult:
   lines: int  # Input lines this process translated or scored now.
   truncated: int  # Of those, the lines cut to the model's max_len.
   seconds: float  # Wall time of this run, reading and writing included.
+  unmet: int = 0  # Of those, the lines whose translation misses a constraint.
 
 
 # ------------------------------------------------------------------------------------ identity
@@ -294,12 +296,13 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   bar = ProgressBar(total, unit="sentences",
                     start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
-  lines = truncated = 0
+  lines = truncated = unmet = 0
   for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
     output = _checked_output(task(chunk * job.chunk_lines, records, advance), len(job.outputs))
     for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
       atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
     lines, truncated = lines + len(records), truncated + output.truncated
+    unmet += output.unmet
   bar.close(task.verb)
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
@@ -309,7 +312,7 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
     complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
     processes.barrier("flax_transformer.serving.bulk: merged")
     complete = complete or not job.partial.exists()
-  return JobResult(complete, lines, truncated, time.perf_counter() - start)
+  return JobResult(complete, lines, truncated, time.perf_counter() - start, unmet)
 
 
 def _checked_output(output: ChunkOutput, count: int) -> ChunkOutput:
@@ -480,7 +483,7 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
   end (and so for each of `extra_outputs`). Nothing to resume: for standard input, or output
   to standard output."""
   start = time.perf_counter()
-  truncated = 0
+  truncated = unmet = 0
   bar = ProgressBar(None, unit="sentences")
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   first_line = 0
@@ -492,5 +495,6 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
         writer.write(text)
         writer.flush()
       first_line, truncated = first_line + len(records), truncated + done.truncated
+      unmet += done.unmet
   bar.close(task.verb)
-  return JobResult(True, first_line, truncated, time.perf_counter() - start)
+  return JobResult(True, first_line, truncated, time.perf_counter() - start, unmet)

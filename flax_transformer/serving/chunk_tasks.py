@@ -14,7 +14,11 @@ from flax_transformer.data.alignments import format_alignment
 from flax_transformer.files import as_line
 from flax_transformer.serving.batching import in_input_order
 from flax_transformer.serving.bulk import ChunkOutput, Progress
+from flax_transformer.serving.phrases import parse_line
 from flax_transformer.serving.translator import Translator
+
+# The inputs a translation record may have after its source line, in this order.
+EXTRA_INPUTS = ("target_prefix", "constraints", "forbid")
 
 
 def format_score(value: float) -> str:
@@ -27,32 +31,50 @@ class TranslationTask:
   `i ||| hypothesis ||| score` per input line (i: 0-based line index in the whole input; an
   empty input line gets one entry, an empty hypothesis scored 0).
 
-  With `prefixed`, each record is (source line, target prefix line). With `alignments`, the
-  task writes a second text, line-aligned with the first: each hypothesis's word alignment as
-  Moses `i-j` pairs (`data.alignments`; an empty line for an empty input line)."""
+  Each record is (source line, *the lines of `extra_inputs`): names of `EXTRA_INPUTS` in
+  that order, a target prefix, the line's constraints and its forbidden phrases (tab-separated
+  or a JSON list, `serving.phrases`). With `alignments`, the task writes a second text,
+  line-aligned with the first: each hypothesis's word alignment as Moses `i-j` pairs
+  (`data.alignments`; an empty line for an empty input line). Its output counts the lines
+  whose translation misses a constraint (`ChunkOutput.unmet`)."""
 
   verb = "Translated"
 
   def __init__(self, translator: Translator, nbest: int | None = None, *,
-               prefixed: bool = False, alignments: bool = False):
+               extra_inputs: Sequence[str] = (), alignments: bool = False):
+    if [name for name in EXTRA_INPUTS if name in extra_inputs] != list(extra_inputs):
+      raise ValueError(f"extra_inputs must be names of {EXTRA_INPUTS} in that order, got "
+                       f"{extra_inputs!r}.")
     self.translator, self.nbest = translator, nbest
-    self.prefixed, self.alignments = prefixed, alignments
+    self.extra_inputs, self.alignments = tuple(extra_inputs), alignments
     # What `Translator.compile` needs to compile this task's programs ahead (--warmup).
-    self.compile_options = {"prefixed": prefixed, "align": (nbest or 1) if alignments else 0}
+    self.compile_options = {"prefixed": "target_prefix" in self.extra_inputs,
+                            "align": (nbest or 1) if alignments else 0}
     self.line_per_record = nbest is None
+
+  def _column(self, name: str, records: Sequence[tuple[str, ...]]) -> list[str] | None:
+    """The lines of input `name` in `records`, None when the task has no such input."""
+    if name not in self.extra_inputs:
+      return None
+    return [record[1 + self.extra_inputs.index(name)] for record in records]
 
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
                progress: Progress) -> ChunkOutput:
     lines = [record[0] for record in records]
-    prefixes = [record[1] for record in records] if self.prefixed else None
-    truncated = 0
+    prefixes = self._column("target_prefix", records)
+    constraints, forbid = (
+        None if column is None else [parse_line(text, f"{name}, line {first_line + i + 1}")
+                                     for i, text in enumerate(column)]
+        for name, column in (("constraints", self._column("constraints", records)),
+                             ("forbid", self._column("forbid", records))))
+    truncated = unmet = 0
 
     def batches() -> Iterator[tuple[np.ndarray, list[tuple[list[tuple[str, float]], Any]]]]:
-      nonlocal truncated
+      nonlocal truncated, unmet
       for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line,
-                                              target_prefix=prefixes,
-                                              alignments=self.alignments):
-        truncated += batch.truncated
+                                              target_prefix=prefixes, constraints=constraints,
+                                              forbid=forbid, alignments=self.alignments):
+        truncated, unmet = truncated + batch.truncated, unmet + batch.unmet
         progress(len(batch.indices), batch.target_tokens)
         yield batch.indices, list(zip(batch.hypotheses,
                                       batch.alignments or [None] * len(batch.indices),
@@ -66,9 +88,10 @@ class TranslationTask:
       text = "".join(as_line(f"{first_line + i} ||| {hyp} ||| {format_score(score)}")
                      for i, (hypotheses, _) in enumerate(results) for hyp, score in hypotheses)
     if not self.alignments:
-      return ChunkOutput((text,), truncated)
+      return ChunkOutput((text,), truncated, unmet)
     return ChunkOutput((text, "".join(as_line(format_alignment(pairs))
-                                      for _, aligned in results for pairs in aligned)), truncated)
+                                      for _, aligned in results for pairs in aligned)),
+                       truncated, unmet)
 
 
 class ScoringTask:

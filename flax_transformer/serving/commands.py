@@ -111,14 +111,17 @@ class Parameters:
 
 
 def translate(parameters: Parameters, *, input: str, output: str,
-              target_prefix: str | None = None, alignments: str | None = None,
+              target_prefix: str | None = None, constraints: str | None = None,
+              forbid: str | None = None, alignments: str | None = None,
               nbest: int | None = None, chunk_lines: int = bulk.DEFAULT_CHUNK_LINES,
               sharing: Sharing = Sharing(), warmup: bool = False) -> bulk.JobResult:
   """`flax-transformer translate`: `input` (one sentence a line; '-' for stdin) into `output`
   (one translation a line, or `nbest` Moses n-best entries; '-' for stdout), each line forced
-  to start with its line of `target_prefix`, with each hypothesis's word alignment written
-  line by line to `alignments`. A resumable file job, or a stream when a path is '-'. Bad
-  outputs, settings and files fail before anything is restored."""
+  to start with its line of `target_prefix`, to contain the phrases of its line of
+  `constraints` and none of its line of `forbid` (`serving.phrases`), with each hypothesis's
+  word alignment written line by line to `alignments`. A resumable file job (every input is
+  part of its identity), or a stream when a path is '-'. Bad outputs, settings and files, and
+  bad phrases, fail before anything is restored."""
   from flax_transformer.serving import chunk_tasks
 
   extra = [alignments] if alignments else []
@@ -127,11 +130,13 @@ def translate(parameters: Parameters, *, input: str, output: str,
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
                                           parameters.checkpoints, **parameters.settings)
   check_nbest(nbest, settings)
-  prefixed = target_prefix is not None
-  task = lambda restored: chunk_tasks.TranslationTask(restored, nbest, prefixed=prefixed,
+  given = {"target_prefix": target_prefix, "constraints": constraints, "forbid": forbid}
+  extra_inputs = [name for name in chunk_tasks.EXTRA_INPUTS if given[name] is not None]
+  check_phrase_files(opened, settings, input, constraints=constraints, forbid=forbid)
+  task = lambda restored: chunk_tasks.TranslationTask(restored, nbest, extra_inputs=extra_inputs,
                                                       alignments=bool(extra))
   return _run_bulk(opened, settings, checkpoint, command="translate",
-                   inputs=[input, *([target_prefix] if prefixed else [])], output=output,
+                   inputs=[input, *(given[name] for name in extra_inputs)], output=output,
                    extra_outputs=extra, make_task=task,
                    job_settings={**dataclasses.asdict(settings), "nbest": nbest},
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
@@ -189,6 +194,44 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
                            processes=mine)
 
 
+def check_phrase_files(opened: Workdir, settings: TranslateConfig, input: str, *,
+                       constraints: str | None = None, forbid: str | None = None,
+                       sources: Sequence[str] | None = None) -> None:
+  """Reads the `constraints` and `forbid` files (`serving.phrases`: tabs or JSON lines) and
+  checks them against `input` (or its lines, `sources`) with the workdir's vocabulary and
+  `settings`, before any restore or compile: line-aligned, and each phrase as
+  `serving.phrases.phrase_ids` wants it (one `InputError` line naming the file and line)."""
+  if constraints is None and forbid is None:
+    return
+  from flax_transformer.serving import phrases
+  from flax_transformer.serving.translator import decode_length, source_ids
+
+  if input == "-":
+    raise InputError("Standard input ('-') can be the only input; give the source lines in a "
+                     f"file to use {'--constraints' if constraints else '--forbid'}.")
+  sources = files.read_lines(input) if sources is None else sources
+  given = {name: path for name, path in (("constraints", constraints), ("forbid", forbid))
+           if path is not None}
+  read = {name: files.read_lines(path) for name, path in given.items()}
+  files.check_line_aligned({input: len(sources), **{given[n]: len(r) for n, r in read.items()}})
+  tokenizer, max_len = opened.tokenizer, opened.model_config.max_len
+  parsed, ids = {}, {}
+  for name, lines in read.items():
+    parsed[name] = [phrases.parse_line(line, f"{given[name]}, line {i + 1}")
+                    for i, line in enumerate(lines)]
+    lengths = {i: len(source_ids(tokenizer, sources[i], max_len))
+               for i, row in enumerate(parsed[name]) if row and sources[i].strip()}
+    ids[name] = phrases.phrase_ids(
+        name, parsed[name], tokenize=tokenizer.tokenize_target, search=settings.search,
+        output_room=lambda i, lengths=lengths: (
+            decode_length(settings.search, lengths[i], max_len) - 1 if i in lengths else None),
+        where=f"{given[name]}, line")
+  if len(ids) == 2:
+    phrases.check_conflicts(ids["constraints"], ids["forbid"],
+                            (parsed["constraints"], parsed["forbid"]),
+                            where=f"{constraints}, line")
+
+
 def _warm(task: bulk.ChunkTask, warmup: bool) -> bulk.ChunkTask:
   """`task`, its translator's searches compiled first when `warmup` (with the task's own
   options: a target prefix, alignments)."""
@@ -218,22 +261,33 @@ def read_evaluation(src: str, ref: str, output: str | None = None) -> Evaluation
 
 
 def evaluate(parameters: Parameters, *, src: str, ref: str, output: str | None = None,
-             warmup: bool = False, target_lang: str | None = None) -> dict[str, Any]:
+             warmup: bool = False, target_lang: str | None = None,
+             constraints: str | None = None, forbid: str | None = None) -> dict[str, Any]:
   """`flax-transformer evaluate`: BLEU and chrF of the translations of `src` against `ref`
   (read and checked before the workdir is opened), with what was searched and how, and
   "truncated", the source lines cut to the model's max_len; the translations are also written
   to `output` when given (`warmup`: every search shape compiled first). BLEU in the lc.norm.tok
   variant too (`scoring.score_translations`) for `target_lang`, by default the workdir's
-  data.target_lang (an imported model has none: then only the cased scores)."""
+  data.target_lang (an imported model has none: then only the cased scores). With
+  `constraints` and `forbid` (files line-aligned with `src`, as `translate` takes them), the
+  translations are searched under them, and "unmet" counts the lines whose translation misses
+  a constraint."""
+  from flax_transformer.serving import phrases
   from flax_transformer.serving.translator import translate_lines
 
   inputs = read_evaluation(src, ref, output)
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
                                           parameters.checkpoints, **parameters.settings)
+  check_phrase_files(opened, settings, src, constraints=constraints, forbid=forbid,
+                     sources=inputs.sources)
+  given = {name: None if path is None else [phrases.parse_line(line, path)
+                                            for line in files.read_lines(path)]
+           for name, path in (("constraints", constraints), ("forbid", forbid))}
   checkpoint = restore_point(opened, checkpoint)
   restored = translator(opened, settings, checkpoint, warmup=warmup)
   bar = ProgressBar(sum(1 for line in inputs.sources if line.strip()), unit="sentences")
-  hypotheses, truncated = translate_lines(restored, inputs.sources, progress=bar.advance)
+  hypotheses, truncated, unmet = translate_lines(restored, inputs.sources,
+                                                 progress=bar.advance, **given)
   bar.close("Translated")
   if output:
     files.write_lines_atomically(output, hypotheses)
@@ -248,6 +302,9 @@ def evaluate(parameters: Parameters, *, src: str, ref: str, output: str | None =
                 length_penalty=search.length_penalty,
                 length_normalization=search.length_normalization,
                 finish_rule=search.finish_rule, truncated=truncated)
+  if constraints is not None or forbid is not None:
+    scores.update(constraints=constraints, forbid=forbid,
+                  constraint_order=search.constraint_order, unmet=unmet)
   return scores
 
 
@@ -266,5 +323,6 @@ def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
                      f"{search.beam_size}).")
 
 
-__all__ = ["Checkpoint", "EvaluationInputs", "Parameters", "Sharing", "check_nbest", "evaluate",
+__all__ = ["Checkpoint", "EvaluationInputs", "Parameters", "Sharing", "check_nbest",
+           "check_phrase_files", "evaluate",
            "open_job", "read_evaluation", "restore_point", "score", "translate", "translator"]

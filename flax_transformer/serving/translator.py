@@ -38,7 +38,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,14 +51,16 @@ from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.data import alignments as alignments_lib
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, TextTokenizer
 from flax_transformer.decoding import bridge, search
+from flax_transformer.decoding import constraints as search_constraints
 from flax_transformer.errors import InputError
 from flax_transformer.model import precision
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
-from flax_transformer.serving import batching, programs
+from flax_transformer.serving import batching, phrases, programs
 from flax_transformer.serving.batching import (
   Step,
+  fill_phrases,
   fill_rows,
   group_steps,
   in_input_order,
@@ -69,7 +71,8 @@ Array = jax.Array
 
 
 def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
-                 target_prefix: Array | None = None, *, settings: SearchConfig,
+                 target_prefix: Array | None = None, constraints: Array | None = None,
+                 forbid: Array | None = None, *, settings: SearchConfig,
                  max_decode_len: int, align: int = 0, ensemble: bool = False
                  ) -> tuple[Array, ...]:
   """Searches translations of one batch: inputs int32 [B, S] -> (sequences int32 [B, K, L],
@@ -78,7 +81,9 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
   Jit it with `settings`, `max_decode_len`, `align` and `ensemble` static. Scores: beam
   search's are length-normalized log-probabilities, the others' summed log-probabilities.
   `target_prefix`: int32 [B, P <= L], every hypothesis's first tokens (zeros after; None: no
-  prefix). `align` > 0 adds the alignment layer's cross-attention of the `align` best
+  prefix). `constraints`, `forbid`: int32 [B, C, P], phrases every hypothesis must contain
+  (`settings.constraint_order`), or must not (`decoding.constraints`; None: none).
+  `align` > 0 adds the alignment layer's cross-attention of the `align` best
   hypotheses, f32 [B, align, L, S], from one teacher-forced pass in this program.
   `ensemble`: the params' leaves lead with the models' axis (`decoding.bridge`).
   """
@@ -86,6 +91,8 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
       max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
       min_length=settings.min_length, target_prefix=target_prefix, ensemble=ensemble,
+      constraints=constraints, forbid=forbid,
+      ordered_constraints=settings.constraint_order == "ordered",
       grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)))
   if settings.method == "beam":
     ranking = search.Ranking(settings.length_penalty, settings.length_normalization,
@@ -106,6 +113,13 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
   return sequences, scores, attention
 
 
+def source_ids(tokenizer: TextTokenizer, sentence: str, max_len: int) -> list[int]:
+  """The ids a Translator searches for `sentence`: its pieces cut to max_len - 1, then EOS;
+  [] for a blank one (not searched)."""
+  ids = tokenizer.tokenize(sentence) if sentence.strip() else []
+  return ids[:max_len - 1] + [EOS_ID] if ids else []
+
+
 def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
   """L for a bucket of `source_length`: room for its longest cap (max_len_a * source_length +
   max_len_b tokens) plus EOS, at most the model's `max_len`."""
@@ -116,8 +130,8 @@ def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> i
 def search_program(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
                    ) -> Callable:
   """The jitted `search_batch` every Translator of `model_config` on `mesh` calls:
-  (params, inputs [B, S], rng, target_prefix=None, *, settings, max_decode_len, align=0)
-  -> (sequences, scores[, alignment attention])."""
+  (params, inputs [B, S], rng, target_prefix=None, constraints=None, forbid=None, *, settings,
+  max_decode_len, align=0) -> (sequences, scores[, alignment attention])."""
   return _jitted(model_config, mesh, ensemble)[0]
 
 
@@ -173,6 +187,14 @@ class Translated:
   truncated: int  # sentences of this step cut to the model's max_len
   # [n][n-best] word alignments (source word, target word) of each hypothesis, when asked for.
   alignments: list[list[alignments_lib.Pairs]] | None = None
+  # [n][n-best] whether each hypothesis contains every constraint of its sentence (False: the
+  # length cap ended it first), when constraints were given.
+  constraints_met: list[list[bool]] | None = None
+
+  @property
+  def unmet(self) -> int:
+    """Sentences of this step whose best hypothesis misses a constraint."""
+    return sum(not met[0] for met in self.constraints_met or [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,13 +224,14 @@ class Translator:
       several processes, every process passes the same sentences. None: one device.
     ensemble: `params` are M models' parameters stacked on a leading axis, searched, scored and
       aligned together (`from_checkpoints`; fairseq's rule, `decoding.bridge`).
-    search_fn, score_fn: the batched search (params, inputs [B, S], rng, *, settings,
-      max_decode_len) -> (sequences [B, K, L], scores [B, K]) (called with a target prefix
-      [B, L] after rng and `align=n` only for calls that use them) and scoring (params, inputs,
-      targets) -> log p [B]; default: `search_batch` and `score_batch` of the model, jitted
-      once per model config and mesh, the search's programs exported to the persistent
-      compilation cache's folder so that a new process does not trace them again
-      (`serving.programs`).
+    search_fn, score_fn: the batched search `(params, inputs [B, S], rng, *, settings,
+      max_decode_len)` -> (sequences [B, K, L], scores [B, K]) (called with a target prefix
+      [B, L], constraints and forbidden phrases [B, C, P] after rng, None where absent and the
+      trailing absent ones left out, and with `align=n`, only for calls that use them) and
+      scoring (params, inputs, targets) -> log p [B]; default: `search_batch` and
+      `score_batch` of the model, jitted once per model config and mesh, the search's programs
+      exported to the persistent compilation cache's folder so that a new process does not
+      trace them again (`serving.programs`).
 
   Making one turns on the persistent compilation cache (the CLI's folder, under the same
   switch: FLAX_TRANSFORMER_COMPILATION_CACHE, '' for off) unless the process chose one.
@@ -320,53 +343,84 @@ class Translator:
     return 1 if self.mesh is None else self.mesh.shape[sharding.DATA_AXIS]
 
   def translate(self, sentences: Sequence[str], *, params: Any = None,
-                target_prefix: Sequence[str] | None = None, **settings: Any) -> list[str]:
+                target_prefix: Sequence[str] | None = None,
+                constraints: Sequence[Sequence[str]] | None = None,
+                forbid: Sequence[Sequence[str]] | None = None, **settings: Any) -> list[str]:
     """One translation per sentence, in input order; empty sentences give empty strings.
     `params`: these weights instead of the translator's; `target_prefix`: one prefix per
-    sentence ('' for none) every translation starts with; `settings`: `TranslateConfig`
-    fields."""
+    sentence ('' for none) every translation starts with; `constraints`: one list of phrases
+    per sentence ([] for none) every translation must contain, met in any order or, with
+    constraint_order="ordered", in the given one (beam search; see `iter_nbest`); `forbid`: one
+    list of phrases per sentence that no translation may contain; `settings`:
+    `TranslateConfig` fields."""
     return [hyps[0][0] for hyps in self.translate_nbest(
-        sentences, n=1, params=params, target_prefix=target_prefix, **settings)]
+        sentences, n=1, params=params, target_prefix=target_prefix, constraints=constraints,
+        forbid=forbid, **settings)]
 
   def translate_aligned(self, sentences: Sequence[str], *, params: Any = None,
-                        target_prefix: Sequence[str] | None = None, **settings: Any
+                        target_prefix: Sequence[str] | None = None,
+                        constraints: Sequence[Sequence[str]] | None = None,
+                        forbid: Sequence[Sequence[str]] | None = None, **settings: Any
                         ) -> list[tuple[str, alignments_lib.Pairs]]:
     """(translation, word alignment) per sentence: the alignment's pairs (i, j) say that target
     word j (of the translation's whitespace-separated words) aligns to source word i, the
     source word it attends to most in the alignment layer and heads
     (`config.model.alignment_layer`, `alignment_heads`; `data.alignments`)."""
     batches = self.iter_nbest(sentences, 1, params=params, target_prefix=target_prefix,
-                              alignments=True, **settings)
+                              constraints=constraints, forbid=forbid, alignments=True,
+                              **settings)
     return in_input_order(len(sentences), (
         (b.indices, [(h[0][0], a[0]) for h, a in zip(b.hypotheses, b.alignments, strict=True)])
         for b in batches), ("", []))
 
   def translate_nbest(self, sentences: Sequence[str], n: int | None = None, *,
                       params: Any = None, target_prefix: Sequence[str] | None = None,
+                      constraints: Sequence[Sequence[str]] | None = None,
+                      forbid: Sequence[Sequence[str]] | None = None,
                       **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
     Beam scores are length-normalised log-probabilities, sum of log p / divisor(m) for m tokens
     with EOS (`search.length_normalization`: ((5 + m) / 6) ** alpha or m ** alpha); greedy
     decoding and sampling give one hypothesis with its summed log-probability. With a
-    `target_prefix`, the prefix's tokens are part of every hypothesis and of its score.
+    `target_prefix`, the prefix's tokens are part of every hypothesis and of its score. With
+    `constraints` and `forbid`, as `translate` and `iter_nbest` say.
     """
     batches = self.iter_nbest(sentences, n, params=params, target_prefix=target_prefix,
-                              **settings)
+                              constraints=constraints, forbid=forbid, **settings)
     return in_input_order(len(sentences), ((b.indices, b.hypotheses) for b in batches),
                           [("", 0.0)])
 
   def iter_nbest(self, sentences: Sequence[str], n: int | None = None, *, first_index: int = 0,
                  params: Any = None, target_prefix: Sequence[str] | None = None,
+                 constraints: Sequence[Sequence[str]] | None = None,
+                 forbid: Sequence[Sequence[str]] | None = None,
                  alignments: bool = False, **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
     sampling derives each sentence's key. `target_prefix`: one prefix per sentence ('' for
-    none). `alignments`: also the word alignment of each hypothesis yielded."""
+    none). `alignments`: also the word alignment of each hypothesis yielded.
+
+    `constraints`: one list of phrases per sentence ([] for none) that every hypothesis must
+    contain, as target pieces (`serving.phrases`: how a phrase is tokenized and matched),
+    searched by beam search with dynamic beam allocation (`decoding.constraints`): a
+    hypothesis finishes only once it holds every phrase (in the given order with
+    constraint_order="ordered"), unless the length cap forces EOS first; each yielded step says
+    which hypotheses hold them (`Translated.constraints_met`). Greedy decoding, sampling and a
+    beam of one cannot allocate beams to constraints and refuse them. `forbid`: one list of
+    phrases per sentence that no hypothesis may contain (every method). A call in which no
+    sentence has any phrase searches as it would without them; a sentence without phrases in
+    a call with some searches as it would alone. Scores stay the model's log-probabilities.
+    """
     options = self._options(settings)
     params = self._params(params)
     token_ids, cut = self._tokenize(sentences)
     prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index)
+    constraint_ids, forbid_ids = (self._phrase_ids(kind, given, sentences, token_ids, options,
+                                                   first_index)
+                                  for kind, given in (("constraints", constraints),
+                                                      ("forbid", forbid)))
+    phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1)
     real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
     batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
                            self.model_config.max_len)
@@ -375,7 +429,8 @@ class Translator:
     beams = options.search.beam_size if options.search.method == "beam" else 1
     take = min(n or beams, beams)
     call = lambda step: self._search_step(params, step, token_ids, first_index, options,
-                                          prefix_ids, take if alignments else 0)
+                                          prefix_ids, take if alignments else 0,
+                                          constraint_ids, forbid_ids)
     for step, outputs in self._pipelined(steps, call):
       rows = step.row_positions()
       sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
@@ -389,8 +444,13 @@ class Translator:
                     for k in range(take)]
                    for i, hypothesis, row, attention in zip(
                        step.indices, hypotheses, sequences, outputs[2][rows], strict=True)]
+      met = None
+      if constraint_ids is not None:
+        ordered = options.search.constraint_order == "ordered"
+        met = [[search_constraints.satisfied(row[k], constraint_ids.ids[i], ordered)
+                for k in range(take)] for i, row in zip(step.indices, sequences, strict=True)]
       yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
-                       int(cut[step.indices].sum()), aligned)
+                       int(cut[step.indices].sum()), aligned, met)
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
                   token_ids: Sequence[Sequence[int]], options: TranslateConfig,
@@ -412,6 +472,23 @@ class Translator:
             f"{self.model_config.max_len}, max_len_a {options.search.max_len_a} x "
             f"{len(token_ids[i])} source tokens + max_len_b {options.search.max_len_b}).")
     return prefix_ids  # Even all empty: a prefixed search's rules apply to every row.
+
+  def _phrase_ids(self, kind: str, given: Sequence[Sequence[str]] | None,
+                  sentences: Sequence[str], token_ids: Sequence[Sequence[int]],
+                  options: TranslateConfig, first_index: int) -> phrases.PhraseIds | None:
+    """The call's constraints or forbidden phrases as target pieces, checked
+    (`serving.phrases.phrase_ids`); None when there are none."""
+    if given is None:
+      return None
+    if len(given) != len(sentences):
+      raise InputError(f"{len(given)} {kind} lists for {len(sentences)} sentences; give one per "
+                       "sentence ([] for none).")
+    search_settings = options.search
+    room = lambda i: (decode_length(search_settings, len(token_ids[i]),
+                                    self.model_config.max_len) - 1 if token_ids[i] else None)
+    return phrases.phrase_ids(kind, given, tokenize=self.tokenizer.tokenize_target,
+                              search=search_settings, output_room=room,
+                              first_line=first_index + 1)
 
   def _word_alignment(self, source: str, source_ids: Sequence[int], text: str,
                       output_ids: np.ndarray, attention: np.ndarray) -> alignments_lib.Pairs:
@@ -488,10 +565,8 @@ class Translator:
     token_ids, cut = [], np.zeros(len(sentences), bool)
     for i, sentence in enumerate(sentences):
       ids = tokenize(sentence) if sentence.strip() else []
-      if len(ids) > limit:
-        cut[i] = True
-        ids = ids[:limit]
-      token_ids.append(ids + [EOS_ID] if ids or keep_empty else [])
+      cut[i] = len(ids) > limit
+      token_ids.append(ids[:limit] + [EOS_ID] if ids or keep_empty else [])
     if cut.any():
       logging.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
                       "and were truncated.", cut.sum(), len(sentences), limit + 1)
@@ -499,8 +574,9 @@ class Translator:
 
   def _search_step(self, params: Any, step: Step, token_ids: Sequence[Sequence[int]],
                    first_index: int, options: TranslateConfig,
-                   prefix_ids: Sequence[Sequence[int]] | None = None, align: int = 0
-                   ) -> tuple[Array, ...]:
+                   prefix_ids: Sequence[Sequence[int]] | None = None, align: int = 0,
+                   constraint_ids: phrases.PhraseIds | None = None,
+                   forbid_ids: phrases.PhraseIds | None = None) -> tuple[Array, ...]:
     """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]
     (and with `align`, the attention [D * rows, align, L, S])."""
     inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
@@ -511,13 +587,18 @@ class Translator:
       rng = _row_keys_jit(rng, self._place(line_numbers))
     decode_len = decode_length(options.search, step.length, self.model_config.max_len)
     prefix = None if prefix_ids is None else self._place(fill_rows(step, prefix_ids, decode_len))
-    shape = (self.search_fn, options.search, len(inputs), step.length, decode_len,
-             prefix is None, align)
-    start = time.perf_counter()
     # Only the options asked for are passed: a search_fn of the plain signature still serves.
-    outputs = self.search_fn(params, self._place(inputs), rng,
-                             *(() if prefix is None else (prefix,)), settings=options.search,
-                             max_decode_len=decode_len, **({"align": align} if align else {}))
+    optional = [prefix] + [None if given is None else self._place(
+        fill_phrases(step, given.ids, given.count, given.pieces))
+        for given in (constraint_ids, forbid_ids)]
+    while optional and optional[-1] is None:
+      optional.pop()
+    shape = (self.search_fn, options.search, len(inputs), step.length, decode_len,
+             tuple(None if x is None else x.shape for x in optional), align)
+    start = time.perf_counter()
+    outputs = self.search_fn(params, self._place(inputs), rng, *optional,
+                             settings=options.search, max_decode_len=decode_len,
+                             **({"align": align} if align else {}))
     if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
       _SEEN_SHAPES.add(shape)
       logging.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
@@ -573,19 +654,29 @@ class Translator:
     return jax.make_array_from_callback(array.shape, rows, lambda index: array[index])
 
 
+class TranslatedLines(NamedTuple):
+  """What `translate_lines` gives: one translation per line, in order, and the counts."""
+
+  lines: list[str]
+  truncated: int  # Lines cut to the model's max_len.
+  unmet: int = 0  # Lines whose translation misses a constraint (the length cap came first).
+
+
 def translate_lines(translator: Translator, lines: Sequence[str], *,
                     progress: Callable[[int], None] | None = None,
-                    **settings: Any) -> tuple[list[str], int]:
-  """(translations of `lines` in order, one per line; how many lines were cut to the model's
-  max_len). `progress(n)` after each batch of n."""
-  truncated = 0
+                    **options: Any) -> TranslatedLines:
+  """The best translation of each of `lines`, in order, with how many lines were cut to the
+  model's max_len and how many miss a constraint. `progress(n)` after each batch of n;
+  `options`: what `Translator.iter_nbest` takes (constraints, forbid, settings)."""
+  truncated = unmet = 0
 
   def batches() -> Iterator[tuple[np.ndarray, list[str]]]:
-    nonlocal truncated
-    for batch in translator.iter_nbest(lines, 1, **settings):
-      truncated += batch.truncated
+    nonlocal truncated, unmet
+    for batch in translator.iter_nbest(lines, 1, **options):
+      truncated, unmet = truncated + batch.truncated, unmet + batch.unmet
       if progress:
         progress(len(batch.indices))
       yield batch.indices, [hypotheses[0][0] for hypotheses in batch.hypotheses]
 
-  return in_input_order(len(lines), batches(), ""), truncated
+  translations = in_input_order(len(lines), batches(), "")
+  return TranslatedLines(translations, truncated, unmet)

@@ -1,0 +1,311 @@
+"""Lexical constraints and forbidden phrases in beam search (`decoding.constraints`), on the
+toy step functions of test_decoding_search.py.
+
+The references are independent float64 NumPy code written from the definitions in the
+docstring of `decoding.constraints` (Post & Vilar's candidates, Hu et al.'s banks and rounds),
+one hypothesis at a time in Python loops, and brute force over every sequence of a toy
+vocabulary.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_decoding_search import EOS, PAD, HashToy
+
+from flax_transformer.decoding import constraints, search
+from flax_transformer.decoding.search import Ranking, SearchProblem, beam_search
+
+P = 3  # Padded phrase length of the tests.
+
+
+def _phrase_array(rows, pieces=P, count=None):
+  """[[phrase, ...] per sentence] -> int32 [B, C, pieces], zero rows for none."""
+  count = count or max(1, max(len(row) for row in rows))
+  array = np.zeros((len(rows), count, pieces), np.int32)
+  for b, row in enumerate(rows):
+    for c, phrase in enumerate(row):
+      array[b, c, :len(phrase)] = phrase
+  return array
+
+
+# ------------------------------------------------------------ the reference, from the definition
+def _ends_with(seq, pieces):
+  return len(pieces) <= len(seq) and tuple(seq[len(seq) - len(pieces):]) == tuple(pieces)
+
+
+def reference_state(seq, phrases, ordered):
+  """(met phrases, bank) of a hypothesis, replaying its tokens one at a time."""
+  met = [False] * len(phrases)
+
+  def may_meet():
+    unmet = [c for c in range(len(phrases)) if not met[c]]
+    return unmet[:1] if ordered else unmet
+
+  for t in range(1, len(seq) + 1):
+    for c in may_meet():  # Those that may be met at this step, decided before it.
+      if _ends_with(seq[:t], phrases[c]):
+        met[c] = True
+  progress = [max([m for m in range(len(phrases[c])) if _ends_with(seq, phrases[c][:m])],
+                  default=0) for c in may_meet()]
+  return met, sum(len(p) for p, m in zip(phrases, met, strict=True) if m) + max(progress,
+                                                                                default=0)
+
+
+def _divisor(n, alpha):
+  return ((5.0 + n) / 6.0) ** alpha
+
+
+def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max_tokens=None):
+  """Beam search with vectorized dynamic beam allocation, one hypothesis at a time in float64.
+  Returns [(score, seq)] best first, at most `beams`: hypotheses that hold every phrase first
+  (finished, or cut at L), then by score, finished ones first among equals."""
+  holds = lambda seq: all(reference_state(seq, phrases, ordered)[0])
+  alive, finished = [((), 0.0)], []
+  for step in range(max_len):
+    forced = max_tokens is not None and step >= max_tokens
+    rows = {seq: log_probs(seq) for seq, _ in alive}
+    candidates = {}  # (seq, token) -> summed log-probability
+    if forced:
+      for seq, total in alive:
+        candidates[(seq, EOS)] = total + rows[seq][EOS]
+    else:
+      emittable = [(total + rows[seq][t], seq, t) for seq, total in alive
+                   for t in range(vocab) if t not in (PAD, EOS)]
+      for score, seq, t in sorted(emittable, key=lambda c: -c[0])[:beams]:  # (a)
+        candidates[(seq, t)] = score
+      for seq, total in alive:
+        met, _ = reference_state(seq, phrases, ordered)
+        best = max((t for t in range(vocab) if t not in (PAD, EOS)), key=lambda t: rows[seq][t])
+        candidates[(seq, best)] = total + rows[seq][best]  # (c)
+        unmet = [c for c in range(len(phrases)) if not met[c]]
+        for c in unmet[:1] if ordered else unmet:  # (b)
+          m = max(m for m in range(len(phrases[c])) if _ends_with(seq, phrases[c][:m]))
+          for t in (phrases[c][m], phrases[c][0]):
+            candidates[(seq, t)] = total + rows[seq][t]
+        if all(met):  # (d)
+          candidates[(seq, EOS)] = total + rows[seq][EOS]
+    banks = {}
+    for (seq, t) in candidates:
+      if t == EOS:
+        met, _ = reference_state(seq, phrases, ordered)
+        banks[(seq, t)] = sum(len(p) for p, m in zip(phrases, met, strict=True) if m)
+      else:
+        banks[(seq, t)] = reference_state((*seq, t), phrases, ordered)[1]
+    ranked = [c for c in sorted(candidates, key=lambda c: -candidates[c])
+              if np.isfinite(candidates[c])]
+    rank = {c: sum(1 for d in ranked[:ranked.index(c)] if banks[d] == banks[c]) for c in ranked}
+    rounds = sorted(ranked, key=lambda c: (rank[c], -banks[c]))
+    for seq, t in rounds[:beams]:
+      if t == EOS:
+        finished.append((candidates[(seq, t)] / _divisor(len(seq) + 1, alpha), (*seq, EOS),
+                         holds(seq)))
+    alive = [((*seq, t), candidates[(seq, t)]) for seq, t in rounds if t != EOS][:beams]
+    if len(finished) >= beams and step + 1 < max_len:
+      alive = []
+      break
+    if not alive:
+      break
+  ranked = [(not met, -s, 0, q, s) for s, q, met in finished] + [
+      (not holds(seq), -total / _divisor(max_len, alpha), 1, seq, total / _divisor(max_len, alpha))
+      for seq, total in alive]
+  return [(h[4], h[3]) for h in sorted(ranked, key=lambda h: h[:3])][:beams]
+
+
+def _searched(toy, beams, phrases, ordered, alpha=0.6, **limits):
+  @jax.jit
+  def run(phrases, limits):
+    problem = SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
+                            max_decode_len=toy.max_len, eos_id=EOS, constraints=phrases,
+                            ordered_constraints=ordered, **limits)
+    return beam_search(problem, beam_size=beams, ranking=Ranking(alpha))
+
+  sequences, scores = run(jnp.asarray(_phrase_array(phrases)), limits)
+  return np.asarray(sequences), np.asarray(scores)
+
+
+def _hypotheses(sequences, scores, b):
+  return [(float(s), tuple(int(t) for t in seq if t != PAD))
+          for seq, s in zip(sequences[b], scores[b], strict=True) if np.isfinite(s)]
+
+
+def _random_phrases(rng, batch, vocab, counts):
+  return [[tuple(int(t) for t in rng.integers(2, vocab, size=rng.integers(1, P + 1)))
+           for _ in range(count)] for count in counts[:batch]]
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("beams", [2, 3, 5])
+def test_beam_search_equals_the_numpy_reference_of_vectorized_dba(beams, ordered):
+  rng = np.random.default_rng(beams + 10 * ordered)
+  toy = HashToy(seed=70 + beams, batch=4, max_len=9, vocab=7, eos_logits=0.5)
+  # Sentences with 0 to 3 phrases of 1 to 3 pieces, drawn at random.
+  phrases = _random_phrases(rng, toy.batch, toy.vocab, [2, 0, 3, 1])
+  sequences, scores = _searched(toy, beams, phrases, ordered)
+  for b in range(toy.batch):
+    expected = reference_dba(functools.partial(toy.log_probs, b), toy.vocab, toy.max_len,
+                             beams, 0.6, phrases[b], ordered)
+    got = _hypotheses(sequences, scores, b)
+    assert [seq for _, seq in got] == [seq for _, seq in expected], (b, phrases[b])
+    np.testing.assert_allclose([s for s, _ in got], [s for s, _ in expected], rtol=2e-6)
+
+
+def test_the_reference_is_the_plain_top_k_rule_without_phrases():
+  """Without phrases there is one bank: the reference is the field's rule (test of the test)."""
+  from test_decoding_search import field_beam_search
+
+  toy = HashToy(seed=61, batch=2, max_len=7, vocab=6, eos_logits=1.0)
+  for b in range(toy.batch):
+    log_probs = functools.partial(toy.log_probs, b)
+    assert ([seq for _, seq in reference_dba(log_probs, 6, 7, 3, 0.6, [], False)]
+            == [tuple(seq) for _, seq in field_beam_search(log_probs, 6, 7, 3, 0.6, "gnmt")])
+
+
+def _contains(seq, phrases, ordered):
+  """Brute force's own test: every phrase occurs (ordered: ends strictly increasing)."""
+  end = 0
+  for phrase in phrases:
+    ends = [i + len(phrase) for i in range(len(seq) - len(phrase) + 1)
+            if tuple(seq[i:i + len(phrase)]) == tuple(phrase)
+            and (not ordered or i + len(phrase) > end)]
+    if not ends:
+      return False
+    end = ends[0]
+  return True
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_an_exhaustive_beam_finds_the_best_sequences_that_contain_every_phrase(ordered):
+  # Two emittable tokens and L = 5: at most 16 alive beams and 48 candidates per step, so a
+  # beam of 48 keeps every hypothesis and finishes every EOS.
+  toy = HashToy(seed=80, batch=2, max_len=5, vocab=4, eos_logits=0.0)
+  phrases = [[(3, 2), (2,)], [(2, 2), (3,)]]
+  sequences, scores = _searched(toy, 48, phrases, ordered)
+  for b in range(toy.batch):
+    log_probs = functools.partial(toy.log_probs, b)
+    expected = []
+    for n in range(toy.max_len):
+      for seq in itertools.product((2, 3), repeat=n):
+        if _contains(seq, phrases[b], ordered):
+          total = sum(log_probs(seq[:i])[t] for i, t in enumerate(seq)) + log_probs(seq)[EOS]
+          expected.append((total / _divisor(n + 1, 0.6), (*seq, EOS)))
+    expected.sort(key=lambda h: -h[0])
+    finished = [h for h in _hypotheses(sequences, scores, b) if h[1][-1] == EOS]
+    # Hypotheses cut at L may take some of the 48 places, never a better finished one's.
+    assert len(finished) >= 3
+    assert [seq for _, seq in finished] == [seq for _, seq in expected[:len(finished)]]
+    np.testing.assert_allclose([s for s, _ in finished],
+                               [s for s, _ in expected[:len(finished)]], rtol=2e-6)
+
+
+def test_a_sentence_without_phrases_searches_as_it_would_alone():
+  toy = HashToy(seed=90, batch=3, max_len=8, vocab=7, eos_logits=0.5)
+  phrases = [[(4, 5)], [], [(6,), (2, 3)]]
+  sequences, scores = _searched(toy, 4, phrases, False)
+  plain = beam_search(SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
+                                    max_decode_len=toy.max_len, eos_id=EOS),
+                      beam_size=4, ranking=Ranking(0.6))
+  np.testing.assert_array_equal(sequences[1], np.asarray(plain[0][1]))
+  np.testing.assert_array_equal(scores[1], np.asarray(plain[1][1]))
+  for b in (0, 2):  # The others: each finished output holds its phrases (L may cut others).
+    finished = [seq for seq in sequences[b] if EOS in seq]
+    assert finished and all(constraints.satisfied(seq, phrases[b], False) for seq in finished)
+
+
+def test_phrase_counts_and_lengths_are_data_of_one_program():
+  toy = HashToy(seed=91, batch=2, max_len=8, vocab=7)
+  traces = []
+
+  @jax.jit
+  def run(phrases):
+    traces.append(1)
+    problem = SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=8,
+                            eos_id=EOS, constraints=phrases)
+    return beam_search(problem, beam_size=3, ranking=Ranking(0.6))
+
+  for rows in ([[(2,)], []], [[(3, 4, 5), (6,)], [(2, 2)]], [[], []]):
+    run(jnp.asarray(_phrase_array(rows, P, count=2)))
+  assert len(traces) == 1
+
+
+def test_the_length_cap_forces_eos_before_the_phrases_are_met():
+  toy = HashToy(seed=92, batch=2, max_len=8, vocab=7)
+  phrases = [[(2, 3, 4), (5, 6)], [(4,)]]
+  sequences, _ = _searched(toy, 3, phrases, False,
+                           max_lengths=jnp.asarray([2, 6], jnp.int32))
+  best = [tuple(int(t) for t in seq if t != PAD) for seq in sequences[:, 0]]
+  assert len(best[0]) == 3 and best[0][-1] == EOS  # Two tokens, then the forced EOS.
+  assert not constraints.satisfied(best[0], phrases[0], False)  # 5 pieces cannot fit in 2.
+  assert constraints.satisfied(best[1], phrases[1], False)
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_forbidden_phrases_never_appear(method):
+  toy = HashToy(seed=93, batch=4, max_len=9, vocab=6, eos_logits=-1.0)
+  plain = SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
+                        max_decode_len=toy.max_len, eos_id=EOS)
+
+  def run(problem):
+    if method == "beam":
+      return beam_search(problem, beam_size=4, ranking=Ranking(0.6))[0]
+    if method == "greedy":
+      return search.greedy_search(problem)[0][:, None]
+    return search.sample(problem, jax.random.key(0))[0][:, None]
+
+  before = np.asarray(run(plain))
+  # Forbid a bigram each sentence's best output holds, and one token of another.
+  forbid = []
+  for b in range(toy.batch):
+    seq = [int(t) for t in before[b, 0] if t not in (PAD, EOS)]
+    last = seq[-1] if seq else 4
+    forbid.append([tuple(seq[:2]) if len(seq) >= 2 else (2, 3), (last,) if b == 3 else (5, 4)])
+  after = np.asarray(run(plain.replace(forbid=jnp.asarray(_phrase_array(forbid)))))
+  for b in range(toy.batch):
+    for seq in after[b]:
+      tokens = tuple(int(t) for t in seq if t != PAD)
+      for phrase in forbid[b]:
+        assert not any(tokens[i:i + len(phrase)] == phrase for i in range(len(tokens))), (
+            b, tokens, phrase)
+  assert not np.array_equal(before, after)
+
+
+def test_forbidden_phrases_keep_the_model_scores():
+  """A ban removes choices, not probability mass: scores are the model's log-probabilities."""
+  toy = HashToy(seed=94, batch=2, max_len=6, vocab=6)
+  forbid = jnp.asarray(_phrase_array([[(2,)], [(3, 4)]]))
+  problem = SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=6,
+                          eos_id=EOS, forbid=forbid)
+  sequences, scores = search.greedy_search(problem)
+  for b in range(2):
+    seq = [int(t) for t in np.asarray(sequences[b]) if t != PAD]
+    expected = sum(toy.log_probs(b, seq[:i])[t] for i, t in enumerate(seq))
+    np.testing.assert_allclose(float(scores[b]), expected, rtol=1e-5)
+
+
+def test_constraints_with_one_beam_greedy_or_every_beam_are_refused():
+  toy = HashToy(seed=95, batch=1, max_len=5, vocab=6)
+  problem = SearchProblem(toy.step, toy.initial_state(), batch_size=1, max_decode_len=5,
+                          eos_id=EOS, constraints=jnp.asarray(_phrase_array([[(2,)]])))
+  with pytest.raises(ValueError, match="beam_size >= 2"):
+    beam_search(problem, beam_size=1)
+  with pytest.raises(ValueError, match="finish_rule 'top_k'"):
+    beam_search(problem, beam_size=2, ranking=Ranking(0.6, finish_rule="every_beam"))
+  with pytest.raises(ValueError, match="greedy_search: constraints need beam search"):
+    search.greedy_search(problem)
+  with pytest.raises(ValueError, match="constraints must be int"):
+    problem.replace(constraints=jnp.zeros((2, 1, 3), jnp.int32))
+
+
+@pytest.mark.parametrize(("tokens", "phrases", "ordered", "expected"), [
+    ((2, 3, 4, 1), [(3, 4), (2,)], False, True),
+    ((2, 3, 4, 1), [(3, 4), (2,)], True, False),  # (2,) ends before (3, 4).
+    ((2, 3, 4, 1), [(2, 3), (3, 4)], True, True),  # Overlapping occurrences, ends increasing.
+    ((2, 2, 2, 3), [(2, 2, 3)], False, True),
+    ((2, 3, 1, 0), [(3, 2)], False, False),
+    ((5,), [], True, True),
+])
+def test_satisfied_follows_the_definition(tokens, phrases, ordered, expected):
+  assert constraints.satisfied(tokens, phrases, ordered) == expected
