@@ -41,6 +41,19 @@ else:
       os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"])
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+  """How many pytest-xdist workers `-n auto` (pyproject.toml's addopts) starts: one per core up
+  to 4 on CPU (2 on CI's 2-core machine; most tests compile, wait for the processes they start
+  or for the GCS emulator, so two share two cores well), none on a GPU (each JAX process would
+  claim the device's memory). FLAX_TRANSFORMER_TEST_WORKERS=n sets it (0: this process alone)."""
+  del config
+  if "FLAX_TRANSFORMER_TEST_WORKERS" in os.environ:
+    return int(os.environ["FLAX_TRANSFORMER_TEST_WORKERS"])
+  if os.environ["JAX_PLATFORMS"] != "cpu":
+    return 0
+  return max(1, min(os.cpu_count() or 1, 4))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_compilation_cache():
   """This process uses the session's cache too (as a `Translator` would turn it on)."""
