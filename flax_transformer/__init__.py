@@ -1,6 +1,7 @@
 """flax-transformer: the Transformer of "Attention Is All You Need" as pure JAX/Flax modules.
 
-Public API:
+Public API::
+
   ModelConfig        the frozen architecture (presets `base`, `big`, `small`, `tiny`)
   Transformer        the Flax module: `apply(variables, inputs, targets)` -> logits; `encode`,
                      `precompute_cross_attention`, `init_cache`, `decode_step` for decoding

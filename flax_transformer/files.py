@@ -319,7 +319,10 @@ class _ClosingGzip(gzip.GzipFile):
 
 def decode_line(raw: bytes, name: str, number: int) -> str:
   """One line's bytes (line end included or not) as text; ValueError naming file:line when
-  the bytes are not UTF-8."""
+  the bytes are not UTF-8, or hold a NUL byte (a binary file, which UTF-8 would allow)."""
+  if b"\0" in raw:
+    raise InputError(f"{name}:{number}: a NUL byte (at byte {raw.index(0)}): this is not a "
+                     "text file; translate needs UTF-8 text.")
   try:
     return raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
   except UnicodeDecodeError as error:
@@ -418,6 +421,8 @@ def count_lines(path: str) -> int:
         whole.decode("utf-8")
       except UnicodeDecodeError:
         _raise_at_line(whole, path, count)
+      if b"\0" in whole:
+        _raise_at_line(whole, path, count)
       count += whole.count(b"\n")
   finally:
     stream.close()
@@ -437,7 +442,7 @@ def _read_block(stream: BinaryIO, path: str) -> bytes:
 
 
 def _raise_at_line(block: bytes, path: str, lines_before: int) -> None:
-  """Raises the ValueError of the first line of `block` that is not UTF-8."""
+  """Raises the ValueError of the first line of `block` that is not UTF-8 (or holds a NUL)."""
   for number, raw in enumerate(block.split(b"\n"), start=lines_before + 1):
     decode_line(raw, path, number)
 

@@ -74,10 +74,10 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str], *,
     target_lang: their language ("de", "fr", ...): also BLEU in the lc.norm.tok variant.
 
   Returns:
-    {"bleu": float, "chrf": float, "bleu_signature": str, "chrf_signature": str,
-     "bleu_details": str (n-gram precisions, brevity penalty, lengths), "num_sentences": int},
-    and with `target_lang` "bleu_lc_norm_tok" and "bleu_lc_norm_tok_signature" (both sides
-    through `lc_norm_tok`, BLEU on whitespace tokens without smoothing, as multi-bleu.perl).
+    {"bleu": float, "chrf": float, "bleu_signature": str, "chrf_signature": str, "bleu_details":
+    str (n-gram precisions, brevity penalty, lengths), "num_sentences": int}, and with
+    `target_lang` "bleu_lc_norm_tok" and "bleu_lc_norm_tok_signature" (both sides through
+    `lc_norm_tok`, BLEU on whitespace tokens without smoothing, as multi-bleu.perl).
     Scores are in [0, 100].
 
   Raises:

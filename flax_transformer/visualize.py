@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 from collections import defaultdict
 from typing import Any
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.data import alignments
-from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.data.tokenizer import EOS_ID, UNK_ID
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import absolute, atomic_write, to_path
 from flax_transformer.model.alignment import alignment_layer_index, select_heads
@@ -20,7 +21,12 @@ from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
          ("decoder", "self_attention", "decoder self-attention"),
-         ("decoder", "cross_attention", "cross-attention (rows: target, columns: source)"))
+         ("decoder", "cross_attention", "cross-attention"))
+# (query axis, key axis) of each kind's panels: rows are queries, columns the keys they attend.
+AXES = {"encoder/self_attention": ("query: source piece", "key: source piece"),
+        "decoder/self_attention": ("query: target piece", "key: earlier target piece"),
+        "decoder/cross_attention": ("query: target piece", "key: source piece")}
+UNKNOWN_SHARE = 0.5  # Above this share of unknown source pieces, the maps mean little.
 
 
 def attention_maps(model, params: Any, inputs: np.ndarray,
@@ -66,6 +72,7 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
   target = translator.translate([text])[0] if target is None else target
   source_ids = np.asarray(tokenizer.tokenize(text) + [EOS_ID], np.int32)
   target_ids = np.asarray(tokenizer.tokenize_target(target) + [EOS_ID], np.int32)
+  _warn_unknown(text, source_ids)
   maps = attention_maps(translator.model, translator.params, source_ids, target_ids)
   source_tokens = [tokenizer.id_to_piece(i) for i in source_ids]
   target_tokens = [tokenizer.id_to_piece(i) for i in target_ids]
@@ -92,6 +99,8 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
       figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
       axis.set_xticks(range(len(x_tokens)), x_tokens, rotation=90, fontsize=7)
       axis.set_yticks(range(len(y_tokens)), y_tokens, fontsize=7)
+      axis.set_ylabel(AXES[key][0], fontsize=7)
+      axis.set_xlabel(AXES[key][1], fontsize=7)
       axis.set_title(f"{title}\nlayer {depth}, head {head}", fontsize=8)
   figure.suptitle(f"{text}  →  {target}", fontsize=10)
   figure.tight_layout(rect=(0, 0, 1, 0.97))  # Leaves room for the title above the panels.
@@ -115,6 +124,7 @@ def plot_alignment(translator, text: str, output: str | os.PathLike, *,
   target = translator.translate([text])[0] if target is None else target
   source_ids = np.asarray(tokenizer.tokenize(text) + [EOS_ID], np.int32)
   target_ids = np.asarray(tokenizer.tokenize_target(target) + [EOS_ID], np.int32)
+  _warn_unknown(text, source_ids)
   cross = attention_maps(translator.model, translator.params, source_ids,
                          target_ids)["decoder/cross_attention"]  # [depth] of [N, T, S]
   layer = alignment_layer_index(config)
@@ -133,11 +143,15 @@ def plot_alignment(translator, text: str, output: str | os.PathLike, *,
   figure.colorbar(image, ax=left, fraction=0.046, pad=0.02)
   left.set_xticks(range(len(source_ids)), pieces(source_ids), rotation=90, fontsize=7)
   left.set_yticks(range(len(target_ids)), pieces(target_ids), fontsize=7)
+  left.set_ylabel("query: target piece", fontsize=7)
+  left.set_xlabel("key: source piece", fontsize=7)
   heads = config.alignment_heads or config.num_heads
   left.set_title(f"cross-attention, layer {layer}, mean of {heads} head(s)", fontsize=8)
   right.imshow(grid, cmap="Greys", vmin=0.0, vmax=1.0)
   right.set_xticks(range(len(source_words)), source_words, rotation=90, fontsize=7)
   right.set_yticks(range(len(target_words)), target_words, fontsize=7)
+  right.set_ylabel("target word j", fontsize=7)
+  right.set_xlabel("source word i", fontsize=7)
   right.set_title("word alignment (i-j): " + alignments.format_alignment(pairs), fontsize=8,
                   wrap=True)
   figure.suptitle(f"{text}  →  {target}", fontsize=10)
@@ -177,6 +191,8 @@ def plot_training_curves(workdir: str | os.PathLike,
   series = read_metrics(workdir)
   panels = [("loss", ["loss"]), ("BLEU / chrF", ["bleu", "chrf"]),
             ("learning rate", ["learning_rate", "lr"])]
+  y_labels = {"loss": "cross-entropy per target token (nats)", "BLEU / chrF": "score (0-100)",
+              "learning rate": "learning rate"}
   panels = [(title, [(key, values) for key, values in sorted(series.items())
                      if key[1] in names]) for title, names in panels]
   panels = [(title, lines) for title, lines in panels if lines]
@@ -186,9 +202,13 @@ def plot_training_curves(workdir: str | os.PathLike,
   for axis, (title, lines) in zip(axes[0], panels, strict=True):
     for (split, name), values in lines:
       steps, ys = zip(*values, strict=True)
-      axis.plot(steps, ys, marker="o" if len(steps) < 30 else None, label=f"{split} {name}")
+      single = len(steps) == 1  # The test split's one point, at the end: drawn on top.
+      axis.plot(steps, ys, marker="D" if single else "o" if len(steps) < 30 else None,
+                markersize=8 if single else 4, zorder=3 if single else 2,
+                linestyle="none" if single else "-", label=f"{split} {name}")
     axis.set_title(title)
     axis.set_xlabel("step")
+    axis.set_ylabel(y_labels[title])
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
   figure.suptitle(absolute(workdir).name)
@@ -196,6 +216,16 @@ def plot_training_curves(workdir: str | os.PathLike,
   _save_figure(figure, output)
   plt.close(figure)
   return output
+
+
+def _warn_unknown(text: str, source_ids: np.ndarray) -> None:
+  """A warning when most of `text`'s pieces are the unknown piece: its maps mean little."""
+  pieces = source_ids[:-1]  # Without EOS.
+  share = float(np.mean(pieces == UNK_ID)) if len(pieces) else 0.0
+  if share > UNKNOWN_SHARE:
+    logging.warning("%.0f%% of the pieces of %r are the vocabulary's unknown piece: its "
+                    "attention maps say little (is it in the source language?).", 100 * share,
+                    text)
 
 
 def _save_figure(figure: Any, output: str | os.PathLike) -> None:

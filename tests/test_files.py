@@ -81,6 +81,17 @@ def test_read_lines_reports_invalid_utf8_with_file_and_line(tmp_path):
     read_lines(str(tmp_path / "missing.txt"))
 
 
+def test_a_nul_byte_is_one_line_naming_file_and_line(tmp_path):
+  """NUL bytes are valid UTF-8: a binary file (or 3,000 NULs) would otherwise be translated
+  as a sentence."""
+  path = tmp_path / "input.txt"
+  path.write_bytes(b"ok line\n" + b"\0" * 3000 + b"\n")
+  for read in (read_lines, files.count_lines):
+    with pytest.raises(ValueError, match=r"input.txt:2: a NUL byte \(at byte 0\): this is not "
+                       "a text file"):
+      read(str(path))
+
+
 def test_read_lines_reads_gzip_and_reports_a_corrupt_one(tmp_path):
   lines = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen."]
   path = tmp_path / "test.de.gz"

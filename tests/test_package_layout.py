@@ -286,12 +286,12 @@ def _notebook_and_readme_code() -> dict[str, str]:
   for notebook in sorted((PACKAGE.parent / "notebooks").glob("*.ipynb")):
     cells = json.loads(notebook.read_text())["cells"]
     code[notebook.name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-  readme = (PACKAGE.parent / "README.md").read_text()
-  code["README.md"] = "\n".join(re.findall(r"```python\n(.*?)```", readme, re.S))
+  for page in [PACKAGE.parent / "README.md", *sorted((PACKAGE.parent / "docs").glob("*.md"))]:
+    code[page.name] = "\n".join(re.findall(r"```python\n(.*?)```", page.read_text(), re.S))
   return code
 
 
-def test_notebooks_and_readme_import_only_public_names():
+def test_notebooks_readme_and_docs_import_only_public_names():
   """What users copy: `from flax_transformer import X` (the top-level API) or a room's public
   names (`from flax_transformer.data import split_texts`), never a module inside a room."""
   import flax_transformer

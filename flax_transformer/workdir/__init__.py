@@ -1,9 +1,9 @@
 """The training workdir, as serving, export and training read it: `layout` (names, config.json,
 vocabulary, `open_workdir`), `checkpoints` (restore, save and average params; unreadable
 checkpoints named), `ensemble` (checkpoints of one vocabulary and architecture, their params
-stacked, to translate with together) and `trainer_lock` (one trainer per workdir: a flock, or a
-lease object on gs://). Nothing here imports the training code (or grain); the names below are
-the package's interface."""
+stacked, to translate with together), `trainer_lock` (one trainer per workdir: a flock, or a
+lease object on gs://) and `splits` (the data splits as text files). Nothing here imports the
+training code (or grain); the names below are the package's interface."""
 
 from flax_transformer.workdir.checkpoints import (
     PARAMS_ITEM,
@@ -35,6 +35,7 @@ from flax_transformer.workdir.layout import (
     saved_config,
     vocabulary_files,
 )
+from flax_transformer.workdir.splits import SPLITS, write_split
 from flax_transformer.workdir.trainer_lock import (
     BucketLease,
     WorkdirInUseError,
@@ -50,6 +51,7 @@ __all__ = [
     "LOCK_FILE",
     "METRICS_FILE",
     "PARAMS_ITEM",
+    "SPLITS",
     "TENSORBOARD_DIR",
     "VOCAB_FILE",
     "BucketLease",
@@ -76,4 +78,5 @@ __all__ = [
     "saved_steps",
     "shape_differences",
     "vocabulary_files",
+    "write_split",
 ]

@@ -405,8 +405,10 @@ def average_checkpoints(workdir: str | os.PathLike, last: int) -> Path:
     raise InputError(f"last must be >= 1, got {last}.")
   steps = saved_steps(workdir)
   if len(steps) < last:
-    raise InputError(f"{workdir} has {len(steps)} checkpoint(s) ({steps}); cannot average the "
-                     f"last {last}. Keep more with config.checkpoint.max_to_keep.")
+    raise InputError(
+        f"{workdir} has {len(steps)} checkpoint(s) ({steps}); cannot average the last {last}. "
+        "Training saves one every config.checkpoint.save_every_steps steps and keeps the last "
+        "config.checkpoint.max_to_keep: save more often (or keep more) to average more.")
   chosen = steps[-last:]
   total, first = None, None
   for step in chosen:
