@@ -190,6 +190,28 @@ def run_plan(args: argparse.Namespace) -> int:
   return 1 if problems else 0
 
 
+def run_prepare(args: argparse.Namespace) -> int:
+  """Prepares the config's data splits (downloading WMT, say) where training will read them."""
+  from flax_transformer.config import data_config_from
+  from flax_transformer.data import prepare_data
+  from flax_transformer.experiment_flags import config_from_flags
+
+  data = data_config_from(config_from_flags([f"--config={args.config}", *args.config_overrides]))
+  for split, pairs, folder in prepare_data(data):
+    print(f"{split}: {pairs:,} pairs in {folder}")
+  return 0
+
+
+def _add_prepare_command(commands) -> None:
+  prepare = commands.add_parser(
+      "prepare", help="Prepare a config's train, eval and test data (download, convert to "
+      "array_record) where train.py reads it, without starting a training run.")
+  prepare.add_argument("--config", required=True, metavar="FILE[:VARIANT]", help="The "
+                       "experiment config, as train.py takes it; --config.data.tfds_data_dir=DIR "
+                       "says where the data goes (default: TFDS's, ~/tensorflow_datasets).")
+  prepare.set_defaults(run=run_prepare)
+
+
 def _add_plan_command(commands) -> None:
   plan = commands.add_parser(
       "plan", help="Compile a config's train step (and search) for a TPU topology, from any "
@@ -240,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_workdir_commands(commands)
   _add_interop_commands(commands)
   _add_plan_command(commands)
+  _add_prepare_command(commands)
   for command in commands.choices.values():
     command.add_argument("--verbose", action="store_true",
                          help="Also log INFO lines (JAX, orbax, ...) on stderr.")
@@ -331,8 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   """Entry point of the `flax-transformer` command."""
   parser = build_parser()
   args, extra = parser.parse_known_args(argv)
-  # plan takes train.py's --config.GROUP.KEY=VALUE overrides; every other extra is an error.
-  args.config_overrides = [a for a in extra if args.command == "plan" and a.startswith("--config.")]
+  # plan and prepare take train.py's --config.GROUP.KEY=VALUE overrides; other extras are errors.
+  args.config_overrides = [a for a in extra if args.command in ("plan", "prepare")
+                           and a.startswith("--config.")]
   if unknown := [arg for arg in extra if arg not in args.config_overrides]:
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   # stderr holds the progress line, the results' summary, warnings and errors; libraries'

@@ -177,3 +177,27 @@ def test_synthetic_builder_splits(tmp_path):
   assert pipeline.split_texts(reverse, "test") == [
       (t, s) for s, t in pipeline.split_texts(data, "test")]
   assert "tensorflow" not in sys.modules
+
+
+def test_prepare_command_prepares_every_split_once_where_training_reads(tmp_path, capsys):
+  from flax_transformer.cli import main
+
+  flags = ["prepare", f"--config={REPO / 'configs' / 'default.py'}",
+           f"--config.data.tfds_data_dir={tmp_path}", "--config.data.synthetic_num_train=60",
+           "--config.data.synthetic_num_eval=20", "--config.data.synthetic_num_test=10"]
+  assert main(flags) == 0
+  printed = capsys.readouterr()
+  folder = next(tmp_path.glob("synthetic_translation/*/*"))
+  assert printed.out.splitlines() == [f"train: 60 pairs in {folder}",
+                                      f"validation: 20 pairs in {folder}",
+                                      f"test: 10 pairs in {folder}"]
+  assert printed.err == ""  # Nothing of TFDS's about our own builder.
+  stamp = (folder / "dataset_info.json").stat().st_mtime_ns
+  assert main(flags) == 0  # Prepared already: only opened.
+  assert (folder / "dataset_info.json").stat().st_mtime_ns == stamp
+  assert main([*flags[:2], "--config.data.source=tfds",
+               "--config.data.tfds_name=wmt14_translat/de-en"]) == 2
+  [error] = capsys.readouterr().err.splitlines()
+  assert error.startswith("flax-transformer prepare: error: config.data.tfds_name='wmt14_translat"
+                          "/de-en' is not a TFDS dataset this install can build (TFDS: Dataset "
+                          "wmt14_translat not found; Did you mean: wmt14_translat -> "), error

@@ -29,6 +29,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "marian_tokenizer": "marian_tokenizer",
     "parse_alignment": "alignments:parse_alignment",
     "pipeline": "pipeline",
+    "prepare_data": "pipeline:prepare_data",
     "split_texts": "pipeline:split_texts",
     "synthetic": "synthetic",
     "tokenizer": "tokenizer",

@@ -328,14 +328,17 @@ def _file_lock(path: Path):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
-_FIRST_PREPARATION_NOTICE = re.compile(r"Variant folder .* has no dataset_info\.json")
+# TFDS's warnings that a dataset folder it is about to prepare holds no dataset yet, and that a
+# builder was given a config object (ours always are: the folder, languages, seed, sizes).
+_OWN_BUILDER_NOTICE = re.compile(
+    r"Variant folder .* has no dataset_info\.json|Using custom data configuration")
 
 
 class _DropFirstPreparationNotices(logging.Filter):
-  """Drops TFDS's warning that a dataset folder it is about to prepare holds no dataset yet."""
+  """Drops TFDS's notices about our own builders (`_OWN_BUILDER_NOTICE`)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not _FIRST_PREPARATION_NOTICE.match(record.getMessage())
+    return not _OWN_BUILDER_NOTICE.match(record.getMessage())
 
 
 @contextlib.contextmanager
@@ -390,8 +393,13 @@ def tfds_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
   try:
     return tfds.builder(name, data_dir=data_dir, file_format=ARRAY_RECORD)
   except tfds.core.registered.DatasetNotFoundError as e:
+    # TFDS's message lists every dataset it knows; its first line and its guess are enough.
+    first, *rest = str(e).strip().splitlines()
+    said = [line.strip().rstrip(".?").strip() for line in [first, *rest]
+            if line == first or "Did you mean" in line]
     raise DataError(
-        f"config.data.tfds_name={name!r} is not a TFDS dataset this install can build. TFDS "
-        f"says: {e}\nNote: TFDS's WMT builders (wmt14_translate, wmt17_translate, ...) import "
-        "TensorFlow to prepare the data; install it with `pip install flax-transformer[wmt]`, "
-        "or use config.data.source='local' with plain text files.") from e
+        f"config.data.tfds_name={name!r} is not a TFDS dataset this install can build (TFDS: "
+        f"{'; '.join(said)}). TFDS's WMT builders (wmt14_translate, "
+        "wmt17_translate, ...) import TensorFlow to prepare the data; install it with `pip "
+        "install flax-transformer[wmt]`, or use config.data.source='local' with plain text "
+        "files.") from e

@@ -165,6 +165,17 @@ def split_texts(data: DataConfig, split: str) -> list[tuple[str, str]]:
           for example in _read_all(open_split(data, split))]
 
 
+def prepare_data(data: DataConfig) -> list[tuple[str, int, str]]:
+  """Prepares the train, eval and test splits of `data` where training reads them (the TFDS data
+  folder `data.tfds_data_dir`, '' = TFDS's default), as train.py does on first use; returns each
+  split's (name, pairs, folder). Already prepared data is only opened."""
+  prepared = []
+  for split in dict.fromkeys((data.train_split, data.eval_split, data.test_split)):
+    builder = _builder(data, split)
+    prepared.append((split, len(builder.as_data_source(split=split)), str(builder.data_dir)))
+  return prepared
+
+
 def split_alignments(data: DataConfig, split: str
                      ) -> list[tuple[str, str, list[tuple[int, int]]]]:
   """(source text, target text, word pairs (i, j)) of every pair of `split` with its word
