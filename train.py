@@ -48,7 +48,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def _quiet_libraries(record) -> bool:
-  """Keeps warnings and errors of orbax/grain/TFDS, drops their per-save INFO chatter."""
+  """Keeps warnings and errors of orbax/grain/TFDS/fsspec/gcsfs, drops their INFO chatter
+  (orbax's per save, fsspec's per gs:// file read)."""
   chatty = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/fsspec/", "/gcsfs/")
   if str(record.msg).startswith("Using custom data configuration"):
     return False  # Our builders always use custom configs; TFDS warns at every open.
@@ -58,7 +59,9 @@ def _quiet_libraries(record) -> bool:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  std_logging.getLogger("absl").addFilter(_quiet_libraries)
+  # On absl's handler, not its logger: fsspec and gcsfs log through their own loggers, whose
+  # records reach the handler by propagation, which a logger's filters never see.
+  logging.get_absl_handler().addFilter(_quiet_libraries)
   try:
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),

@@ -98,11 +98,17 @@ def absolute(value: str | os.PathLike) -> epath.Path:
 
 def _configure_gcsfs() -> None:
   """No listing cache: a bulk job's processes and a restarted trainer must see each other's
-  objects at once, not a listing cached by this process."""
+  objects at once, not a listing cached by this process. Against an emulator
+  (STORAGE_EMULATOR_HOST), anonymous access, as google-cloud-storage's client does there:
+  otherwise gcsfs looks for credentials and google.auth warns that the metadata server is not
+  there. An explicit token (FSSPEC_GCS_TOKEN, fsspec's config) is kept."""
   import fsspec
 
   for protocol in ("gs", "gcs"):
-    fsspec.config.conf.setdefault(protocol, {}).setdefault("use_listings_cache", False)
+    settings = fsspec.config.conf.setdefault(protocol, {})
+    settings.setdefault("use_listings_cache", False)
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+      settings.setdefault("token", "anon")
 
 
 @dataclasses.dataclass(frozen=True)
