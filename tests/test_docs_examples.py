@@ -1,19 +1,23 @@
 """The documentation's examples run as written: every shell command of the README and
 docs/getting-started.md that uses the Quick start's workdir (`workdirs/default`), and their
 Python blocks, run against a trained workdir of the default config (conftest's
-`trained_workdir`, copied to `workdirs/default` under a fresh folder).
+`trained_workdir`, copied to `workdirs/default` under a fresh folder); and docs/training.md's
+"Try the pod guide on one machine" script, on the GCS emulator.
 
 The commands are parsed from the pages themselves, so a page that changes is what runs; the
-only substitution is the averaged checkpoint's step (the test workdir trains 400 steps, the
-Quick start 600).
+only substitutions are the averaged checkpoint's step (the test workdir trains 400 steps, the
+Quick start 600) and, in the pod script, a shorter run whose kill -9 waits for its first
+checkpoint instead of a minute.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from flax_transformer.workdir import saved_steps
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", REPO / "docs" / "getting-started.md"]
+POD_PAGE = REPO / "docs" / "training.md"
 WORKDIR = "workdirs/default"
 
 
@@ -70,3 +75,50 @@ def test_every_quick_start_example_runs_on_a_trained_workdir(trained_workdir, tm
   for page in PAGES:
     for block in _blocks(page, "python"):
       exec(compile(block, str(page), "exec"), {})  # The page's own example.
+
+
+def pod_script() -> str:
+  """docs/training.md's script that tries the pod guide on one machine (the emulator's block)."""
+  [block] = [block for block in _blocks(POD_PAGE, "bash") if "tests/gcs_emulator.py" in block]
+  return block
+
+
+_WAIT_FOR_A_CHECKPOINT = (
+    "python -c 'import sys, time; from etils import epath\n"
+    "while not list(epath.Path(sys.argv[1]).glob(\"checkpoints/*/commit_success.txt\")): "
+    "time.sleep(0.5)' $W")
+_SHORTER_RUN = ("--config.train.num_train_steps=80 --config.train.warmup_steps=20 "
+                "--config.checkpoint.save_every_steps=40 --config.eval.eval_every_steps=0 "
+                "--config.eval.translate=false --config.eval.test_at_end=false")
+
+
+def test_the_pod_script_is_on_the_page():
+  script = pod_script()
+  for part in ("eval \"$(python tests/gcs_emulator.py", "kill -9 $!", "sleep 60;", "train.py",
+               "flax-transformer translate", "kill $FAKE_GCS_SERVER_PID"):
+    assert part in script, part
+
+
+@pytest.mark.slow  # Trains twice and compiles the search: the fast tier leaves it.
+def test_the_pod_script_runs_on_the_emulator_without_a_credential_warning(tmp_path):
+  for name in ("train.py", "configs", "tests"):  # The page runs from a checkout's root.
+    (tmp_path / name).symlink_to(REPO / name)
+  lines = [line.replace("--workdir=$W", f"--workdir=$W {_SHORTER_RUN}")
+           if "train.py" in line else line
+           for line in pod_script().splitlines() if not line.startswith("pip install")]
+  script = "\n".join(lines).replace("sleep 60;", _WAIT_FOR_A_CHECKPOINT + ";")
+  # The session's emulator variables (conftest's gcs fixture) must not leak into the script.
+  env = {key: value for key, value in os.environ.items()
+         if not key.startswith(("STORAGE_EMULATOR", "TENSORSTORE_GCS", "GOOGLE_AUTH", "FSSPEC"))}
+  result = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900, env={**env, "TFDS_DATA_DIR": str(tmp_path)})
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  assert re.search(r"Restored step 40 from gs://my-bucket/default", output), output[-3000:]
+  assert "Took over the lease gs://my-bucket/default/.lock" in output, output[-3000:]
+  assert re.search(r"^BLEU", result.stdout, re.M), result.stdout
+  assert len((tmp_path / "test.src").read_text().splitlines()) == 500
+  for line in output.splitlines():  # No credential or metadata-server warning, nor any other.
+    assert not re.search(r"credential|metadata server|Compute Engine", line, re.I), line
+    if re.match(r"W\d{4} |WARNING", line):
+      assert "Took over the lease" in line, line
