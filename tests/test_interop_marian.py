@@ -481,13 +481,16 @@ def _add_weight(model_dir: Path, key: str) -> None:
   save_file(state, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-@pytest.mark.parametrize(("precision", "near_tie"), [("bfloat16", 0.01), ("int8", 0.15)])
+@pytest.mark.parametrize(("precision", "near_tie"), [("bfloat16", 0.1), ("int8", 0.15)])
 def test_an_imported_model_translates_at_each_precision(workdir, translator, sentences,
                                                         precision, near_tie):
   """The imported model served in bfloat16 or int8 (`--precision`): the float32 translations'
   per-token log-probabilities move by less than 0.05 (measured: 0.008 bfloat16, 0.014 int8),
   and the translations that change are near ties: float32 scores them within `near_tie` per
-  token of its own (measured: 3 of 16 changed, 0.0002, in bfloat16; 5 of 16, 0.094, in int8)."""
+  token of its own (measured on Intel Sapphire Rapids: 3 of 16 changed, 0.0002, in bfloat16; 5
+  of 16, 0.094, in int8; on AMD EPYC, where XLA's bfloat16 dots round differently: 4 of 16,
+  0.046, in bfloat16; 7 of 16, 0.094, in int8). A beam that a small change turns early can end
+  on another path, so the bound is per token, not the per-token difference itself."""
   served = Translator.from_workdir(workdir, grow_cache="no", precision=precision)
   reference = translator.translate(sentences)
   per_token = {name: np.asarray(t.score(sentences, reference, normalize=True))
