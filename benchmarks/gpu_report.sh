@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU report (issue 44) on a lent NVIDIA machine, in as few device calls as possible:
-#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (ITEM: env tests quality bulk mfu ct2
+#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (ITEM: env tests quality mini bulk mfu ct2
 #                                                      sbs_f32 sbs_bf16; A+B runs A and B at once)
 # Run from the repository root. Reads the carried folders .whl/ (wheels of what the device's image
 # lacks, see the device README) and .gpu/ (data/multi30k, data/wmt14-en-de-test, the unchanged
@@ -90,6 +90,26 @@ item_quality() {
   wait
 }
 
+mini_seed() {
+  # Issue 43: the :mini recipe (Wu et al.'s tiny model) from scratch, then every choice on val
+  # (final or the last 5/10 averaged, beam 4/5, length penalty 0.6/1.0/1.4) and test2016 once.
+  local seed=$1 workdir=/tmp/m30k_mini$1 start=$(date +%s)
+  rm -rf "$workdir"
+  python3 train.py --config=configs/multi30k_en_de.py:mini --workdir="$workdir" \
+    --config.data.local_dir="$GPU/data/multi30k" --config.data.tfds_data_dir="$workdir/tfds" \
+    --config.train.seed="$seed" --config.data.seed="$seed" > "$RESULTS/mini_seed$seed.log" 2>&1
+  echo "{\"benchmark\": \"multi30k_mini_train\", \"seed\": $seed, \"rc\": $?, \"wall_s\": $(( $(date +%s) - start ))}"
+  python3 benchmarks/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
+    > "$RESULTS/mini_select$seed.log" 2>&1
+  grep -h '^{' "$RESULTS/mini_select$seed.log"
+}
+
+item_mini() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  for seed in 0 1; do mini_seed $seed & done
+  wait
+}
+
 item_bulk() {
   # The trained seed-0 workdir (real lengths: sentences end at EOS) on test2016 and newstest2014.
   python3 benchmarks/bulk_vs_ctranslate2.py --workdir /tmp/m30k_seed0 \
@@ -125,13 +145,13 @@ sbs() {
 item_sbs_f32() { sbs float32; }
 item_sbs_bf16() { sbs bfloat16; }
 
-declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [bulk]=240 [mfu]=330 [ct2]=240
+declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [bulk]=240 [mfu]=330 [ct2]=240
                   [sbs_f32]=280 [sbs_bf16]=280)
 setup || { echo "setup failed"; exit 1; }
 for group in "$@"; do
   pids=()
   for name in ${group//+/ }; do
-    run_item "$name" "${LIMIT[$name]}" bash -c "$(declare -f quality_seed sbs item_$name); \
+    run_item "$name" "${LIMIT[$name]}" bash -c "$(declare -f quality_seed mini_seed sbs item_$name); \
       GPU=$GPU RESULTS=$RESULTS item_$name" &
     pids+=($!)
   done
