@@ -49,7 +49,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _quiet_libraries(record) -> bool:
   """Keeps warnings and errors of orbax/grain/TFDS/fsspec/gcsfs, drops their INFO chatter
-  (orbax's per save, fsspec's per gs:// file read)."""
+  (orbax's per save, fsspec's per gs:// file read) unless absl's `-v 1` (or more) asks for it."""
+  if logging.get_verbosity() >= logging.DEBUG:
+    return True
   chatty = ("/orbax/", "/grain/", "/tensorflow_datasets/", "/fsspec/", "/gcsfs/")
   if str(record.msg).startswith("Using custom data configuration"):
     return False  # Our builders always use custom configs; TFDS warns at every open.

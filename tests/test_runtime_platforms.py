@@ -118,6 +118,16 @@ def test_train_and_translate_print_only_their_own_lines(tmp_path):
     assert noise not in train.stderr, noise
   assert sum("Prepared synthetic_translation" in line for line in lines) == 1, train.stderr
   assert any("step 1/1" in line for line in lines), train.stderr  # Our lines are there.
+  # absl's -v 1 brings the libraries' INFO lines back (orbax's, restoring and saving).
+  verbose = subprocess.run(
+      train_command(workdir, "-v", "1", train__num_train_steps=2, train__warmup_steps=1,
+                    checkpoint__save_every_steps=1), cwd=REPO, capture_output=True, text=True,
+      timeout=300, env=_own_environment())
+  assert verbose.returncode == 0, verbose.stderr[-3000:]
+  orbax = [line for line in verbose.stderr.splitlines()
+           if (m := ABSL_LINE.match(line)) and m.group("file") == "checkpoint_manager.py"]
+  assert orbax, verbose.stderr[-3000:]
+  assert not any("checkpoint_manager.py" in line for line in lines)  # Not without -v.
 
   source = tmp_path / "in.txt"
   source.write_text("a small house\nthe red car\n")
