@@ -201,3 +201,18 @@ def test_prepare_command_prepares_every_split_once_where_training_reads(tmp_path
   assert error.startswith("flax-transformer prepare: error: config.data.tfds_name='wmt14_translat"
                           "/de-en' is not a TFDS dataset this install can build (TFDS: Dataset "
                           "wmt14_translat not found; Did you mean: wmt14_translat -> "), error
+
+
+def test_tfds_notice_about_our_own_configs_is_dropped_in_every_process(caplog):
+  """grain's workers remake our builders from a pickle, outside quiet_tfds: the filter sits on
+  absl's logger from the module's import on, and lets other configs' notices through."""
+  from absl import logging as absl_logging
+
+  from flax_transformer.data import builders  # noqa: F401  (installs the filter)
+
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    absl_logging.warning("Using custom data configuration: %s", "SyntheticTranslationConfig(x)")
+    absl_logging.warning("Using custom data configuration: %s", "LocalTranslationConfig(x)")
+    absl_logging.warning("Using custom data configuration: %s", "TheirConfig(x)")
+  assert [r.getMessage() for r in caplog.records] == [
+      "Using custom data configuration: TheirConfig(x)"]

@@ -332,6 +332,8 @@ def _file_lock(path: Path):
 # builder was given a config object (ours always are: the folder, languages, seed, sizes).
 _OWN_BUILDER_NOTICE = re.compile(
     r"Variant folder .* has no dataset_info\.json|Using custom data configuration")
+_OWN_CONFIG_NOTICE = re.compile(
+    r"Using custom data configuration: (LocalTranslationConfig|SyntheticTranslationConfig)\(")
 
 
 class _DropFirstPreparationNotices(logging.Filter):
@@ -339,6 +341,17 @@ class _DropFirstPreparationNotices(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not _OWN_BUILDER_NOTICE.match(record.getMessage())
+
+
+class _DropOwnConfigNotices(logging.Filter):
+  """Drops TFDS's "Using custom data configuration" warning for our own two configs, wherever
+  a builder is made: grain's worker processes remake it from a pickle, outside `quiet_tfds`."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not _OWN_CONFIG_NOTICE.match(record.getMessage())
+
+
+logging.getLogger("absl").addFilter(_DropOwnConfigNotices())  # TFDS logs through absl.
 
 
 @contextlib.contextmanager
