@@ -43,7 +43,7 @@ ALLOWED = {
                  "config", "validation", "files", "progress", "scoring", "runtime"},
     "planning": {"errors", "training", "serving", "decoding", "model", "config", "runtime"},
     "cli": {"errors", "serving", "interop", "planning", "workdir", "visualize", "scoring",
-            "config", "experiment_flags", "runtime"},
+            "config", "experiment_flags", "runtime", "data"},
     "__init__": {"errors", "config", "model", "decoding", "serving", "runtime", "conventions",
                  "data", "files", "interop", "scoring", "training", "workdir", "experiment_flags"},
 }
