@@ -57,6 +57,7 @@ def main() -> None:
   logging.basicConfig(level=logging.WARNING)
   import tensorflow_datasets as tfds
 
+  from flax_transformer.config import DataConfig, parse_group
   from flax_transformer.data import pipeline
   from flax_transformer.training import vocabulary
   tfds.display_progress_bar(False)
@@ -64,7 +65,7 @@ def main() -> None:
     base = dict(source="local", local_dir=str(MULTI30K), tfds_data_dir=f"{tmp}/tfds",
                 train_split="train", eval_split="val", test_split="test_2016_flickr",
                 vocab_size=args.vocab_size, max_length=32, batch_tokens=64 * 32)
-    data = pipeline.DataConfig.from_config(base)
+    data = parse_group(DataConfig, base)
     start = time.perf_counter()
     pipeline.split_texts(data, "train")  # Prepares the array_record copy.
     prepare_s = time.perf_counter() - start
@@ -74,7 +75,7 @@ def main() -> None:
     print(json.dumps(dict(name="setup", prepare_s=round(prepare_s, 2),
                           vocab_train_s=round(vocab_s, 2), vocab_size=tokenizer.vocab_size)))
     for workers in args.workers:
-      data = pipeline.DataConfig.from_config({**base, "num_workers": workers})
+      data = parse_group(DataConfig, {**base, "num_workers": workers})
       result = _measure(data, tokenizer, args.seconds)
       print(json.dumps(dict(name="multi30k_train_pipeline", num_workers=workers, rows=64,
                             max_length=32, **{k: round(v, 2) for k, v in result.items()})))
