@@ -1,8 +1,8 @@
-"""The documentation's examples run as written: every shell command of the README and
-docs/getting-started.md that uses the Quick start's workdir (`workdirs/default`), and their
-Python blocks, run against a trained workdir of the default config (conftest's
-`trained_workdir`, copied to `workdirs/default` under a fresh folder); and docs/training.md's
-"Try the pod guide on one machine" script, on the GCS emulator.
+"""The documentation's examples run as written: every shell command of the README,
+docs/getting-started.md and docs/python-api.md that uses the Quick start's workdir
+(`workdirs/default`), and their Python blocks, run against a trained workdir of the default
+config (conftest's `trained_workdir`, copied to `workdirs/default` under a fresh folder); and
+docs/training.md's "Try the pod guide on one machine" script, on the GCS emulator.
 
 The commands are parsed from the pages themselves, so a page that changes is what runs; the
 only substitutions are the averaged checkpoint's step (the test workdir trains 400 steps, the
@@ -27,7 +27,7 @@ from flax_transformer.cli import main
 from flax_transformer.workdir import saved_steps
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", REPO / "docs" / "getting-started.md"]
+PAGES = [REPO / "README.md", REPO / "docs" / "getting-started.md", REPO / "docs" / "python-api.md"]
 POD_PAGE = REPO / "docs" / "training.md"
 WORKDIR = "workdirs/default"
 
