@@ -11,8 +11,17 @@ one line (a bug: its traceback and how to report it). This file is intentionally
 the job lives in flax_transformer.training.trainer.
 """
 
-import logging as std_logging
 import sys
+
+if __name__ == "__main__":
+  # First, before JAX loads: XLA:CPU's per-step buffers on transparent huge pages, by running
+  # this process once more with glibc's malloc tunable set (flax_transformer/runtime/
+  # host_memory.py; FLAX_TRANSFORMER_HUGE_PAGES=0 or any GLIBC_TUNABLES turns it off).
+  from flax_transformer.runtime.host_memory import reexec_with_huge_pages
+
+  reexec_with_huge_pages()
+
+import logging as std_logging
 import traceback
 
 import jax
@@ -21,7 +30,7 @@ from ml_collections import config_flags
 
 from flax_transformer.errors import Error, bug_report
 from flax_transformer.experiment_flags import config_flag_problem, define_config_flag
-from flax_transformer.runtime import distributed
+from flax_transformer.runtime import distributed, host_memory
 from flax_transformer.runtime.compilation_cache import enable_compilation_cache
 from flax_transformer.training import trainer
 from flax_transformer.training.preemption import Preempted
@@ -68,6 +77,7 @@ def main(argv):
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     logging.info("JAX process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                  jax.devices())
+    logging.info("Host memory: %s.", host_memory.describe())
     enable_compilation_cache(FLAGS.compilation_cache_dir)
     overrides = config_flags.get_override_values(FLAGS["config"])  # --config.X=... only
     model_overrides = {key.removeprefix("model."): value for key, value in overrides.items()

@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import REPO, train_command
 
-from flax_transformer.runtime import platforms
+from flax_transformer.runtime import host_memory, platforms
 
 
 def _shows_tpu() -> bool:
@@ -118,6 +118,10 @@ def test_train_and_translate_print_only_their_own_lines(tmp_path):
     assert noise not in train.stderr, noise
   assert sum("Prepared synthetic_translation" in line for line in lines) == 1, train.stderr
   assert any("step 1/1" in line for line in lines), train.stderr  # Our lines are there.
+  # train.py ran once more with malloc's huge pages tunable (runtime/host_memory.py).
+  malloc = ("large buffers on transparent huge pages" if host_memory.huge_pages_apply(
+      _own_environment()) else "the C library's defaults")
+  assert any(f"Host memory: {malloc}" in line for line in lines), train.stderr
   # absl's -v 1 brings the libraries' INFO lines back (orbax's, restoring and saving).
   verbose = subprocess.run(
       train_command(workdir, "-v", "1", train__num_train_steps=2, train__warmup_steps=1,
