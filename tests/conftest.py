@@ -23,16 +23,6 @@ if os.environ["JAX_PLATFORMS"] in ("cuda", "gpu"):
   # unaffected: the setting only keeps float32 dots at float32.
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# Tests compile hundreds of programs and run most of them once, on tiny shapes: LLVM's passes
-# over XLA:CPU's code are most of the suite's time. At optimization level 0 the programs
-# compute the same operations (XLA's own passes and the library calls for dots and convolutions
-# are unchanged; LLVM no longer vectorizes or unrolls their loops), and the children the tests
-# start inherit the flag. Measured on 2 loaded AMD EPYC cores: tests/test_decoding_search.py
-# 453 -> 288 s, tests/test_model.py 111 -> 86 s. FLAX_TRANSFORMER_TEST_XLA_OPT=default keeps
-# XLA's default (for a benchmark-like run of the suite, or to rule the flag out).
-if (os.environ["JAX_PLATFORMS"] == "cpu" and os.environ.get("FLAX_TRANSFORMER_TEST_XLA_OPT")
-    != "default" and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
-  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 # train.py and the CLI cache compiled programs in ~/.cache by default. Tests use a cache of
 # their own, new for each session and removed at its end: nothing carries over between runs,
 # while the many processes that tests spawn (CLI commands, train.py, several hosts) and the

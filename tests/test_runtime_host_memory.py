@@ -66,8 +66,8 @@ def test_when_the_process_is_executed_again(environ, glibc, thp, expected):
     ("always madvise [never]\n", "never"), ("garbled\n", None)])
 def test_the_kernels_huge_pages_mode_is_read(tmp_path, text, mode):
   (tmp_path / "enabled").write_text(text)
-  assert host_memory._thp_mode(tmp_path / "enabled") == mode
-  assert host_memory._thp_mode(tmp_path / "absent") is None
+  assert host_memory._thp_mode(str(tmp_path / "enabled")) == mode
+  assert host_memory._thp_mode(str(tmp_path / "absent")) is None
 
 
 @pytest.mark.skipif(not host_memory.huge_pages_apply({}), reason="no glibc >= 2.35 with THP")

@@ -33,12 +33,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 SWITCH = "FLAX_TRANSFORMER_HUGE_PAGES"
 TUNABLES = "GLIBC_TUNABLES"
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
-THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"  # A system file: no user path.
 
 
 def _glibc_version() -> tuple[int, int] | None:
@@ -51,10 +50,11 @@ def _glibc_version() -> tuple[int, int] | None:
     return None
 
 
-def _thp_mode(path: Path = THP_MODE) -> str | None:
+def _thp_mode(path: str = THP_MODE) -> str | None:
   """The kernel's transparent huge pages mode ("always", "madvise", "never"), or None."""
   try:
-    text = path.read_text()  # e.g. "always [madvise] never"
+    with open(path) as f:
+      text = f.read()  # e.g. "always [madvise] never"
   except OSError:
     return None
   start, end = text.find("["), text.find("]")
