@@ -173,12 +173,27 @@ def test_accumulation_and_eight_devices_equal_one_step_on_one_device():
                                  rtol=1e-5)
       np.testing.assert_allclose(got[1]["alignment_loss"], reference[1]["alignment_loss"],
                                  rtol=1e-4)
-      for a, b in zip(jax.tree.leaves(other.params), jax.tree.leaves(state.params), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=2e-4)
+      _assert_adam_params_close(other.params, state.params, train.learning_rate, num_steps=2)
     else:  # Same sums over the whole batch, within what dropout changes.
       np.testing.assert_allclose(got[0]["alignment_loss"], reference[0]["alignment_loss"],
                                  rtol=0.1)
     np.testing.assert_allclose(got[0]["num_tokens"], reference[0]["num_tokens"])
+
+
+def _assert_adam_params_close(got, want, learning_rate: float, num_steps: int):
+  """Parameters after `num_steps` Adam steps from the same start, summed in another order.
+
+  Adam divides each update by the gradient's own root mean square (eps 1e-9), so an element
+  whose gradient is near zero moves by up to the learning rate whichever way its rounding
+  falls: summing over 8 devices instead of 1 flips a few such (1 of 4,096 in one matrix on
+  AMD EPYC Zen 3). Nearly every element agrees closely, and none moves apart by more than
+  the steps can move it; a wrong gradient moves most elements apart.
+  """
+  got, want = (np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(t)])
+               for t in (got, want))
+  apart = ~np.isclose(got, want, rtol=1e-3, atol=2e-4)
+  assert apart.sum() <= 1e-3 * apart.size, f"{apart.sum()}/{apart.size} elements apart"
+  np.testing.assert_array_less(np.abs(got - want), 2 * num_steps * learning_rate)
 
 
 def _alignment_loss(config, params, batch) -> float:
