@@ -416,15 +416,15 @@ def test_other_quantizations_translate_as_float32_does(trained_workdir, exported
                   .model_config.max_len - 1)
   quantized = _ct2_texts(tmp_path / "ct2", sources, **settings)
   float32 = _ct2_texts(exported / "float32", sources, **settings)
-  # Rounding changes close calls, and how many depends on the CPU's int8 kernels (on AVX2
-  # without VNNI, 11 of 32 lines stayed identical under int8_float32; on AVX-512 most do).
-  # A changed line still shares most of its words with float32's; a broken conversion
-  # (wrong scales, transposed or missing weights) shares almost none: BLEU against float32.
+  # Rounding changes close calls, and how many depends on the CPU's int8 kernels: on AMD EPYC
+  # Zen 3 (AVX2, no VNNI) int8_float32 kept 11 of 32 lines, BLEU 56.1 against float32's; on
+  # AVX-512 most lines stay. A changed line still shares most of its words with float32's; a
+  # broken conversion (wrong scales, transposed or missing weights) shares almost none.
   same = sum(a == b for a, b in zip(quantized, float32, strict=True))
   agreement = score_translations(quantized, float32)["bleu"]
   print(f"{quantization}: {same}/{len(sources)} lines as float32's, BLEU {agreement:.1f} "
         "against them", file=sys.stderr)
-  assert agreement >= 50.0, f"{same}/{len(sources)} lines as float32's, BLEU {agreement:.1f}"
+  assert agreement >= 40.0, f"{same}/{len(sources)} lines as float32's, BLEU {agreement:.1f}"
 
 
 def test_export_errors_are_one_clear_line(trained_workdir, exported, tmp_path, capsys,
