@@ -186,8 +186,8 @@ def _assert_adam_params_close(got, want, learning_rate: float, num_steps: int):
   Adam divides each update by the gradient's own root mean square (eps 1e-9), so an element
   whose gradient is near zero moves by up to the learning rate whichever way its rounding
   falls: summing over 8 devices instead of 1 flips a few such (1 of 4,096 in one matrix on
-  AMD EPYC Zen 3). Nearly every element agrees closely, and none moves apart by more than
-  the steps can move it; a wrong gradient moves most elements apart.
+  CI's machine on 2026-11-27). Nearly every element agrees closely, and none moves apart by
+  more than the steps can move it; a wrong gradient moves most elements apart.
   """
   got, want = (np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(t)])
                for t in (got, want))
