@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU report (issue 44) on a lent NVIDIA machine, in as few device calls as possible:
-#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (ITEM: env tests quality mini bulk mfu ct2
-#                                                      sbs_f32 sbs_bf16; A+B runs A and B at once)
+#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (ITEM: env tests cudnn quality mini issue43
+#                                                      bulk mfu ct2 sbs_f32 sbs_bf16; A+B runs A
+#                                                      and B at once)
 # Run from the repository root. Reads the carried folders .whl/ (wheels of what the device's image
 # lacks, see the device README) and .gpu/ (data/multi30k, data/wmt14-en-de-test, the unchanged
 # Flax examples/wmt under examples/wmt, and shared/bench as bench/). Each item has its own time
@@ -110,6 +111,38 @@ item_mini() {
   wait
 }
 
+issue43_run() {
+  # Issue 43 in one call: RECIPE (mini or cpu) and SEED trained from scratch with no periodic
+  # evaluation (the selection does all of it, on val), then every choice on val and test2016 once.
+  # A dry run on a CPU: ISSUE43_TRAIN_ARGS=--config.train.num_train_steps=30 and
+  # ISSUE43_SELECT_ARGS='--max_sentences 16'.
+  local recipe=$1 seed=$2 lasts=$3 workdir=/tmp/m30k_$1_s$2 start=$(date +%s)
+  rm -rf "$workdir"
+  python3 train.py --config=configs/multi30k_en_de.py:$recipe --workdir="$workdir" \
+    --config.data.local_dir="$GPU/data/multi30k" --config.data.tfds_data_dir="$workdir/tfds" \
+    --config.train.seed="$seed" --config.data.seed="$seed" --config.data.num_workers=4 \
+    --config.eval.eval_every_steps=0 --config.eval.test_at_end=False ${ISSUE43_TRAIN_ARGS:-} \
+    > "$RESULTS/train_${recipe}_s$seed.log" 2>&1
+  echo "{\"benchmark\": \"multi30k_${recipe}_train\", \"seed\": $seed, \"rc\": $?, \"wall_s\": $(( $(date +%s) - start ))}"
+  python3 benchmarks/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
+    --last $lasts --beam_sizes 5 --length_penalties 1.0 1.4 1.8 ${ISSUE43_SELECT_ARGS:-} \
+    > "$RESULTS/select_${recipe}_s$seed.log" 2>&1
+  grep -h '^{' "$RESULTS/select_${recipe}_s$seed.log"
+}
+
+item_issue43() {
+  # The :mini recipe, seeds 0 and 1, beside the :cpu recipe, seed 0, all at once on the one GPU.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  issue43_run mini 0 "5 10" & issue43_run mini 1 "5 10" & issue43_run cpu 0 "5 8" &
+  wait
+}
+
+item_cudnn() {
+  # The cuDNN attention path and the model's numerics (float64 references), beside issue43.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  python3 -m pytest -q -p no:cacheprovider -n 2 tests/test_attention_cudnn.py tests/test_model.py
+}
+
 item_bulk() {
   # The trained seed-0 workdir (real lengths: sentences end at EOS) on test2016 and newstest2014.
   python3 benchmarks/bulk_vs_ctranslate2.py --workdir /tmp/m30k_seed0 \
@@ -145,13 +178,13 @@ sbs() {
 item_sbs_f32() { sbs float32; }
 item_sbs_bf16() { sbs bfloat16; }
 
-declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [bulk]=240 [mfu]=330 [ct2]=240
+declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [issue43]=520 [cudnn]=300 [bulk]=240 [mfu]=330 [ct2]=240
                   [sbs_f32]=280 [sbs_bf16]=280)
 setup || { echo "setup failed"; exit 1; }
 for group in "$@"; do
   pids=()
   for name in ${group//+/ }; do
-    run_item "$name" "${LIMIT[$name]}" bash -c "$(declare -f quality_seed mini_seed sbs item_$name); \
+    run_item "$name" "${LIMIT[$name]}" bash -c "$(declare -f quality_seed mini_seed issue43_run sbs item_$name); \
       GPU=$GPU RESULTS=$RESULTS item_$name" &
     pids+=($!)
   done
