@@ -118,18 +118,24 @@ def test_float32_and_attention_dropout_stay_on_xla():
 
 
 @on_gpu
-def test_bfloat16_model_loss_and_gradients_match_the_xla_attention():
+def test_bfloat16_model_loss_and_gradients_are_as_close_to_float32_as_the_xla_attention():
   # The whole model in bfloat16, train mode without any dropout: only the attention kernel
-  # differs between the two, and the loss and gradient must agree to bfloat16 rounding.
+  # differs between the cuDNN and the XLA run. Both are compared with the same model computed
+  # in float32 (XLA attention; conftest keeps float32 dots at full precision on GPUs): cuDNN
+  # must be about as close to it as XLA's bfloat16 path is. Comparing the two bfloat16 runs
+  # with each other adds both rounding errors, and on an H100 (2026-11-27) their gradients
+  # differed by 3.05 % relative, so a fixed bound on that difference measured the noise; a
+  # wrong mask or scale gives an error of order one, many times XLA's own.
   inputs = jnp.asarray(np.random.default_rng(0).integers(3, 50, (4, 16)), jnp.int32)
   inputs = inputs.at[1, 12:].set(0)
   targets = jnp.roll(inputs, 1, axis=1).at[1, 10:].set(0)
-  grads = {}
-  for implementation in (None, "xla"):
-    config = ModelConfig.tiny(50, dtype="bfloat16", dropout_rate=0.0,
-                              attention_dropout_rate=0.0, attention_implementation=implementation)
+  results = {}
+  for name, dtype, implementation in (("cudnn", "bfloat16", None), ("xla", "bfloat16", "xla"),
+                                      ("float32", "float32", "xla")):
+    config = ModelConfig.tiny(50, dtype=dtype, dropout_rate=0.0, attention_dropout_rate=0.0,
+                              attention_implementation=implementation)
     model = Transformer(config)
-    variables = model.init(jax.random.key(0), inputs, targets)
+    variables = model.init(jax.random.key(0), inputs, targets)  # float32 parameters in all.
 
     def loss(params, model=model):
       logits = model.apply({"params": params}, inputs, targets, train=True,
@@ -139,10 +145,13 @@ def test_bfloat16_model_loss_and_gradients_match_the_xla_attention():
       return -jnp.sum(jnp.where(targets > 0, picked, 0.0))
 
     step = jax.jit(jax.value_and_grad(loss))
-    text = step.lower(variables["params"]).as_text()
-    assert ("cudnn" in text) == (implementation is None)
-    grads[implementation] = step(variables["params"])
-  (loss_cudnn, grad_cudnn), (loss_xla, grad_xla) = grads[None], grads["xla"]
-  np.testing.assert_allclose(loss_cudnn, loss_xla, rtol=1e-2)
+    assert ("cudnn" in step.lower(variables["params"]).as_text()) == (name == "cudnn")
+    results[name] = step(variables["params"])
   flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
-  assert _relative_error(flat(grad_cudnn), flat(grad_xla)) < 3e-2
+  loss_reference, grad_reference = results["float32"]
+  errors = {name: (_relative_error(results[name][0], loss_reference),
+                   _relative_error(flat(results[name][1]), flat(grad_reference)))
+            for name in ("cudnn", "xla")}
+  print(f"relative error against float32 (loss, gradient): {errors}")
+  assert errors["cudnn"][0] < 1e-2
+  assert errors["cudnn"][1] < 2 * errors["xla"][1] + 1e-3, errors
