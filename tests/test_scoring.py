@@ -87,3 +87,13 @@ def test_lc_norm_tok_bleu_is_whitespace_bleu_of_the_tokenized_text():
 def test_without_a_language_only_the_cased_scores():
   scores = score_translations(["Ein Hund ."], ["Ein Hund ."])
   assert "bleu_lc_norm_tok" not in scores and len(summary(scores).splitlines()) == 2
+
+
+def test_lc_norm_tok_scoring_prints_no_detokenize_warning(caplog, capsys):
+  # The tokenized side is tokenized on purpose: sacreBLEU's "forgot to detokenize" warning
+  # (three lines on stderr whenever 100 hypotheses end in " .") would be noise in every score.
+  references = _lines(MULTI30K / "test_2016_flickr.de.gz")[:150]
+  with caplog.at_level("WARNING"):
+    score_translations(references, references, target_lang="de")
+  assert not [r for r in caplog.records if r.name.startswith("sacrebleu")]
+  assert "detokenize" not in capsys.readouterr().err
