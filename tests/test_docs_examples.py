@@ -55,7 +55,11 @@ def test_every_quick_start_example_runs_on_a_trained_workdir(trained_workdir, tm
   shutil.copytree(trained_workdir, workdir)
   last = max(saved_steps(workdir))
   monkeypatch.chdir(tmp_path)
+  run = set()  # README and getting-started repeat some lines: each distinct one runs once.
   for page, line in shell_examples():
+    if line.strip() in run:
+      continue
+    run.add(line.strip())
     command = line.split("  #")[0].replace("step_600_last_2", f"step_{last}_last_2")
     if "|" in command:  # echo "..." | flax-transformer ...: the text on stdin.
       echo, command = command.split("|", 1)
@@ -87,8 +91,8 @@ _WAIT_FOR_A_CHECKPOINT = (
     "python -c 'import sys, time; from etils import epath\n"
     "while not list(epath.Path(sys.argv[1]).glob(\"checkpoints/*/commit_success.txt\")): "
     "time.sleep(0.5)' $W")
-_SHORTER_RUN = ("--config.train.num_train_steps=80 --config.train.warmup_steps=20 "
-                "--config.checkpoint.save_every_steps=40 --config.eval.eval_every_steps=0 "
+_SHORTER_RUN = ("--config.train.num_train_steps=40 --config.train.warmup_steps=10 "
+                "--config.checkpoint.save_every_steps=20 --config.eval.eval_every_steps=0 "
                 "--config.eval.translate=false --config.eval.test_at_end=false")
 
 
@@ -114,7 +118,7 @@ def test_the_pod_script_runs_on_the_emulator_without_a_credential_warning(tmp_pa
                           text=True, timeout=900, env={**env, "TFDS_DATA_DIR": str(tmp_path)})
   output = result.stdout + result.stderr
   assert result.returncode == 0, output[-3000:]
-  assert re.search(r"Restored step 40 from gs://my-bucket/default", output), output[-3000:]
+  assert re.search(r"Restored step 20 from gs://my-bucket/default", output), output[-3000:]
   assert "Took over the lease gs://my-bucket/default/.lock" in output, output[-3000:]
   assert re.search(r"^BLEU", result.stdout, re.M), result.stdout
   assert len((tmp_path / "test.src").read_text().splitlines()) == 500
