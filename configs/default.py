@@ -82,6 +82,10 @@ def get_config() -> ml_collections.ConfigDict:
   # A gs:// workdir's lease (one trainer per workdir) left by a killed or preempted job is taken
   # over once it has gone unrenewed this long (it is renewed every tenth of it while training).
   checkpoint.lease_stale_seconds = 300
+  # An async save still unfinished after this much wall time stops the job with one line (a job
+  # suspended that long during a save, or storage that stopped answering); nothing is lost, and
+  # the same command resumes from the last complete checkpoint. Orbax's own default is 1200 s.
+  checkpoint.save_timeout_seconds = 6 * 3600
 
   # --- eval: periodic evaluation on data.eval_split, and the final test split.
   config.eval = evaluation = ml_collections.ConfigDict()

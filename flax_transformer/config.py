@@ -220,6 +220,9 @@ class CheckpointConfig:
   async_save: bool = True
   # gs:// workdirs: the trainer's lease object is taken over once unrenewed this long.
   lease_stale_seconds: int = checked_field(300, POSITIVE)
+  # Wall time an async save may take before the job stops, naming it: a job suspended longer
+  # during a save (SIGSTOP, Slurm's suspend, Ctrl-Z) or storage that stopped answering.
+  save_timeout_seconds: int = checked_field(6 * 3600, POSITIVE)
 
   def __post_init__(self):
     check_fields(self)

@@ -200,6 +200,52 @@ def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(str
   _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
 
 
+def test_a_save_outliving_its_timeout_in_a_suspended_job_is_one_line_and_resumes_exactly(
+    straight_run, shared):
+  """SIGSTOP to the group (Slurm's suspend, Ctrl-Z) for longer than a save may take, with a
+  save in flight: orbax's commit thread times out. The job says so in one line, naming
+  config.checkpoint.save_timeout_seconds and the step it resumes from; the rerun does."""
+  root, env, _ = shared
+  if is_remote(root):
+    pytest.skip("orbax's save timeout is the same on any storage: checked on local storage")
+  workdir = root / "suspended"
+  # A save every step keeps one in flight nearly all the time; each suspension lasts 10 s, twice
+  # the timeout (which a first save on a loaded machine can take 1 s of), and they repeat until
+  # one finds a save in flight.
+  command = _command(workdir, shared, checkpoint__save_every_steps=1,
+                     checkpoint__save_timeout_seconds=5)
+  process = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+  try:
+    _wait_for_step(workdir, 2, process)
+    while not any(p.name.isdigit() for p in (workdir / "checkpoints").iterdir()):
+      time.sleep(0.05)  # A first complete checkpoint (a rename commits it on a local disk).
+    for _ in range(10):
+      os.killpg(process.pid, signal.SIGSTOP)
+      time.sleep(10)
+      os.killpg(process.pid, signal.SIGCONT)
+      try:
+        process.wait(timeout=1)
+        break
+      except subprocess.TimeoutExpired:
+        continue
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert process.returncode == 1, stderr[-3000:]
+  assert "Traceback" not in stderr, stderr[-3000:]
+  [error] = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  stopped_at = _params(workdir)[1]
+  assert 1 <= stopped_at < TOTAL_STEPS
+  assert "did not finish within config.checkpoint.save_timeout_seconds" in error, error
+  assert f"Nothing is lost: the unfinished step is never listed, and the same command resumes " \
+         f"from step {stopped_at}, the last complete one." in error, error
+  resumed = _train(workdir, shared)
+  assert f"Restored step {stopped_at}" in resumed.stderr
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
 def test_an_unreadable_latest_checkpoint_is_named_and_never_skipped(straight_run, shared):
   workdir = shared[0] / "damaged"
   _train(workdir, shared, train__num_train_steps=16)  # Saves steps 8 and 16.

@@ -7,7 +7,12 @@ this module adds what only training reads and writes: the optimizer state, step 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import grain
@@ -28,18 +33,74 @@ class CheckpointMismatchError(Error, ValueError):
   """The checkpoint's parameters do not have the configured model's shapes."""
 
 
+class SaveTimeoutError(Error, TimeoutError):
+  """An async save that did not finish within `config.checkpoint.save_timeout_seconds`."""
+
+
+class _SaveTimeoutNoise(logging.Filter):
+  """Drops orbax's tracebacks of a save's TimeoutError, which its background thread logs as it
+  fails: the job reports it once, as a `SaveTimeoutError`, when it next saves or waits."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[0] if record.exc_info else None
+    return not (error is not None and issubclass(error, TimeoutError)
+                and "orbax" in record.pathname)
+
+
+_SAVE_TIMEOUT_NOISE = _SaveTimeoutNoise()
+
+
 def make_manager(
     workdir: str | os.PathLike, *, max_to_keep: int | None = None, async_save: bool = True,
-    read_only: bool = False,
+    read_only: bool = False, save_timeout_seconds: int | None = None,
 ) -> ocp.CheckpointManager:
-  """The `CheckpointManager` of WORKDIR/checkpoints with every item of the training job."""
+  """The `CheckpointManager` of WORKDIR/checkpoints with every item of the training job.
+
+  Save, wait and close through `save`, `wait` and `close`, which name a save that outlived
+  `save_timeout_seconds` (orbax's default if None) as one `SaveTimeoutError`.
+  """
   handlers = {
       PARAMS_ITEM: ocp.StandardCheckpointHandler(),
       TRAIN_STATE_ITEM: ocp.StandardCheckpointHandler(),
       DATA_ITER_ITEM: grain.checkpoint.CheckpointHandler(),
   }
+  absl_logger = logging.getLogger("absl")  # Orbax logs through absl.
+  if _SAVE_TIMEOUT_NOISE not in absl_logger.filters:
+    absl_logger.addFilter(_SAVE_TIMEOUT_NOISE)
   return workdir_lib.checkpoint_manager(workdir, handlers, max_to_keep=max_to_keep,
-                                        async_save=async_save, read_only=read_only)
+                                        async_save=async_save, read_only=read_only,
+                                        save_timeout_seconds=save_timeout_seconds)
+
+
+_ORPHANED_COMMIT_GRACE_SECONDS = 60.0
+
+
+def _join_orbax_threads(seconds: float) -> None:
+  """Waits up to `seconds` for orbax's threads still at work. A timed-out save leaves its commit
+  threads running (a suspended job's writes resume with it); one still running when the
+  interpreter exits fails there, with a traceback, instead of finishing its temporary step."""
+  deadline = time.monotonic() + seconds
+  for thread in threading.enumerate():
+    if thread is not threading.current_thread() and type(thread).__module__.startswith("orbax."):
+      thread.join(max(0.0, deadline - time.monotonic()))
+
+
+@contextlib.contextmanager
+def _naming_a_save_timeout(manager: ocp.CheckpointManager) -> Iterator[None]:
+  """Turns orbax's TimeoutError of an earlier async save into one `SaveTimeoutError`."""
+  try:
+    yield
+  except TimeoutError as e:
+    _join_orbax_threads(_ORPHANED_COMMIT_GRACE_SECONDS)
+    workdir = to_path(manager.directory).parent
+    complete = workdir_lib.saved_steps(workdir)
+    resume = (f"the same command resumes from step {complete[-1]}, the last complete one"
+              if complete else "no checkpoint is complete yet, so the same command starts over")
+    raise SaveTimeoutError(
+        f"A checkpoint save in {manager.directory} did not finish within "
+        f"config.checkpoint.save_timeout_seconds of wall time ({e}): the job was suspended "
+        "(SIGSTOP, Slurm's suspend, Ctrl-Z) for longer during the save, or the storage stopped "
+        f"answering. Nothing is lost: the unfinished step is never listed, and {resume}.") from e
 
 
 def save(manager: ocp.CheckpointManager, state: TrainState, data_iter: Any | None) -> None:
@@ -55,7 +116,24 @@ def save(manager: ocp.CheckpointManager, state: TrainState, data_iter: Any | Non
   }
   if data_iter is not None:
     items[DATA_ITER_ITEM] = grain.checkpoint.CheckpointSave(data_iter)
-  manager.save(int(state.step), args=ocp.args.Composite(**items), force=True)
+  with _naming_a_save_timeout(manager):
+    manager.save(int(state.step), args=ocp.args.Composite(**items), force=True)
+
+
+def wait(manager: ocp.CheckpointManager) -> None:
+  """Waits until every started save is on storage.
+
+  Raises:
+    SaveTimeoutError: a save outlived `config.checkpoint.save_timeout_seconds`.
+  """
+  with _naming_a_save_timeout(manager):
+    manager.wait_until_finished()
+
+
+def close(manager: ocp.CheckpointManager) -> None:
+  """Waits for the saves, then closes `manager` (raises as `wait` does)."""
+  with _naming_a_save_timeout(manager):
+    manager.close()
 
 
 def restore(

@@ -106,10 +106,10 @@ def run(
         evaluate(state, step)
       clock.restart(step)
       if stop:
-        manager.wait_until_finished()
+        checkpoints.wait(manager)
         raise Preempted(step, watcher.signum)
   bar.clear()
-  manager.wait_until_finished()
+  checkpoints.wait(manager)
   return state
 
 
@@ -122,7 +122,7 @@ def _check_finite(pending: list[tuple[int, dict]], manager) -> list[dict]:
     if not (np.isfinite(loss) and np.isfinite(grad_norm)):
       what = (f"training loss ({loss})" if not np.isfinite(loss) else
               f"gradient norm ({grad_norm}; the loss, {loss:.4g}, was finite)")
-      manager.wait_until_finished()
+      checkpoints.wait(manager)
       raise NonFiniteStepError(step, what, manager.latest_step())
   return fetched
 

@@ -127,7 +127,7 @@ def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
         check_hold=hold.check if hold else None)
     return _final_evaluation(exp, state, evaluators, writer, last_eval)
   finally:
-    job.manager.close()
+    checkpoints.close(job.manager)
     writer.close()
     job.train_iter.close()  # Stops grain's worker processes now, not at interpreter exit.
 
@@ -144,7 +144,8 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
       exp.data, tokenizer, process_index=jax.process_index(),
       process_count=jax.process_count(), alignments=recipe.guided_alignment)
   manager = checkpoints.make_manager(
-      workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save)
+      workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save,
+      save_timeout_seconds=exp.checkpoint.save_timeout_seconds)
   record = _record(config, recipe.model.config, exp.preset)
   _log_config_changes(record, saved, workdir)
   try:

@@ -44,11 +44,14 @@ class UnreadableCheckpointError(Error, ValueError):
 # ----------------------------------------------------------------------------------- checkpoints
 def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any], *,
                        max_to_keep: int | None = None, async_save: bool = True,
-                       read_only: bool = False) -> ocp.CheckpointManager:
+                       read_only: bool = False,
+                       save_timeout_seconds: int | None = None) -> ocp.CheckpointManager:
   """The orbax `CheckpointManager` of WORKDIR/checkpoints with the given items' handlers.
 
   Saving is decided by the caller (every `save` call saves). Serving opens it read-only with
   the params handler only; training adds its train-state and data-iterator items.
+  `save_timeout_seconds`: the wall time an async save may take (orbax's default, 1200 s, if
+  None); past it the next save or wait raises TimeoutError.
   """
   check_commit_markers(workdir)
   options = ocp.CheckpointManagerOptions(
@@ -57,7 +60,9 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
       # A save cut short (kill -9) leaves a temporary step: a folder under a temporary name on
       # a local disk, a step folder without commit_success.txt in a bucket. Never listed;
       # removed when a writer opens the folder.
-      cleanup_tmp_directories=not read_only)
+      cleanup_tmp_directories=not read_only,
+      async_options=None if save_timeout_seconds is None else ocp.AsyncOptions(
+          timeout_secs=save_timeout_seconds))
   return ocp.CheckpointManager(files.absolute(workdir) / CHECKPOINT_DIR, options=options,
                                item_handlers=item_handlers)
 
