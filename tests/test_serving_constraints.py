@@ -44,6 +44,7 @@ def _words(texts):
 TERMS = ["park", "lake", "near", "bike", "water", "man"]  # Words the test vocabulary spells.
 
 
+@pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_every_translation_holds_its_constraints_and_none_of_its_forbidden_phrases(translator):
   plain = translator.translate(SENTENCES)
   # A word no plain translation of that line holds, as a constraint; a word it holds (cut to
@@ -65,6 +66,7 @@ def test_every_translation_holds_its_constraints_and_none_of_its_forbidden_phras
   assert sum(batch.unmet for batch in batches) == 0
 
 
+@pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_a_call_without_phrases_is_the_plain_search(translator):
   plain = translator.translate_nbest(SENTENCES)
   assert translator.translate_nbest(SENTENCES, constraints=[[]] * 4, forbid=[[]] * 4) == plain
@@ -290,6 +292,7 @@ def test_constraints_compose_with_a_prefix_alignments_nbest_and_an_ensemble(work
       text for text, _ in aligned]
 
 
+@pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_evaluate_measures_a_term_lists_effect(workdir, tmp_path, capsys):  # noqa: F811
   source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
   lines = [line for line in write_input(source, 8) if line]

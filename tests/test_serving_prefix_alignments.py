@@ -140,6 +140,7 @@ def test_translate_flags_report_bad_files_in_one_line(workdir, tmp_path, capsys)
   assert "a.txt" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_plot_alignment_draws_the_pairs_translate_aligned_gives(translator, tmp_path):
   from flax_transformer.visualize import plot_alignment
 
