@@ -127,9 +127,11 @@ def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
         check_hold=hold.check if hold else None)
     return _final_evaluation(exp, state, evaluators, writer, last_eval)
   finally:
-    checkpoints.close(job.manager)
-    writer.close()
-    job.train_iter.close()  # Stops grain's worker processes now, not at interpreter exit.
+    try:  # A save that timed out raises again here: the writer and the workers close anyway.
+      checkpoints.close(job.manager)
+    finally:
+      writer.close()
+      job.train_iter.close()  # Stops grain's worker processes now, not at interpreter exit.
 
 
 def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdir: Path,
