@@ -30,7 +30,7 @@ from conftest import (
   truncate,
 )
 
-from flax_transformer.workdir import restore_params
+from flax_transformer.workdir import restore_params, saved_steps
 
 pytestmark = pytest.mark.slow  # trains with train.py, signals to the process group.
 
@@ -219,8 +219,8 @@ def test_a_save_outliving_its_timeout_in_a_suspended_job_is_one_line_and_resumes
                              start_new_session=True)
   try:
     _wait_for_step(workdir, 2, process)
-    while not any(p.name.isdigit() for p in (workdir / "checkpoints").iterdir()):
-      time.sleep(0.05)  # A first complete checkpoint (a rename commits it on a local disk).
+    while not saved_steps(workdir):
+      time.sleep(0.05)  # A first finished checkpoint (committed, on a disk or in a bucket).
     for _ in range(10):
       os.killpg(process.pid, signal.SIGSTOP)
       time.sleep(10)
