@@ -28,6 +28,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "CheckpointMismatchError": "checkpoints:CheckpointMismatchError",
     "NonFiniteStepError": "loop:NonFiniteStepError",
     "Preempted": "preemption:Preempted",
+    "SaveTimeoutError": "checkpoints:SaveTimeoutError",
     "checkpoints": "checkpoints",
     "evaluation": "evaluation",
     "init_from": "init_from",
