@@ -41,6 +41,28 @@ else:
       os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"])
 
 
+# The fast tier's XLA:CPU emitters. Its programs are small (toy searches, 32-wide models) and
+# compiling is most of its time; XLA's older elemental emitters compile those 20 % faster than
+# its fusion emitters (the fast tier 214 s against 264-278 s, all passing; AMD EPYC Zen 3,
+# 2026-11-27) but compile the trained and base-size programs of the slow tests slower and run
+# them slower (`benchmarks/decode_throughput.py --configs base`: beam compile 24 s against
+# 11-14 s). So only a session that leaves the slow tests out uses them; the whole suite (CI) runs
+# XLA's default emitters, as the product does. FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's
+# default in the fast tier too.
+FAST_TIER_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  """Gives a session that deselects the slow tests FAST_TIER_XLA_FLAGS (above). Runs before any
+  test module imports JAX, and pytest-xdist's workers inherit the variable."""
+  fast_tier = "not slow" in (config.option.markexpr or "").replace("  ", " ")
+  flags = os.environ.get("XLA_FLAGS", "")
+  if (fast_tier and os.environ.get("FLAX_TRANSFORMER_TEST_XLA") != "default"
+      and FAST_TIER_XLA_FLAGS not in flags):
+    assert "jax" not in sys.modules, "JAX was imported before XLA_FLAGS was final."
+    os.environ["XLA_FLAGS"] = f"{flags} {FAST_TIER_XLA_FLAGS}".strip()
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
   """How many pytest-xdist workers `-n auto` (pyproject.toml's addopts) starts: one per core up
   to 4 on CPU (2 on CI's 2-core machine; most tests compile, wait for the processes they start

@@ -183,6 +183,7 @@ def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
   assert "other.txt.partial holds a partial run of another job: inputs.1." in error, error
 
 
+@pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_an_all_empty_constraints_file_gives_the_same_bytes(workdir, tmp_path):  # noqa: F811
   source = tmp_path / "in.txt"
   lines = write_input(source, 12)
