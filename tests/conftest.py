@@ -4,12 +4,14 @@ XLA reads the flag once, when the CPU backend starts, so it must be set before J
 """
 
 import atexit
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
   if os.environ["JAX_PLATFORMS"] != "cpu":
     return 0
   return max(1, min(os.cpu_count() or 1, 4))
+
+
+# Modules whose module-scoped fixtures (a trained or imported workdir, a pair of exports, a
+# two-process training run) cost 7-80 s each: pytest-xdist's default spread sent their tests to
+# both workers, and each worker built the fixtures again (the full suite, 2026-11-27, AMD EPYC:
+# setups of 42, 18 and 13 s in test_interop_marian, 42 and 33 s in test_training_multihost, 78
+# and 64 s in test_cli, one per worker). pyproject.toml's `--dist loadgroup` keeps each of them on
+# one worker; every other test still goes to whichever worker is free.
+ONE_WORKER_MODULES = frozenset({
+    "test_cli", "test_decoding_prefix", "test_interop_marian", "test_interop_marian_export",
+    "test_serving_ensemble", "test_serving_prefix_alignments", "test_training_multihost",
+    "test_training_steps"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+  """Marks the tests of ONE_WORKER_MODULES `xdist_group(<module>)` (above)."""
+  for item in items:
+    module = item.module.__name__ if item.module else ""
+    if module in ONE_WORKER_MODULES:
+      item.add_marker(pytest.mark.xdist_group(module))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -174,18 +196,38 @@ def run_train_py(workdir: Path, *flags: str, env: dict[str, str] | None = None,
   return result
 
 
+def built_once(tmp_path_factory: Any, name: str, build: Callable[[Path], Any]) -> Path:
+  """The folder `name`, which `build(folder)` fills once per test session: the first of
+  pytest-xdist's workers to ask builds it while the others wait on a lock, then every worker
+  reads the same folder (so tests must not write into it: they copy it first). A build that
+  raised is started over by the next worker to ask."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # The session's folder, above each worker's own.
+  folder, built = base / name, base / f"{name}.built"
+  with open(base / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not built.exists():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir()
+      build(folder)
+      built.touch()
+  return folder
+
+
 @pytest.fixture(scope="session")
 def trained_workdir(tmp_path_factory):
   """SHRUNK trained 400 steps on 2000 pairs (under a minute): about 22 BLEU on its 64-pair test
-  split, checkpoints at steps 200, 300 and 400, beam size 4; once per session, for the export
-  and interop tests, which copy it before writing into it."""
-  workdir = tmp_path_factory.mktemp("trained") / "workdir"
-  run_train_py(workdir, timeout=900, data__synthetic_num_train=2000,
-               data__synthetic_num_test=64, data__batch_tokens=1536,
-               train__num_train_steps=400, train__warmup_steps=40, train__learning_rate=1e-2,
-               train__log_every_steps=25, checkpoint__save_every_steps=100,
-               search__beam_size=4)
-  return workdir
+  split, checkpoints at steps 200, 300 and 400, beam size 4; once per session (built_once: one
+  worker trains it), for the export and interop tests, which copy it before writing into it."""
+  def train(folder: Path) -> None:
+    run_train_py(folder / "workdir", timeout=900, data__synthetic_num_train=2000,
+                 data__synthetic_num_test=64, data__batch_tokens=1536,
+                 train__num_train_steps=400, train__warmup_steps=40, train__learning_rate=1e-2,
+                 train__log_every_steps=25, checkpoint__save_every_steps=100,
+                 search__beam_size=4)
+
+  return built_once(tmp_path_factory, "trained", train) / "workdir"
 
 
 # ------------------------------------------------------------------ searches, by keyword

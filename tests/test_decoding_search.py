@@ -579,7 +579,9 @@ def test_growth_schedule_steps_by_segments_then_doubles(segment_length, steps_pe
     loop.growth_schedule(10, 2, 0)
 
 
-STEPS_PER_ITERATION = (1, 2, 3, 4, 8)
+# 2: the CPU's default for beams, a divisor of L = 10; 3 and 8: neither, and 8 runs past the
+# early exit within its first iteration. (4 added nothing to 3 and 8 but five compiles a case.)
+STEPS_PER_ITERATION = (1, 2, 3, 8)
 
 
 def _recording_positions(step, positions):
@@ -610,7 +612,7 @@ def _search_with(method, toy, step, state, resize_state=None, **loop_options):
 @pytest.mark.parametrize("early_exit", [True, False], ids=["early_exit", "all_L_steps"])
 @pytest.mark.parametrize("method", ["beam", "beam_every_beam", "greedy", "sample"])
 def test_outputs_are_the_same_for_every_steps_per_iteration(method, early_exit, growing):
-  # L = 10 is a multiple of none of 3, 4, 8, so the last iteration runs past L. With EOS likely
+  # L = 10 is a multiple of neither 3 nor 8, so the last iteration runs past L. With EOS likely
   # (allowed from 2 tokens on) the loop exits early, mid-iteration for most k; with EOS
   # impossible it runs all L steps. The growing state has capacities 2, 4, 6, 8, 10 at k = 1.
   toy = HistoryToy(seed=44, batch=3, max_len=10, eos_logits=2.0 if early_exit else -np.inf)
