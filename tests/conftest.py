@@ -90,11 +90,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 # Modules whose module-scoped fixtures (a trained or imported workdir, a pair of exports, a
-# two-process training run) cost 7-80 s each: pytest-xdist's default spread sent their tests to
-# both workers, and each worker built the fixtures again (the full suite, 2026-11-27, AMD EPYC:
-# setups of 42, 18 and 13 s in test_interop_marian, 42 and 33 s in test_training_multihost, 78
-# and 64 s in test_cli, one per worker). pyproject.toml's `--dist loadgroup` keeps each of them on
-# one worker; every other test still goes to whichever worker is free.
+# two-process training run) cost 7-80 s each: pytest-xdist's default spread sends a module's
+# tests to both workers, and each worker that runs one builds the fixtures again (the full
+# suite, 2026-11-27, AMD EPYC: setups of 42, 18 and 13 s in test_interop_marian, 42 and 33 s in
+# test_training_multihost; test_cli's two trained workdirs take 64 and 78 s). pyproject.toml's
+# `--dist loadgroup` keeps each of them on one worker; every other test still goes to whichever
+# worker is free.
 ONE_WORKER_MODULES = frozenset({
     "test_cli", "test_decoding_prefix", "test_interop_marian", "test_interop_marian_export",
     "test_serving_ensemble", "test_serving_prefix_alignments", "test_training_multihost",

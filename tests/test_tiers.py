@@ -2,12 +2,16 @@
 FAST_TIER_XLA_FLAGS; the modules that build costly fixtures run on one worker."""
 
 import os
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
 from conftest import (
   FAST_TIER_XLA_FLAGS,
   ONE_WORKER_MODULES,
+  built_once,
   leaves_out_slow_tests,
   pytest_collection_modifyitems,
 )
@@ -37,7 +41,7 @@ def test_each_one_worker_module_exists_and_its_tests_share_one_group(request):
 
   class Item:  # What pytest_collection_modifyitems reads and writes of a pytest.Item.
     def __init__(self, module_name):
-      self.module, self.marks = type(os)(module_name), []
+      self.module, self.marks = types.ModuleType(module_name), []
 
     def add_marker(self, mark):
       self.marks.append(mark)
@@ -46,3 +50,54 @@ def test_each_one_worker_module_exists_and_its_tests_share_one_group(request):
   pytest_collection_modifyitems(items)
   assert [[(m.name, m.args) for m in item.marks] for item in items] == [
       [("xdist_group", ("test_cli",))], [], [("xdist_group", ("test_interop_marian",))]]
+
+
+class _TmpPathFactory:
+  """What built_once reads of pytest's tmp_path_factory: a worker's own temp folder."""
+
+  def __init__(self, basetemp: Path):
+    self.basetemp = basetemp
+
+  def getbasetemp(self) -> Path:
+    return self.basetemp
+
+
+_WORKER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from conftest import built_once
+from test_tiers import _TmpPathFactory
+
+def build(folder):
+  with open(Path(sys.argv[2]) / "builds.txt", "a") as log:
+    log.write("build\\n")
+  time.sleep(1.0)  # Long enough for the other worker to ask while this one builds.
+  (folder / "data.txt").write_text("built")
+
+folder = built_once(_TmpPathFactory(Path(sys.argv[2]) / sys.argv[3]), "thing", build)
+print((folder / "data.txt").read_text())
+"""
+
+
+@pytest.mark.slow  # Spawns two processes.
+def test_built_once_builds_once_for_two_workers_and_again_after_a_failed_build(tmp_path):
+  for name in ("gw0", "gw1"):
+    (tmp_path / name).mkdir()
+  workers = [subprocess.Popen([sys.executable, "-c", _WORKER, str(Path(__file__).parent),
+                               str(tmp_path), name], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTEST_XDIST_WORKER": name})
+             for name in ("gw0", "gw1")]
+  assert [worker.communicate(timeout=120)[0] for worker in workers] == ["built\n"] * 2
+  assert (tmp_path / "builds.txt").read_text() == "build\n"  # Once, for both workers.
+
+  def failing(folder):
+    (folder / "half").write_text("")
+    raise RuntimeError("build failed")
+
+  factory = _TmpPathFactory(tmp_path / "gw0")
+  with pytest.raises(RuntimeError, match="build failed"):
+    built_once(factory, "other", failing)
+  folder = built_once(factory, "other", lambda f: (f / "whole").write_text(""))
+  assert sorted(p.name for p in folder.iterdir()) == ["whole"]  # Started over, nothing half.
+  assert built_once(factory, "other", failing) == folder  # Built: not built again.
