@@ -91,9 +91,14 @@ _WAIT_FOR_A_CHECKPOINT = (
     "python -c 'import sys, time; from etils import epath\n"
     "while not list(epath.Path(sys.argv[1]).glob(\"checkpoints/*/commit_success.txt\")): "
     "time.sleep(0.5)' $W")
+# The page's run, shorter: 40 steps on 2,000 of the synthetic pairs (not 20,000), a test split
+# of _TEST_LINES (not 500) for translate and evaluate, and no evaluation while training.
+_TEST_LINES = 100
 _SHORTER_RUN = ("--config.train.num_train_steps=40 --config.train.warmup_steps=10 "
                 "--config.checkpoint.save_every_steps=20 --config.eval.eval_every_steps=0 "
-                "--config.eval.translate=false --config.eval.test_at_end=false")
+                "--config.eval.translate=false --config.eval.test_at_end=false "
+                "--config.data.synthetic_num_train=2000 "
+                f"--config.data.synthetic_num_test={_TEST_LINES}")
 
 
 def test_the_pod_script_is_on_the_page():
@@ -121,7 +126,7 @@ def test_the_pod_script_runs_on_the_emulator_without_a_credential_warning(tmp_pa
   assert re.search(r"Restored step 20 from gs://my-bucket/default", output), output[-3000:]
   assert "Took over the lease gs://my-bucket/default/.lock" in output, output[-3000:]
   assert re.search(r"^BLEU", result.stdout, re.M), result.stdout
-  assert len((tmp_path / "test.src").read_text().splitlines()) == 500
+  assert len((tmp_path / "test.src").read_text().splitlines()) == _TEST_LINES
   for line in output.splitlines():  # No credential or metadata-server warning, nor any other.
     assert not re.search(r"credential|metadata server|Compute Engine", line, re.I), line
     if re.match(r"W\d{4} |WARNING", line):
