@@ -44,18 +44,27 @@ else:
       os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"])
 
 
-# The fast tier's XLA:CPU emitters. Its programs are small (toy searches, 32-wide models) and
-# compiling is most of its time; XLA's older elemental emitters compile those 20 % faster than
-# its fusion emitters (the fast tier 214 s against 264-278 s, all passing; AMD EPYC Zen 3,
-# 2026-11-27) but compile the trained and base-size programs of the slow tests slower and run
-# them slower (`benchmarks/decode_throughput.py --configs base`: beam compile 24 s against
-# 11-14 s). So only a session that leaves the slow tests out uses them; the whole suite (CI) runs
-# XLA's default emitters, as the product does. FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's
-# default in the fast tier too. LLVM at -O0 (`--xla_backend_optimization_level=0`) cuts the
-# fast tier's compiles further: 160-164 s against 205-237 s with the emitters flag alone, all
-# passing (paired runs, Zen 3, 2026-11-27); it slows training's steps (400 SHRUNK steps 110-141 s
-# against 94-109 s), so the slow tests keep LLVM's default too.
-FAST_TIER_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+# The pytest processes' own XLA:CPU flags, in both tiers: XLA's older elemental emitters and LLVM
+# at -O0. Most of the whole suite's time is XLA compiling in the pytest processes themselves
+# (1,858 s and 2,036 s of the two workers' 3,985 s each: a jax.monitoring listener, the full
+# suite, 2026-11-27, AMD EPYC Zen 3), small programs that then run for milliseconds. Four
+# compile-bound files (test_decoding_bridge, test_decoding_search, test_model,
+# test_serving_translator; 194 tests, 2 workers, Zen 3, 2026-11-27) took 431 s with XLA's
+# defaults, 288 s with -O0 and 208 s with both flags, all passing. The same flags compile
+# trained and base-size programs slower and run them slower (a beam search at base: compile 24 s
+# against 11-14 s; 400 SHRUNK training steps 110-141 s against 94-109 s at -O0), so in the whole
+# suite the processes that tests start (train.py, the CLI, several hosts) keep XLA's defaults, as
+# the product runs: `_session_xla` hands XLA_FLAGS back to them once this process's XLA has read
+# the variable (XLA reads it once, at the first compile). The fast tier, whose programs are all
+# small, gives the same flags to the processes it starts too (FAST_TIER_XLA_FLAGS; the fast tier
+# in 160-164 s with both, 205-237 s with the emitters alone, 264-278 s with XLA's defaults;
+# Zen 3). FLAX_TRANSFORMER_TEST_XLA=default
+# keeps XLA's defaults everywhere.
+IN_PROCESS_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+FAST_TIER_XLA_FLAGS = IN_PROCESS_XLA_FLAGS
+# The flags of the processes that tests start, chosen by the session's first pytest process
+# (pytest-xdist's workers inherit it).
+CHILD_XLA_FLAGS_VARIABLE = "_FLAX_TRANSFORMER_TEST_CHILD_XLA_FLAGS"
 
 
 def leaves_out_slow_tests(markexpr: str | None) -> bool:
@@ -64,16 +73,34 @@ def leaves_out_slow_tests(markexpr: str | None) -> bool:
   return re.search(r"\bnot\s+slow\b", markexpr or "") is not None
 
 
+def xla_defaults_asked() -> bool:
+  """FLAX_TRANSFORMER_TEST_XLA=default: every process compiles with XLA's default flags."""
+  return os.environ.get("FLAX_TRANSFORMER_TEST_XLA") == "default"
+
+
+def in_process_xla_flags() -> str:
+  """Those of IN_PROCESS_XLA_FLAGS that the children's flags lack, on CPU unless
+  xla_defaults_asked(); "" otherwise (on a GPU, XLA's LLVM level would apply to the GPU's
+  kernels)."""
+  if xla_defaults_asked() or os.environ["JAX_PLATFORMS"] != "cpu":
+    return ""
+  children = os.environ.get(CHILD_XLA_FLAGS_VARIABLE, "").split()
+  return " ".join(flag for flag in IN_PROCESS_XLA_FLAGS.split() if flag not in children)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-  """Gives a session that leaves the slow tests out FAST_TIER_XLA_FLAGS (above), unless
-  FLAX_TRANSFORMER_TEST_XLA=default. It runs before the test modules import JAX (XLA reads the
-  variable when its CPU backend starts; tests/test_tiers.py checks the variable and that XLA
-  accepted it), and pytest-xdist's workers inherit the variable."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if (leaves_out_slow_tests(config.option.markexpr)
-      and os.environ.get("FLAX_TRANSFORMER_TEST_XLA") != "default"
-      and FAST_TIER_XLA_FLAGS not in flags):
-    os.environ["XLA_FLAGS"] = f"{flags} {FAST_TIER_XLA_FLAGS}".strip()
+  """Sets XLA_FLAGS for this process: the children's flags (the tier's: FAST_TIER_XLA_FLAGS
+  added when the session leaves the slow tests out) plus in_process_xla_flags(). It runs before
+  the test modules import JAX (XLA reads the variable at its first compile; tests/test_tiers.py
+  checks what each process gets), and pytest-xdist's workers inherit both variables."""
+  if CHILD_XLA_FLAGS_VARIABLE not in os.environ:  # The session's first pytest process.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if (leaves_out_slow_tests(config.option.markexpr) and not xla_defaults_asked()
+        and FAST_TIER_XLA_FLAGS not in flags):
+      flags = f"{flags} {FAST_TIER_XLA_FLAGS}".strip()
+    os.environ[CHILD_XLA_FLAGS_VARIABLE] = flags
+  os.environ["XLA_FLAGS"] = (
+      f"{os.environ[CHILD_XLA_FLAGS_VARIABLE]} {in_process_xla_flags()}".strip())
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -111,8 +138,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _session_compilation_cache():
-  """This process uses the session's cache too (as a `Translator` would turn it on)."""
+def _session_xla():
+  """Hands XLA_FLAGS back to the children's flags once this process's XLA has read its own
+  (pytest_configure), and uses the session's compilation cache in this process too (as a
+  `Translator` would turn it on).
+
+  JAX keys the cache by the XLA_FLAGS variable as it reads it at each compile, so once the
+  variable is handed back, this process's programs (compiled with in_process_xla_flags()) would
+  be stored under the children's key. JAX's key hook adds the in-process flags to its keys; a
+  JAX without the hook leaves this process without a persistent cache rather than mix them.
+  """
+  import jax
+
+  jax.jit(lambda x: x + 1)(0).block_until_ready()  # XLA reads XLA_FLAGS now, once.
+  os.environ["XLA_FLAGS"] = os.environ[CHILD_XLA_FLAGS_VARIABLE]
+  own = in_process_xla_flags()
+  if own:
+    from jax._src import cache_key
+
+    if hasattr(cache_key, "custom_hook"):
+      cache_key.custom_hook = lambda: own
+    else:
+      jax.config.update("jax_enable_compilation_cache", False)
   from flax_transformer.runtime.compilation_cache import enable_default_compilation_cache
 
   enable_default_compilation_cache()

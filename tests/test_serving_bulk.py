@@ -272,20 +272,29 @@ def cli(*args: str, devices: int = 8, cache: Path | None = None, environ: dict |
 
 def translate_on_eight_devices_one_and_two_processes(
     workdir: Path, source: Path, outputs: dict[str, Path], flags: list[str], monkeypatch,
-    cache: Path | None = None) -> None:
-  """Translates `source` into outputs["eight"] (this process, 8 devices), outputs["one"] (one
-  device) and outputs["gloo"] (2 processes of 2 devices joined by jax.distributed)."""
+    cache: Path | None = None, in_this_process: bool = True) -> None:
+  """Translates `source` into outputs["eight"] (8 devices), outputs["one"] (one device) and
+  outputs["gloo"] (2 processes of 2 devices joined by jax.distributed). "eight" and "one" run
+  in this process, or with `in_this_process=False` in processes of their own, which compile
+  with XLA's default flags as the product does (this one compiles with conftest's
+  IN_PROCESS_XLA_FLAGS)."""
   port = free_port()
-  gloo = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
+  runs = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
               "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
               "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
           for i in range(2)]
-  assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
-  monkeypatch.setattr(sharding_lib, "local_mesh",
-                      lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
-  assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
-  errors = [run.communicate(timeout=300)[1] for run in gloo]
-  assert [run.returncode for run in gloo] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  if in_this_process:
+    assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
+    monkeypatch.setattr(sharding_lib, "local_mesh",
+                        lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
+    assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
+  else:
+    runs += [cli(*translate_args(workdir, source, outputs[name], *flags), devices=devices,
+                 cache=cache, stderr=subprocess.PIPE) for name, devices in (("eight", 8),
+                                                                            ("one", 1))]
+  errors = [run.communicate(timeout=300)[1] for run in runs]
+  assert [run.returncode for run in runs] == [0] * len(runs), "\n".join(
+      e[-3000:] for e in errors)
 
 
 def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir, tmp_path,

@@ -1,5 +1,6 @@
 """The test tiers (conftest.py): only a session that leaves the slow tests out compiles with
-FAST_TIER_XLA_FLAGS; the modules that build costly fixtures run on one worker."""
+FAST_TIER_XLA_FLAGS; the pytest processes add IN_PROCESS_XLA_FLAGS, the processes they start do
+not; the modules that build costly fixtures run on one worker."""
 
 import os
 import subprocess
@@ -9,11 +10,15 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+  CHILD_XLA_FLAGS_VARIABLE,
   FAST_TIER_XLA_FLAGS,
+  IN_PROCESS_XLA_FLAGS,
   ONE_WORKER_MODULES,
   built_once,
+  in_process_xla_flags,
   leaves_out_slow_tests,
   pytest_collection_modifyitems,
+  xla_defaults_asked,
 )
 
 
@@ -24,14 +29,39 @@ def test_the_fast_tier_is_a_mark_expression_that_says_not_slow(markexpr, fast):
   assert leaves_out_slow_tests(markexpr) == fast
 
 
-def test_this_session_compiles_with_the_flags_of_its_tier(request):
-  wanted = (leaves_out_slow_tests(request.config.option.markexpr)
-            and os.environ.get("FLAX_TRANSFORMER_TEST_XLA") != "default")
-  assert (FAST_TIER_XLA_FLAGS in os.environ.get("XLA_FLAGS", "")) == wanted
-  import jax
+# Prints this process's device count and the XLA debug options it compiles with (the flags it
+# read, as XLA dumps them into the folder argv[1]).
+_COMPILE_AND_SHOW_FLAGS = """
+import sys
+from pathlib import Path
 
-  # XLA read the variable when its CPU backend started and accepted it: 8 devices either way.
-  assert jax.device_count() == 8
+import jax
+
+jax.jit(lambda x: x * 2).lower(1.0).compile(compiler_options={"xla_dump_to": sys.argv[1]})
+print(jax.device_count(), *(path.read_text() for path in Path(sys.argv[1]).glob("*.debug_options")))
+"""
+
+
+def test_each_process_compiles_with_the_flags_of_its_tier(request, tmp_path, capsys, monkeypatch):
+  fast = leaves_out_slow_tests(request.config.option.markexpr) and not xla_defaults_asked()
+  children = os.environ["XLA_FLAGS"]  # What a process that a test starts inherits.
+  assert children == os.environ[CHILD_XLA_FLAGS_VARIABLE]
+  assert (FAST_TIER_XLA_FLAGS in children) == fast
+  if not fast:  # The whole suite's children compile as the product does.
+    assert "--xla_backend_optimization_level" not in children
+  own = in_process_xla_flags()
+  assert own == ("" if fast or xla_defaults_asked() else IN_PROCESS_XLA_FLAGS)
+  level_0 = "xla_backend_optimization_level: 0"
+  monkeypatch.setattr(sys, "argv", ["-", str(tmp_path / "here")])
+  exec(_COMPILE_AND_SHOW_FLAGS, {})
+  assert (level_0 in capsys.readouterr().out) == bool(own or fast)
+  child = subprocess.run([sys.executable, "-c", _COMPILE_AND_SHOW_FLAGS, str(tmp_path / "child")],
+                         capture_output=True, text=True, check=True, timeout=120)
+  assert child.stdout.split()[0] == "8"  # XLA accepted the variable: 8 devices.
+  assert (level_0 in child.stdout) == fast
+  from jax._src import cache_key  # This process's programs are cached under keys of their own.
+
+  assert cache_key.custom_hook() == own
 
 
 def test_each_one_worker_module_exists_and_its_tests_share_one_group(request):
