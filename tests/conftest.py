@@ -122,15 +122,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # suite, 2026-11-27, AMD EPYC: setups of 42, 18 and 13 s in test_interop_marian, 42 and 33 s in
 # test_training_multihost; test_cli's two trained workdirs take 64 and 78 s). pyproject.toml's
 # `--dist loadgroup` keeps each of them on one worker; every other test still goes to whichever
-# worker is free.
+# worker is free. Until 2026-11-28 it grouped nothing: the marks came after pytest-xdist's hook
+# had read them, and pytest 9.2 ignores the id that hook writes (pyproject.toml pins pytest
+# below 9.2; tests/test_tiers.py checks the ids pytest-xdist schedules by).
 ONE_WORKER_MODULES = frozenset({
     "test_cli", "test_decoding_prefix", "test_interop_marian", "test_interop_marian_export",
     "test_serving_ensemble", "test_serving_prefix_alignments", "test_training_multihost",
     "test_training_steps"})
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """Marks the tests of ONE_WORKER_MODULES `xdist_group(<module>)` (above)."""
+  """Marks the tests of ONE_WORKER_MODULES `xdist_group(<module>)` (above). It runs before
+  pytest-xdist's own hook, which reads the marks (it appends "@<group>" to each grouped test's
+  id and schedules by it); after it, a mark added here would group nothing."""
   for item in items:
     module = item.module.__name__ if item.module else ""
     if module in ONE_WORKER_MODULES:

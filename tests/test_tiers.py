@@ -80,6 +80,16 @@ def test_each_one_worker_module_exists_and_its_tests_share_one_group(request):
   pytest_collection_modifyitems(items)
   assert [[(m.name, m.args) for m in item.marks] for item in items] == [
       [("xdist_group", ("test_cli",))], [], [("xdist_group", ("test_interop_marian",))]]
+  # pytest-xdist read the marks: in a loadgroup session, its hook gave each collected test of
+  # those modules its group, by which it schedules (a mark added after its hook groups nothing).
+  if request.config.getvalue("loadgroup"):
+    grouped = {item.nodeid.split("::")[0].removeprefix("tests/").removesuffix(".py"):
+               item.nodeid.rsplit("@", 1)[-1] for item in request.session.items
+               if "@" in item.nodeid}
+    collected = {item.module.__name__ for item in request.session.items}
+    assert grouped == {module: module for module in ONE_WORKER_MODULES & collected}
+    assert all("@" not in item.nodeid for item in request.session.items
+               if item.module.__name__ not in ONE_WORKER_MODULES)
 
 
 class _TmpPathFactory:
