@@ -135,3 +135,35 @@ def test_gradients_that_overflow_float32_stop_the_real_step(tmp_path):
              writer=metrics_lib.MetricWriter(tmp_path, enabled=False))
   assert manager.all_steps() == [0]
   manager.close()
+
+
+def test_replicated_arrays_are_written_in_slices_only_where_a_slice_is_worth_its_dispatch(
+    tmp_path, monkeypatch):
+  """Orbax cuts a replicated array into one slice per replica (each a device dispatch); the
+  workdir's handler does so only where each slice holds MIN_REPLICA_SLICE_BYTES, and either way
+  the array restores whole."""
+  from orbax.checkpoint._src.serialization import replica_slices
+
+  import flax_transformer.workdir as workdir_lib
+
+  written = []
+  transfer = replica_slices.transfer_arrays_to_host
+
+  def spy(arrays, *args, **kwargs):
+    result = transfer(arrays, *args, **kwargs)
+    written.extend((tuple(r.global_shape), len(r.replica_slices)) for r in result)
+    return result
+
+  monkeypatch.setattr(replica_slices, "transfer_arrays_to_host", spy)
+  replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("data",)),
+                                          jax.sharding.PartitionSpec())
+  devices = len(jax.devices())
+  rows = workdir_lib.MIN_REPLICA_SLICE_BYTES * devices // (4 * 256)  # Slices of just the size.
+  params = {"big": np.arange(rows * 256, dtype=np.float32).reshape(rows, 256),
+            "small": np.arange((rows - 8) * 256, dtype=np.float32).reshape(rows - 8, 256)}
+  workdir_lib.save_params(tmp_path, 3, jax.device_put(params, replicated))
+  assert sorted(written) == [((rows - 8, 256), 1), ((rows, 256), devices)]
+  restored, step = restore_params(tmp_path)
+  assert step == 3
+  for name, want in params.items():
+    np.testing.assert_array_equal(np.asarray(restored[name]), want)

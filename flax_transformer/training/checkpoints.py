@@ -60,8 +60,8 @@ def make_manager(
   `save_timeout_seconds` (orbax's default if None) as one `SaveTimeoutError`.
   """
   handlers = {
-      PARAMS_ITEM: ocp.StandardCheckpointHandler(),
-      TRAIN_STATE_ITEM: ocp.StandardCheckpointHandler(),
+      PARAMS_ITEM: workdir_lib.standard_handler(),
+      TRAIN_STATE_ITEM: workdir_lib.standard_handler(),
       DATA_ITER_ITEM: grain.checkpoint.CheckpointHandler(),
   }
   absl_logger = logging.getLogger("absl")  # Orbax logs through absl.

@@ -6,6 +6,7 @@ lease object on gs://) and `splits` (the data splits as text files). Nothing her
 training code (or grain); the names below are the package's interface."""
 
 from flax_transformer.workdir.checkpoints import (
+    MIN_REPLICA_SLICE_BYTES,
     PARAMS_ITEM,
     UnreadableCheckpointError,
     average_checkpoints,
@@ -17,6 +18,7 @@ from flax_transformer.workdir.checkpoints import (
     save_params,
     saved_steps,
     shape_differences,
+    standard_handler,
 )
 from flax_transformer.workdir.ensemble import Ensemble, open_ensemble
 from flax_transformer.workdir.layout import (
@@ -50,6 +52,7 @@ __all__ = [
     "CONFIG_FILE",
     "LOCK_FILE",
     "METRICS_FILE",
+    "MIN_REPLICA_SLICE_BYTES",
     "PARAMS_ITEM",
     "SPLITS",
     "TENSORBOARD_DIR",
@@ -77,6 +80,7 @@ __all__ = [
     "saved_config",
     "saved_steps",
     "shape_differences",
+    "standard_handler",
     "vocabulary_files",
     "write_split",
 ]
