@@ -64,13 +64,17 @@ def run(path: Path, parameters: dict[str, Any], tmp_path: Path, probe: str = "",
   inject_parameters(notebook, parameters)
   if probe:
     notebook.cells.append(nbformat.v4.new_code_cell(probe))
+  km = kernel_manager(tmp_path)
   client = nbclient.NotebookClient(
-      notebook, timeout=timeout, km=kernel_manager(tmp_path),
+      notebook, timeout=timeout, km=km,
       resources={"metadata": {"path": str(path.parent)}})
   try:
-    client.execute(env=kernel_env())
+    # A client given its kernel manager leaves the kernel running by default: such a kernel
+    # outlived its test to the end of the session, holding 1 GB of memory.
+    client.execute(env=kernel_env(), cleanup_kc=True)
   finally:  # Kept for debugging a failure: pytest's tmp_path survives the run.
     nbformat.write(notebook, tmp_path / f"executed_{path.name}")
+  assert not km.is_alive(), "the notebook's kernel outlived its run"
   return notebook
 
 

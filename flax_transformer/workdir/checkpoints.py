@@ -45,21 +45,25 @@ class UnreadableCheckpointError(Error, ValueError):
 # ----------------------------------------------------------------------------------- checkpoints
 # Orbax writes a replicated array "replica-parallel": it cuts the array into one slice per replica
 # and each replica's host writes its slice, so that several hosts share the writes. Each slice is
-# one device dispatch, and a small array costs more in dispatches than its bytes do: a SHRUNK
-# train.py run (tests/conftest.py) on 8 CPU devices dispatched 1,180 slices per save and spent
-# 3 s of its 16 s in them (Zen 3, 2026-11-28). Below this size a slice is not worth its dispatch:
-# the array is written whole, by its first replica, as orbax does where replica-parallel is off.
+# one device dispatch. In a single process there is no host to share with, and a small array
+# costs more in dispatches than its bytes do: a SHRUNK train.py run (tests/conftest.py) on 8 CPU
+# devices dispatched 1,180 slices per save and spent 3 s of its 16 s in them (Zen 3,
+# 2026-11-28). There, an array whose slices would hold less than this is written whole by its
+# first replica (as orbax does where replica-parallel is off); larger ones, whose device-to-host
+# copies gain from running on every device, keep their slices. Several processes keep orbax's
+# default: each host writes its slices of every array.
 MIN_REPLICA_SLICE_BYTES = 64 << 10
 
 
 def _type_handler_registry() -> Any:
-  """Orbax's default type handlers, but jax.Array's writes replica slices of at least
-  MIN_REPLICA_SLICE_BYTES. Orbax 0.11-0.12 take these options only in the handler's constructor
-  and give no way to copy the default's other settings (its metadata store), hence the copy."""
+  """Orbax's default type handlers, but in a single process jax.Array's writes replica slices
+  of at least MIN_REPLICA_SLICE_BYTES. Orbax 0.11-0.12 take these options only in the
+  handler's constructor and give no way to copy the default's other settings (its metadata
+  store), hence the copy."""
   handlers = []
   for kind in ocp.type_handlers.supported_types():
     handler = ocp.type_handlers.get_type_handler(kind)
-    if kind is jax.Array:
+    if kind is jax.Array and jax.process_count() == 1:
       handler = copy.copy(handler)
       handler._min_slice_bytes_for_replica_parallel = MIN_REPLICA_SLICE_BYTES
     handlers.append((kind, handler))
@@ -68,8 +72,8 @@ def _type_handler_registry() -> Any:
 
 def standard_handler() -> ocp.StandardCheckpointHandler:
   """Orbax's `StandardCheckpointHandler` (same format, same `StandardSave`/`StandardRestore`
-  arguments) whose jax.Arrays are written replica-parallel only in slices of at least
-  MIN_REPLICA_SLICE_BYTES. Every item of a workdir's checkpoints is written with it."""
+  arguments) whose jax.Arrays are written replica-parallel, in a single process only in slices
+  of at least MIN_REPLICA_SLICE_BYTES. Every item of a workdir's checkpoints is written with it."""
   handler = ocp.StandardCheckpointHandler()
   # StandardCheckpointHandler is a PyTreeCheckpointHandler with checks around it, and orbax
   # 0.11-0.12 let only the latter take a type handler registry. (A subclass would not do:
