@@ -58,8 +58,11 @@ else:
 # the variable (XLA reads it once, at the first compile). The fast tier, whose programs are all
 # small, gives the same flags to the processes it starts too (FAST_TIER_XLA_FLAGS; the fast tier
 # in 160-164 s with both, 205-237 s with the emitters alone, 264-278 s with XLA's defaults;
-# Zen 3). FLAX_TRANSFORMER_TEST_XLA=default
-# keeps XLA's defaults everywhere.
+# Zen 3). FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's defaults everywhere. Giving the whole
+# suite's children these flags too would gain little: the tests that start processes spend their
+# time in imports, tracing, saves and waits, and the programs they compile come mostly from the
+# session's cache (the signal, kill -9, platform and Quick-start tests: 386 s against 398 s with
+# XLA's defaults, 2 workers, Zen 3, 2026-11-28).
 IN_PROCESS_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
 FAST_TIER_XLA_FLAGS = IN_PROCESS_XLA_FLAGS
 # The flags of the processes that tests start, chosen by the session's first pytest process
