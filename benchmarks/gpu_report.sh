@@ -21,7 +21,9 @@ setup() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && touch /tmp/site/.done || return 1
   fi
-  export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 JAX_PLATFORMS=${GPU_REPORT_PLATFORM:-cuda} TF_CPP_MIN_LOG_LEVEL=2
+  # cuda first (the default backend), cpu beside it: jax.debug.callback (tests/test_decoding_search.py)
+  # places its operands on a CPU device, as JAX does by default where JAX_PLATFORMS is unset.
+  export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 JAX_PLATFORMS=${GPU_REPORT_PLATFORM:-cuda,cpu} TF_CPP_MIN_LOG_LEVEL=2
   # CTranslate2's wheel loads cuBLAS 12 (libcublas.so.12) at run time; the image has CUDA 13's.
   # Its Transformer path calls the cublas*_v2 and cublasGemm*Ex entry points, which cuBLAS 13
   # keeps, so point the 12 names at the 13 libraries if no cuBLAS 12 is installed.
@@ -68,8 +70,10 @@ item_tests() {
   export XLA_PYTHON_CLIENT_PREALLOCATE=false  # Beside the quality runs.
   # The numerics are compared with float64 references at 1e-5: conftest.py keeps float32 dots at
   # full precision on GPUs (XLA's default there may be TF32).
-  python3 -m pytest -q -p no:cacheprovider tests/test_attention_cudnn.py tests/test_model.py \
-    tests/test_decoding_search.py tests/test_serving_programs.py
+  # 8 workers: the files are bound by compiles, which the device's 16 cores run side by side.
+  # GPU_REPORT_TESTS (test ids) narrows it, to rerun what failed.
+  python3 -m pytest -q -p no:cacheprovider -n 8 --durations=15 ${GPU_REPORT_TESTS:-tests/test_attention_cudnn.py \
+    tests/test_model.py tests/test_decoding_search.py tests/test_serving_programs.py}
 }
 
 quality_seed() {
@@ -160,13 +164,14 @@ item_mfu() {
 item_ct2() {
   # Issue 40's GPU rows: our bfloat16 against CTranslate2 float16, our int8 (w8a8) against its
   # int8_float16. Integer dots can lose to float ones on small GPU shapes: measured, not assumed.
-  for sentences in 32 128; do
-    python3 benchmarks/ctranslate2_throughput.py --configs small base --ct2_device cuda \
-      --ct2_compute_type float16 --our_precision bfloat16 --report_checks \
-      --sentences $sentences --repeats 5 --pause_s 0
-    python3 benchmarks/ctranslate2_throughput.py --configs small base --ct2_device cuda \
-      --ct2_compute_type int8_float16 --our_precision int8 --report_checks \
-      --sentences $sentences --repeats 5 --pause_s 0
+  # CT2_SENTENCES, CT2_CONFIGS and CT2_PAIRS (CT2_TYPE:OURS) narrow it, for a short call.
+  local sentences pair
+  for sentences in ${CT2_SENTENCES:-32 128}; do
+    for pair in ${CT2_PAIRS:-float16:bfloat16 int8_float16:int8}; do
+      python3 benchmarks/ctranslate2_throughput.py --configs ${CT2_CONFIGS:-small base} \
+        --ct2_device cuda --ct2_compute_type "${pair%%:*}" --our_precision "${pair##*:}" \
+        --report_checks --sentences "$sentences" --repeats 5 --pause_s 0
+    done
   done
 }
 
