@@ -236,6 +236,23 @@ def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
   assert "has no attribute 'NoSuchName'" in result.stdout
 
 
+@pytest.mark.slow  # Spawns a process.
+def test_the_serving_path_loads_neither_tfds_nor_grain():
+  """translate, evaluate and a Translator need the tokenizer, not the data pipeline (TFDS and
+  grain: 0.5 s of every CLI call's start)."""
+  import subprocess
+  import sys
+
+  code = ("import sys\n"
+          "import flax_transformer.workdir, flax_transformer.serving.commands\n"
+          "import flax_transformer.serving.bulk, flax_transformer.serving.translator\n"
+          "print(sorted(m for m in ('tensorflow_datasets', 'grain') if m in sys.modules))\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=PACKAGE.parent)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "[]"
+
+
 # ------------------------------------------------------------------ each room's public names
 def _public(room: str) -> set[str]:
   """The `__all__` of a room: a subpackage's `__init__` or a top-level module."""

@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import HF_INSTALL
 
-# Writes a scalar and a text into a local workdir (argv[1]), then says whether torch was
-# imported and that it still imports afterwards.
+# Writes a scalar and a text into a local workdir (argv[1]), then says whether torch and
+# google.cloud.storage were imported and that each still imports afterwards.
 _WRITE = """
 import sys
 
@@ -18,10 +18,16 @@ writer = MetricWriter(sys.argv[1], enabled=True)
 writer.write(3, "train", {"loss": 2.5})
 writer.write_text(3, "sample", "a b c")
 writer.close()
-print("torch" in sys.modules)
+print("torch" in sys.modules, "google.cloud.storage" in sys.modules)
 import torch
 
 print(torch.ones(2).sum().item())
+try:
+  from google.cloud import storage
+except ImportError:  # Not installed: nothing to check.
+  print("absent")
+else:
+  print(storage.Client.__name__)
 """
 
 
@@ -41,12 +47,13 @@ def _events(path):
 
 
 @pytest.mark.slow  # Spawns a process: whether torch gets imported shows in a fresh one.
-def test_the_writer_does_not_import_torch_and_its_events_hold_the_scalars(tmp_path):
+def test_the_writer_imports_neither_torch_nor_gcs_and_its_events_hold_the_scalars(tmp_path):
   pytest.importorskip("torch", reason=HF_INSTALL)  # Without torch there is nothing to avoid.
   result = subprocess.run([sys.executable, "-c", _WRITE, str(tmp_path)], capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert result.stdout.split() == ["False", "2.0"]
+  assert result.stdout.split()[:3] == ["False", "False", "2.0"]
+  assert result.stdout.split()[3] in ("Client", "absent")
   [event_file] = (tmp_path / "tensorboard").iterdir()
   scalars = {(value.tag, event.step): value.simple_value
              for event in _events(event_file) for value in event.summary.value

@@ -23,27 +23,33 @@ from flax_transformer.model.config import ModelConfig
 from flax_transformer.progress import format_duration
 from flax_transformer.runtime import accelerators
 
+# What tensorboardX imports only to offer what this writer does not use: torch, to take torch
+# tensors, and google.cloud.storage, to write gs:// event files itself (a gs:// workdir's events
+# are written locally and copied, `_BucketLogs`). With the [hf] and [gcs] extras installed they
+# took 3.2 s and 0.5 s of a 23 s SHRUNK train.py run (cProfile, AMD EPYC Zen 3, 2026-11-28).
+_UNUSED_BY_THE_WRITER = ("torch", "google.cloud.storage")
+
 
 def _summary_writer_class() -> type:
-  """tensorboardX's SummaryWriter, imported without importing torch.
+  """tensorboardX's SummaryWriter, imported without _UNUSED_BY_THE_WRITER.
 
-  tensorboardX's writer module imports torch when it is installed, only so that it can take
-  torch tensors; this writer hands it floats and strings. With torch installed (the [hf] extra)
-  that import took 3.2 s of a 23 s SHRUNK train.py run (cProfile, AMD EPYC Zen 3, 2026-11-28),
-  in every training job. While tensorboardX loads, `import torch` fails as if torch were not
-  installed; afterwards torch imports as usual. A process that has imported either already is
-  left as it is.
+  While tensorboardX loads, importing one of them fails as if it were not installed;
+  afterwards each imports as usual. A process that has imported tensorboardX, or one of them,
+  already is left as it is.
   """
-  if "tensorboardX" in sys.modules or "torch" in sys.modules:
+  if "tensorboardX" in sys.modules:
     from tensorboardX import SummaryWriter
 
     return SummaryWriter
-  sys.modules["torch"] = None  # type: ignore[assignment]  # Now `import torch` raises ImportError.
+  blocked = [name for name in _UNUSED_BY_THE_WRITER if name not in sys.modules]
+  for name in blocked:
+    sys.modules[name] = None  # type: ignore[assignment]  # Now `import name` raises ImportError.
   try:
     from tensorboardX import SummaryWriter
   finally:
-    if sys.modules.get("torch", 0) is None:
-      del sys.modules["torch"]
+    for name in blocked:
+      if name in sys.modules and sys.modules[name] is None:
+        del sys.modules[name]
   return SummaryWriter
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 from flax_transformer.config import ConfigError, data_config_from
-from flax_transformer.data import split_texts
 from flax_transformer.errors import InputError
 from flax_transformer.files import write_lines_atomically
 from flax_transformer.workdir.layout import CONFIG_FILE, read_config
@@ -30,6 +29,10 @@ def write_split(workdir: str | os.PathLike, split: str = "test",
     data = data_config_from(read_config(workdir))
   except ConfigError as error:
     raise ConfigError(f"{os.path.join(workdir, CONFIG_FILE)}: {error}") from None
+  # Imported here: the data pipeline loads TFDS and grain (0.5 s), which `import
+  # flax_transformer.workdir` (every translate and evaluate) does not need.
+  from flax_transformer.data import split_texts
+
   pairs = split_texts(data, getattr(data, f"{split}_split"))
   prefix = output or split
   paths = [f"{prefix}.src", f"{prefix}.ref"]
