@@ -55,7 +55,7 @@ class UnreadableCheckpointError(Error, ValueError):
 MIN_REPLICA_SLICE_BYTES = 64 << 10
 
 
-def _type_handler_registry() -> Any:
+def _type_handler_registry() -> ocp.type_handlers.TypeHandlerRegistry:
   """Orbax's default type handlers, but in a single process jax.Array's writes replica slices
   of at least MIN_REPLICA_SLICE_BYTES. Orbax 0.11-0.12 take these options only in the
   handler's constructor and give no way to copy the default's other settings (its metadata
