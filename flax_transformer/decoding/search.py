@@ -523,6 +523,27 @@ def _advanced(state: BeamState, valid: Array, finished: _Finished, alive_log_pro
                                                               state.constraint_met))
 
 
+def _natural_candidates(alive: Array, token_log_probs: Array, token_ids: Array, forced: Array,
+                        advancing: Array, exists: Array) -> tuple[Array, Array]:
+  """Candidates (a), the sentence's K best, and (c), each beam's best, of the beams' K + 2 best
+  tokens (token_log_probs, token_ids [B*K, K + 2]; alive [B, K]; forced [B]): their sums
+  (-inf where neither, where the length cap forces EOS, or where the token is already a (b)
+  candidate: advancing int32 [B, K, 2C] where exists) and ids, each [B, K, K + 2]."""
+  batch, beams = alive.shape
+  natural_ids = token_ids.reshape(batch, beams, -1)
+  natural = alive[..., None] + token_log_probs.reshape(batch, beams, -1)
+  natural = jnp.where(forced[:, None, None], _NEG_INF, natural)
+  columns = natural.shape[-1]
+  k_best = lax.top_k(natural.reshape(batch, -1), beams)[1]  # [B, K] into K * (K + 2)
+  in_k_best = jnp.any(jnp.arange(beams * columns)[None, :, None] == k_best[:, None, :], axis=-1)
+  beam_best = jnp.arange(columns) == jnp.argmax(natural, axis=-1)[..., None]  # [B, K, K + 2]
+  counted = jnp.any((natural_ids[..., :, None] == advancing[..., None, :])
+                    & exists[..., None, :], axis=-1)  # Already a (b) candidate.
+  natural = jnp.where((in_k_best.reshape(natural.shape) | beam_best) & ~counted, natural,
+                      _NEG_INF)
+  return natural, natural_ids
+
+
 def _constrained_beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int,
                            ranking: Ranking, max_lengths: Array, min_length: int,
                            prefix_at: Callable[[Array], tuple[Array, Array] | None],
@@ -559,18 +580,9 @@ def _constrained_beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_i
   advancing_log_probs = (jnp.take_along_axis(logits.reshape(batch, beams, -1), advancing, axis=-1)
                          - log_normalizer.reshape(batch, beams, 1))
   advancing_sums = jnp.where(exists, alive[..., None] + advancing_log_probs, _NEG_INF)
-  # (a) the sentence's K best and (c) each beam's best of the beams' K + 2 best -> [B, K, K + 2].
-  natural_ids = token_ids.reshape(batch, beams, -1)
-  natural = alive[..., None] + token_log_probs.reshape(batch, beams, -1)
-  natural = jnp.where(forced[:, None, None], _NEG_INF, natural)
+  natural, natural_ids = _natural_candidates(alive, token_log_probs, token_ids, forced,
+                                             advancing, exists)  # (a), (c): [B, K, K + 2]
   columns = natural.shape[-1]
-  k_best = lax.top_k(natural.reshape(batch, -1), beams)[1]  # [B, K] into K * (K + 2)
-  in_k_best = jnp.any(jnp.arange(beams * columns)[None, :, None] == k_best[:, None, :], axis=-1)
-  beam_best = jnp.arange(columns) == jnp.argmax(natural, axis=-1)[..., None]  # [B, K, K + 2]
-  counted = jnp.any((natural_ids[..., :, None] == advancing[..., None, :])
-                    & exists[..., None, :], axis=-1)  # Already a (b) candidate.
-  natural = jnp.where((in_k_best.reshape(natural.shape) | beam_best) & ~counted, natural,
-                      _NEG_INF)
   # (d): EOS of the beams that met every constraint (or that the length cap stops) -> [B, K].
   eos_sums = alive + eos_log_probs.reshape(batch, beams)
   eos_ok = (eos_allowed[:, None] & (constraints_lib.all_met(met, phrases) | forced[:, None])
