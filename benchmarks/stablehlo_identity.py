@@ -1,5 +1,6 @@
 """Hashes of the StableHLO of the float32 train step, beam search, greedy search and the
-Translator's `search_batch` (tiny model, source locations stripped): run it in two checkouts to
+Translator's `search_batch`, without and with constraints (tiny model, source locations
+stripped): run it in two checkouts to
 show that a change leaves the compiled programs, and so their speed, as they were.
 
   (cd OLD && PYTHONPATH=$PWD python /path/to/benchmarks/stablehlo_identity.py)
@@ -32,7 +33,7 @@ def _without_locations(text: str) -> str:
 
 
 def programs() -> dict[str, str]:
-  """{name: StableHLO text} of the four programs."""
+  """{name: StableHLO text} of the five programs."""
   config = ModelConfig.tiny(200)
   train = TrainConfig(schedule="warmup_rsqrt", learning_rate=1e-3, warmup_steps=10,
                       num_train_steps=100, label_smoothing=0.1, seed=0)
@@ -56,7 +57,12 @@ def programs() -> dict[str, str]:
   return {"train_step": built.lower(built.init_state(), batch).as_text(),
           "beam_search": jax.jit(beam).lower(variables, ids).as_text(),
           "greedy_search": jax.jit(greedy).lower(variables, ids).as_text(),
-          "search_batch": served.lower(variables["params"], ids, jax.random.key(0)).as_text()}
+          "search_batch": served.lower(variables["params"], ids, jax.random.key(0)).as_text(),
+          # Two constraints of up to 3 pieces per sentence: int32 [B, C, P], 0-padded.
+          "search_batch_constrained": served.lower(
+              variables["params"], ids, jax.random.key(0),
+              constraints=jnp.asarray(np.tile([[5, 6, 0], [7, 0, 0]], (4, 1, 1)), jnp.int32)
+          ).as_text()}
 
 
 def main() -> None:
