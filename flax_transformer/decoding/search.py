@@ -544,6 +544,23 @@ def _natural_candidates(alive: Array, token_log_probs: Array, token_ids: Array, 
   return natural, natural_ids
 
 
+def _take_rounds(order: Array, sums: Array, eos_ok: Array
+                 ) -> tuple[Array, Array, Array, Array, Array]:
+  """DBA's rounds over the N candidates (order, sums [B, N], the last K of them the beams' EOS;
+  eos_ok [B, K]): an EOS among the first K of the rounds finishes, the first K others stay
+  alive. Returns the first K round positions (ascending) and the EOS's [B, K], which EOS finish
+  [B, K], and the survivors' sums and candidate indices [B, K] (-inf where fewer survive)."""
+  beams = eos_ok.shape[1]
+  first = -lax.top_k(-order, beams)[0]  # [B, K], ascending
+  eos_order = order[:, -beams:]  # [B, K]
+  finishes = eos_ok & (eos_order <= first[:, -1:])
+  is_eos = jnp.arange(order.shape[1]) >= order.shape[1] - beams
+  alive_order, pick = lax.top_k(-jnp.where(is_eos, constraints_lib.NEVER, order), beams)
+  alive_log_probs = jnp.where(-alive_order < constraints_lib.NEVER,
+                              jnp.take_along_axis(sums, pick, axis=1), _NEG_INF)  # [B, K]
+  return first, eos_order, finishes, alive_log_probs, pick
+
+
 def _constrained_beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_id: int,
                            ranking: Ranking, max_lengths: Array, min_length: int,
                            prefix_at: Callable[[Array], tuple[Array, Array] | None],
@@ -599,14 +616,7 @@ def _constrained_beam_step(step_fn: TokensToLogits, reorder: ReorderState, eos_i
   new_met, banks = constraints_lib.advance(windows, phrases, met[:, parents], ordered)
   order = constraints_lib.bank_order(sums, banks, constraints_lib.num_banks(phrases))  # [B, N]
 
-  # EOS among the first K of the rounds finishes; the first K others stay alive.
-  first = -lax.top_k(-order, beams)[0]  # [B, K], ascending
-  eos_order = order[:, -beams:]  # [B, K]
-  finishes = eos_ok & (eos_order <= first[:, -1:])
-  is_eos = jnp.arange(order.shape[1]) >= order.shape[1] - beams
-  alive_order, pick = lax.top_k(-jnp.where(is_eos, constraints_lib.NEVER, order), beams)
-  alive_log_probs = jnp.where(-alive_order < constraints_lib.NEVER,
-                              jnp.take_along_axis(sums, pick, axis=1), _NEG_INF)  # [B, K]
+  first, eos_order, finishes, alive_log_probs, pick = _take_rounds(order, sums, eos_ok)
   if first_free is not None:  # A prefix's first free step (module docstring).
     eos_ranked = jnp.any(finishes, axis=1) & first_free  # [B]
     second = eos_ranked & (jnp.min(eos_order, axis=1) > first[:, 0])  # [B]: EOS not the best.
