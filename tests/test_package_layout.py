@@ -214,11 +214,20 @@ def test_no_module_builds_a_pathlib_path_from_a_users_path():
   assert not found, f"modules importing pathlib outside files.py: {found}"
 
 
-@pytest.mark.slow  # Spawns processes.
-def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
+def _run_python(code: str) -> str:
+  """The standard output of `code` run in a fresh Python process at the repository's root,
+  which must succeed (its stderr is the failure message otherwise)."""
   import subprocess
   import sys
 
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=PACKAGE.parent)
+  assert result.returncode == 0, result.stderr
+  return result.stdout
+
+
+@pytest.mark.slow  # Spawns processes.
+def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
   code = ("import sys, flax_transformer as ft\n"
           "assert 'jax' not in sys.modules and 'flax' not in sys.modules, 'eager import'\n"
           "assert set(ft.__all__) <= set(dir(ft))\n"
@@ -230,27 +239,18 @@ def test_importing_the_package_loads_no_jax_until_a_public_name_is_used():
           "  ft.NoSuchName\n"
           "except AttributeError as error:\n"
           "  print(error)\n")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=PACKAGE.parent)
-  assert result.returncode == 0, result.stderr
-  assert "has no attribute 'NoSuchName'" in result.stdout
+  assert "has no attribute 'NoSuchName'" in _run_python(code)
 
 
 @pytest.mark.slow  # Spawns a process.
 def test_the_serving_path_loads_neither_tfds_nor_grain():
   """translate, evaluate and a Translator need the tokenizer, not the data pipeline (TFDS and
-  grain: 0.5 s of every CLI call's start)."""
-  import subprocess
-  import sys
-
+  grain, about 0.2 s of every CLI call's start)."""
   code = ("import sys\n"
           "import flax_transformer.workdir, flax_transformer.serving.commands\n"
           "import flax_transformer.serving.bulk, flax_transformer.serving.translator\n"
           "print(sorted(m for m in ('tensorflow_datasets', 'grain') if m in sys.modules))\n")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=PACKAGE.parent)
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip() == "[]"
+  assert _run_python(code).strip() == "[]"
 
 
 # ------------------------------------------------------------------ each room's public names
