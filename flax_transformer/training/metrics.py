@@ -26,7 +26,8 @@ from flax_transformer.runtime import accelerators
 # What tensorboardX imports only to offer what this writer does not use: torch, to take torch
 # tensors, and google.cloud.storage, to write gs:// event files itself (a gs:// workdir's events
 # are written locally and copied, `_BucketLogs`). With the [hf] and [gcs] extras installed they
-# took 3.2 s and 0.5 s of a 23 s SHRUNK train.py run (cProfile, AMD EPYC Zen 3, 2026-11-28).
+# took 3.2 s of a 23 s SHRUNK train.py run (cProfile, AMD EPYC Zen 3) and 0.15 s of a training
+# job's 1.30 s of imports (side by side, Zen 4; BENCHMARKS.md, "Imports"), 2026-11-28.
 _UNUSED_BY_THE_WRITER = ("torch", "google.cloud.storage")
 
 
