@@ -36,7 +36,8 @@ def _summary_writer_class() -> type:
 
   While tensorboardX loads, importing one of them fails as if it were not installed;
   afterwards each imports as usual. A process that has imported tensorboardX, or one of them,
-  already is left as it is.
+  already is left as it is. tensorboardX loaded so cannot write to gs:// or take torch tensors
+  itself, in this process; this writer asks for neither.
   """
   if "tensorboardX" in sys.modules:
     from tensorboardX import SummaryWriter
