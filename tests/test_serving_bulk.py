@@ -76,9 +76,10 @@ def workdir(tmp_path_factory, tokenizer) -> Path:
   return root
 
 
-def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11) -> list[str]:
+def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11,
+                max_words: int = 29) -> list[str]:
   lines = [("" if i % empty_every == 1 else line) for i, line in
-           enumerate(sentences(count, seed))]
+           enumerate(sentences(count, seed, max_words))]
   path.write_text("".join(line + "\n" for line in lines))
   return lines
 

@@ -23,6 +23,7 @@ from test_serving_bulk import (  # noqa: F401 (fixtures)
   workdir,
   write_input,
 )
+from test_serving_translator import ONE_BUCKET_WORDS
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
@@ -150,7 +151,7 @@ def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
     kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):  # noqa: F811
   folder = storage_folder(kind, request, tmp_path_factory, "constraints")
   source = folder / "in.txt"
-  lines = write_input(source, 30)
+  lines = write_input(source, 30, max_words=ONE_BUCKET_WORDS)
   constraints, forbid = _phrase_files(folder, lines)
   whole = tmp_path / "whole.txt"
   args = lambda out, *more: translate_args(workdir, source, out, "--constraints",
@@ -186,7 +187,7 @@ def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
 @pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_an_all_empty_constraints_file_gives_the_same_bytes(workdir, tmp_path):  # noqa: F811
   source = tmp_path / "in.txt"
-  lines = write_input(source, 12)
+  lines = write_input(source, 12, max_words=ONE_BUCKET_WORDS)
   empty = tmp_path / "empty.txt"
   empty.write_text("\n" * len(lines))
   plain, constrained = tmp_path / "plain.txt", tmp_path / "constrained.txt"
@@ -234,7 +235,7 @@ def test_bad_phrase_files_are_one_line_before_anything_is_restored(
 def test_constrained_output_is_the_same_on_one_device_eight_and_two_processes(
     workdir, tmp_path, monkeypatch):  # noqa: F811
   source = tmp_path / "in.txt"
-  lines = write_input(source, 40)
+  lines = write_input(source, 40, max_words=ONE_BUCKET_WORDS)
   constraints, forbid = _phrase_files(tmp_path, lines, seed=1)
   outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo")}
   translate_on_eight_devices_one_and_two_processes(

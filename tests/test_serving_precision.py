@@ -16,7 +16,7 @@ from test_serving_bulk import (  # noqa: F401 (fixtures)
   workdir,
   write_input,
 )
-from test_serving_translator import sentences
+from test_serving_translator import ONE_BUCKET_WORDS, sentences
 
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
@@ -53,7 +53,7 @@ def test_each_precision_converts_the_params_once_and_leaves_the_checkpoint_as_tr
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 def test_every_method_and_option_runs_at_each_precision(translators, precision):
   translator = translators[precision]
-  texts = sentences(6, seed=5)
+  texts = sentences(6, seed=5, max_words=ONE_BUCKET_WORDS)
   prefixes = [text.split()[0] for text in translators["float32"].translate(texts)]
   for hypotheses, prefix in zip(translator.translate_nbest(texts, n=2, target_prefix=prefixes),
                                 prefixes, strict=True):
@@ -76,7 +76,7 @@ def test_an_ensemble_of_one_checkpoint_twice_translates_as_the_checkpoint(
   checkpoint = str(workdir / "checkpoints" / "1")
   ensemble = Translator.from_checkpoints([checkpoint, checkpoint], precision=precision)
   assert ensemble.ensemble and _dtypes(ensemble.params) == _dtypes(translators[precision].params)
-  texts = sentences(8, seed=6)
+  texts = sentences(8, seed=6, max_words=ONE_BUCKET_WORDS)
   assert ensemble.translate(texts) == translators[precision].translate(texts)
 
 
@@ -86,7 +86,9 @@ def test_an_ensemble_of_one_checkpoint_twice_translates_as_the_checkpoint(
 def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
     workdir, tmp_path, monkeypatch, precision):  # noqa: F811
   source = tmp_path / "in.txt"
-  write_input(source, 80, seed=4)
+  # One search shape ([8, 8]; 2 steps on 8 devices, 3 on 2 x 2, 9 on one): test_serving_bulk's
+  # float32 test covers several shapes and steps; each shape costs every process a compile.
+  write_input(source, 80, seed=4, max_words=ONE_BUCKET_WORDS)
   flags = ["--chunk_lines", "24", "--batch_tokens", "96", "--precision", precision]
   outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo")}
   # With the pytest processes' flags (conftest's IN_PROCESS_XLA_FLAGS; LLVM -O0 alone does it
@@ -104,7 +106,7 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
 @pytest.mark.slow  # Runs the CLI's bulk job twice.
 def test_a_resumed_job_cannot_switch_precision(workdir, tmp_path, monkeypatch, capsys):  # noqa: F811
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
-  write_input(source, 30)
+  write_input(source, 30, max_words=ONE_BUCKET_WORDS)
   args = translate_args(workdir, source, output, "--chunk_lines", "10", "--precision", "int8")
   crash_after_chunks(monkeypatch, 1)
   assert main(args) == 1

@@ -28,9 +28,17 @@ WORDS = [
     "blue", "water"]
 
 
-def sentences(count: int, seed: int = 0) -> list[str]:
+# Sentences of at most this many words fit the shortest bucket (8 pieces with EOS, in the tests'
+# 60-piece vocabulary): one search program per method, where a test needs no more. Each search
+# shape is a compile of 1-3 s, and most of the suite's time.
+ONE_BUCKET_WORDS = 6
+
+
+def sentences(count: int, seed: int = 0, max_words: int = 29) -> list[str]:
+  """`count` random sentences of 1 to `max_words` words of WORDS (ONE_BUCKET_WORDS: all in one
+  bucket)."""
   rng = np.random.default_rng(seed)
-  return [" ".join(rng.choice(WORDS, rng.integers(1, 30))) for _ in range(count)]
+  return [" ".join(rng.choice(WORDS, rng.integers(1, max_words + 1))) for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
