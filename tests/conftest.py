@@ -277,14 +277,15 @@ def built_once(tmp_path_factory: Any, name: str, build: Callable[[Path], Any]) -
 @pytest.fixture(scope="session")
 def trained_workdir(tmp_path_factory):
   """SHRUNK trained 400 steps on 2000 pairs (under a minute): about 22 BLEU on its 64-pair test
-  split, checkpoints at steps 200, 300 and 400, beam size 4; once per session (built_once: one
-  worker trains it), for the export and interop tests, which copy it before writing into it."""
+  split, checkpoints at steps 200, 300 and 400, beam size 4, its 16-pair eval split evaluated
+  and translated at the end (BLEU in metrics.jsonl); once per session (built_once: one worker
+  trains it), for the export, interop and CLI tests, which copy it before writing into it."""
   def train(folder: Path) -> None:
     run_train_py(folder / "workdir", timeout=900, data__synthetic_num_train=2000,
                  data__synthetic_num_test=64, data__batch_tokens=1536,
                  train__num_train_steps=400, train__warmup_steps=40, train__learning_rate=1e-2,
                  train__log_every_steps=25, checkpoint__save_every_steps=100,
-                 search__beam_size=4)
+                 search__beam_size=4, eval__translate=True)
 
   return built_once(tmp_path_factory, "trained", train) / "workdir"
 
