@@ -134,15 +134,36 @@ ONE_WORKER_MODULES = frozenset({
     "test_training_steps"})
 
 
+# Modules whose costly module-scoped fixtures are parametrized by storage kind (conftest's
+# STORAGE_KINDS): test_training_resume's `shared` and the reference runs on it (7-11 s each, 22 s
+# with grain workers; both workers built each of them, the full suite, 2026-11-28, Zen 4). Each
+# kind's tests share one group, "<module>-<kind>", so each reference is trained once while the
+# two kinds still go to whichever worker is free.
+ONE_WORKER_PER_STORAGE_MODULES = frozenset({"test_training_resume"})
+
+
+def xdist_group_of(item: Any) -> str | None:
+  """The pytest-xdist group a test is scheduled in (ONE_WORKER_MODULES,
+  ONE_WORKER_PER_STORAGE_MODULES), or None: any worker."""
+  module = item.module.__name__ if item.module else ""
+  if module in ONE_WORKER_MODULES:
+    return module
+  if module in ONE_WORKER_PER_STORAGE_MODULES:
+    callspec = getattr(item, "callspec", None)
+    kind = callspec.params.get("shared") if callspec else None
+    return f"{module}-{kind}" if kind else module
+  return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """Marks the tests of ONE_WORKER_MODULES `xdist_group(<module>)` (above). It runs before
-  pytest-xdist's own hook, which reads the marks (it appends "@<group>" to each grouped test's
-  id and schedules by it); after it, a mark added here would group nothing."""
+  """Marks each test `xdist_group(xdist_group_of(test))` (above). It runs before pytest-xdist's
+  own hook, which reads the marks (it appends "@<group>" to each grouped test's id and
+  schedules by it); after it, a mark added here would group nothing."""
   for item in items:
-    module = item.module.__name__ if item.module else ""
-    if module in ONE_WORKER_MODULES:
-      item.add_marker(pytest.mark.xdist_group(module))
+    group = xdist_group_of(item)
+    if group:
+      item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)

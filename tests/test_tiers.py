@@ -14,10 +14,12 @@ from conftest import (
   FAST_TIER_XLA_FLAGS,
   IN_PROCESS_XLA_FLAGS,
   ONE_WORKER_MODULES,
+  ONE_WORKER_PER_STORAGE_MODULES,
   built_once,
   in_process_xla_flags,
   leaves_out_slow_tests,
   pytest_collection_modifyitems,
+  xdist_group_of,
   xla_defaults_asked,
 )
 
@@ -69,27 +71,31 @@ def test_each_one_worker_module_exists_and_its_tests_share_one_group(request):
   assert all((tests / f"{module}.py").is_file() for module in ONE_WORKER_MODULES)
   assert "--dist loadgroup" in " ".join(request.config.getini("addopts"))
 
+  assert all((tests / f"{module}.py").is_file() for module in ONE_WORKER_PER_STORAGE_MODULES)
+
   class Item:  # What pytest_collection_modifyitems reads and writes of a pytest.Item.
-    def __init__(self, module_name):
+    def __init__(self, module_name, **params):
       self.module, self.marks = types.ModuleType(module_name), []
+      if params:
+        self.callspec = types.SimpleNamespace(params=params)
 
     def add_marker(self, mark):
       self.marks.append(mark)
 
-  items = [Item("test_cli"), Item("test_tiers"), Item("test_interop_marian")]
+  items = [Item("test_cli"), Item("test_tiers"), Item("test_interop_marian"),
+           Item("test_training_resume", shared="gs", kind="local"),
+           Item("test_training_resume", shared="local")]
   pytest_collection_modifyitems(items)
   assert [[(m.name, m.args) for m in item.marks] for item in items] == [
-      [("xdist_group", ("test_cli",))], [], [("xdist_group", ("test_interop_marian",))]]
-  # pytest-xdist read the marks: in a loadgroup session, its hook gave each collected test of
-  # those modules its group, by which it schedules (a mark added after its hook groups nothing).
+      [("xdist_group", ("test_cli",))], [], [("xdist_group", ("test_interop_marian",))],
+      [("xdist_group", ("test_training_resume-gs",))],
+      [("xdist_group", ("test_training_resume-local",))]]
+  # pytest-xdist read the marks: in a loadgroup session, its hook gave each collected test its
+  # group, by which it schedules (a mark added after its hook groups nothing).
   if request.config.getvalue("loadgroup"):
-    grouped = {item.nodeid.split("::")[0].removeprefix("tests/").removesuffix(".py"):
-               item.nodeid.rsplit("@", 1)[-1] for item in request.session.items
-               if "@" in item.nodeid}
-    collected = {item.module.__name__ for item in request.session.items}
-    assert grouped == {module: module for module in ONE_WORKER_MODULES & collected}
-    assert all("@" not in item.nodeid for item in request.session.items
-               if item.module.__name__ not in ONE_WORKER_MODULES)
+    for item in request.session.items:
+      group = xdist_group_of(item)
+      assert item.nodeid.endswith(f"@{group}") if group else "@" not in item.nodeid, item.nodeid
 
 
 class _TmpPathFactory:
