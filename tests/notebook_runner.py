@@ -18,10 +18,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def kernel_env() -> dict[str, str]:
   """The test's environment without conftest's 8 fake devices (a Colab CPU has one), with the
-  checkout importable so that the install cell has nothing to do."""
+  checkout importable so that the install cell has nothing to do. XLA compiles the kernel's
+  programs with conftest's small_program_child_xla_flags()."""
+  from conftest import small_program_child_xla_flags
+
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
+  flags += [f for f in small_program_child_xla_flags().split() if f not in flags]
   env["XLA_FLAGS"] = " ".join(flags)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
   env["JAX_PLATFORMS"] = "cpu"

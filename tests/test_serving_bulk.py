@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import STORAGE_KINDS, storage_folder
+from conftest import STORAGE_KINDS, small_program_child_xla_flags, storage_folder
 from jax.sharding import Mesh
 from test_serving_translator import WORDS, copy_translator, sentences
 
@@ -261,8 +261,13 @@ def free_port() -> int:
 
 
 def cli(*args: str, devices: int = 8, cache: Path | None = None, environ: dict | None = None,
-        **popen) -> subprocess.Popen:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        product_xla: bool = False, **popen) -> subprocess.Popen:
+  """Starts `python -m flax_transformer.cli *args` on `devices` CPU devices. XLA compiles with
+  conftest's small_program_child_xla_flags(), or with its defaults, as the product does, where
+  the test pins a promise that holds at those (`product_xla`: the same bytes on 1 device, 8
+  devices and 2 processes)."""
+  xla = "" if product_xla else small_program_child_xla_flags()
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {xla}",
              JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",  # Cache the tiny model's too.
              **(environ or {}))
@@ -273,16 +278,17 @@ def cli(*args: str, devices: int = 8, cache: Path | None = None, environ: dict |
 
 def translate_on_eight_devices_one_and_two_processes(
     workdir: Path, source: Path, outputs: dict[str, Path], flags: list[str], monkeypatch,
-    cache: Path | None = None, in_this_process: bool = True) -> None:
+    cache: Path | None = None, in_this_process: bool = True, product_xla: bool = False) -> None:
   """Translates `source` into outputs["eight"] (8 devices), outputs["one"] (one device) and
   outputs["gloo"] (2 processes of 2 devices joined by jax.distributed). "eight" and "one" run
-  in this process, or with `in_this_process=False` in processes of their own, which compile
-  with XLA's default flags as the product does (this one compiles with conftest's
-  IN_PROCESS_XLA_FLAGS)."""
+  in this process (which compiles with conftest's IN_PROCESS_XLA_FLAGS), or with
+  `in_this_process=False` in processes of their own; the processes compile as `cli`'s
+  `product_xla` says."""
   port = free_port()
   runs = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
               "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
-              "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
+              "--process_id", str(i), devices=2, cache=cache, product_xla=product_xla,
+              stderr=subprocess.PIPE)
           for i in range(2)]
   if in_this_process:
     assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
@@ -291,8 +297,8 @@ def translate_on_eight_devices_one_and_two_processes(
     assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
   else:
     runs += [cli(*translate_args(workdir, source, outputs[name], *flags), devices=devices,
-                 cache=cache, stderr=subprocess.PIPE) for name, devices in (("eight", 8),
-                                                                            ("one", 1))]
+                 cache=cache, product_xla=product_xla, stderr=subprocess.PIPE)
+             for name, devices in (("eight", 8), ("one", 1))]
   errors = [run.communicate(timeout=300)[1] for run in runs]
   assert [run.returncode for run in runs] == [0] * len(runs), "\n".join(
       e[-3000:] for e in errors)
@@ -305,18 +311,21 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir
   flags = ["--chunk_lines", "48", "--batch_tokens", "96"]  # Several steps of several shapes.
   outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo", "files", "srun")}
   cache = tmp_path / "xla"
+  # The processes compile as the product does (`cli`'s product_xla), this one with conftest's
+  # IN_PROCESS_XLA_FLAGS: the bytes are the same across the flags too.
   translate_on_eight_devices_one_and_two_processes(workdir, source, outputs, flags, monkeypatch,
-                                                   cache)
+                                                   cache, product_xla=True)
   # Without jax.distributed: each process does its chunks; the one that ends last merges.
   files = [cli(*translate_args(workdir, source, outputs["files"], *flags), "--num_processes",
-               "2", "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
+               "2", "--process_id", str(i), devices=2, cache=cache, product_xla=True,
+               stderr=subprocess.PIPE)
            for i in range(2)]
   errors = [run.communicate(timeout=300)[1] for run in files]
   assert [run.returncode for run in files] == [0, 0], "\n".join(e[-3000:] for e in errors)
   # Started by srun, no flags: JAX's runtime starts from SLURM's variables (2 tasks on 1 node).
   srun_port = str(free_port())
   srun = [cli(*translate_args(workdir, source, outputs["srun"], *flags), devices=2, cache=cache,
-              stderr=subprocess.PIPE, environ=dict(
+              product_xla=True, stderr=subprocess.PIPE, environ=dict(
                   SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID=str(i),
                   SLURM_LOCALID=str(i), SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost",
                   SLURM_NODELIST="localhost", JAX_COORDINATOR_PORT=srun_port))

@@ -94,9 +94,10 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
   # With the pytest processes' flags (conftest's IN_PROCESS_XLA_FLAGS; LLVM -O0 alone does it
   # too) XLA's int8 programs for 8 devices and for one give different bytes (2026-11-28, Zen 3);
   # with XLA's defaults, as the product compiles, they give the same: int8 translates in
-  # processes of their own.
+  # processes of their own, compiled as the product compiles.
+  int8 = precision == "int8"
   translate_on_eight_devices_one_and_two_processes(workdir, source, outputs, flags, monkeypatch,
-                                                   in_this_process=precision != "int8")
+                                                   in_this_process=not int8, product_xla=int8)
   expected = outputs["one"].read_bytes()
   assert len(expected.splitlines()) == 80 and len(set(expected.splitlines())) > 40
   assert outputs["eight"].read_bytes() == expected
