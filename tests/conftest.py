@@ -94,9 +94,10 @@ def in_process_xla_flags() -> str:
 def small_program_child_xla_flags() -> str:
   """IN_PROCESS_XLA_FLAGS, for a process that a test starts to check a job's logic with the tiny
   model, whose programs compile for seconds and run for milliseconds: a CLI translate job
-  (test_serving_bulk's `cli`) or a notebook's kernel. "" where xla_defaults_asked() or off the
-  CPU. Measured (2 workers, Zen 4, 2026-11-28): the two notebook tests 62 + 51 s with XLA's
-  defaults, 36 + 36 s with these; test_serving_bulk 174 -> 151 s. The tests that pin the
+  (test_serving_bulk's `cli`), a notebook's kernel, the pod guide's script. "" where
+  xla_defaults_asked() or off the CPU. Measured (2 workers, Zen 4, 2026-11-28): the two notebook
+  tests 62 + 51 s with XLA's defaults, 36 + 36 s with these; test_serving_bulk 174 -> 151 s; the
+  pod script 67 -> 55 s. The tests that pin the
   product's promise of the same bytes on 1 device, 8 devices and 2 processes (float32 and int8:
   XLA's int8 programs at -O0 do not keep it) start theirs with XLA's defaults, as train.py's
   runs always are (their programs are larger, and the comment above measured no gain)."""
