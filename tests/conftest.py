@@ -53,16 +53,18 @@ else:
 # defaults, 288 s with -O0 and 208 s with both flags, all passing. The same flags compile
 # trained and base-size programs slower and run them slower (a beam search at base: compile 24 s
 # against 11-14 s; 400 SHRUNK training steps 110-141 s against 94-109 s at -O0), so in the whole
-# suite the processes that tests start (train.py, the CLI, several hosts) keep XLA's defaults, as
-# the product runs: `_session_xla` hands XLA_FLAGS back to them once this process's XLA has read
-# the variable (XLA reads it once, at the first compile). The fast tier, whose programs are all
+# suite the processes that tests start (train.py, several hosts) keep XLA's defaults, as the
+# product runs: `_session_xla` hands XLA_FLAGS back to them once this process's XLA has read the
+# variable (XLA reads it once, at the first compile). The fast tier, whose programs are all
 # small, gives the same flags to the processes it starts too (FAST_TIER_XLA_FLAGS; the fast tier
 # in 160-164 s with both, 205-237 s with the emitters alone, 264-278 s with XLA's defaults;
-# Zen 3). FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's defaults everywhere. Giving the whole
-# suite's children these flags too would gain little: the tests that start processes spend their
-# time in imports, tracing, saves and waits, and the programs they compile come mostly from the
+# Zen 3). FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's defaults everywhere. Giving train.py's
+# runs in the whole suite these flags too would gain little: those tests spend their time in
+# imports, tracing, saves and waits, and the programs they compile come mostly from the
 # session's cache (the signal, kill -9, platform and Quick-start tests: 386 s against 398 s with
-# XLA's defaults, 2 workers, Zen 3, 2026-11-28).
+# XLA's defaults, 2 workers, Zen 3, 2026-11-28). The CLI translate jobs, notebook kernels and
+# pod script that tests start on the tiny model do gain, and take them, except where a test pins
+# a promise made at XLA's defaults (small_program_child_xla_flags, below).
 IN_PROCESS_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
 FAST_TIER_XLA_FLAGS = IN_PROCESS_XLA_FLAGS
 # The flags of the processes that tests start, chosen by the session's first pytest process
