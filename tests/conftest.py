@@ -99,10 +99,10 @@ def small_program_child_xla_flags() -> str:
   (test_serving_bulk's `cli`), a notebook's kernel, the pod guide's script. "" where
   xla_defaults_asked() or off the CPU. Measured (2 workers, Zen 4, 2026-11-28): the two notebook
   tests 62 + 51 s with XLA's defaults, 36 + 36 s with these; test_serving_bulk 174 -> 151 s; the
-  pod script 67 -> 55 s. The tests that pin the
-  product's promise of the same bytes on 1 device, 8 devices and 2 processes (float32 and int8:
-  XLA's int8 programs at -O0 do not keep it) start theirs with XLA's defaults, as train.py's
-  runs always are (their programs are larger, and the comment above measured no gain)."""
+  pod script 67 -> 55 s. The tests that pin the product's promise of the same bytes on 1 device,
+  8 devices and 2 processes (float32 and int8: XLA's int8 programs at -O0 do not keep it) start
+  theirs with XLA's defaults, as train.py's runs always are (their programs are larger, and the
+  comment above measured no gain)."""
   if xla_defaults_asked() or os.environ["JAX_PLATFORMS"] != "cpu":
     return ""
   return IN_PROCESS_XLA_FLAGS
@@ -152,11 +152,12 @@ ONE_WORKER_MODULES = frozenset({
 
 
 # Modules whose costly module-scoped fixtures are parametrized by storage kind (conftest's
-# STORAGE_KINDS): test_training_resume's `shared` and the reference runs on it (7-11 s each, 22 s
-# with grain workers; both workers built each of them, the full suite, 2026-11-28, Zen 4). Each
-# kind's tests share one group, "<module>-<kind>", so each reference is trained once while the
-# two kinds still go to whichever worker is free.
-ONE_WORKER_PER_STORAGE_MODULES = frozenset({"test_training_resume"})
+# STORAGE_KINDS), each with the name of the parameter that says the kind: test_training_resume's
+# `shared` and the reference runs on it (7-11 s each, 22 s with grain workers; both workers built
+# each of them, the full suite, 2026-11-28, Zen 4). Each kind's tests share one group,
+# "<module>-<kind>", so each reference is trained once while the two kinds still go to whichever
+# worker is free.
+ONE_WORKER_PER_STORAGE_MODULES: dict[str, str] = {"test_training_resume": "shared"}
 
 
 def xdist_group_of(item: Any) -> str | None:
@@ -167,7 +168,7 @@ def xdist_group_of(item: Any) -> str | None:
     return module
   if module in ONE_WORKER_PER_STORAGE_MODULES:
     callspec = getattr(item, "callspec", None)
-    kind = callspec.params.get("shared") if callspec else None
+    kind = callspec.params.get(ONE_WORKER_PER_STORAGE_MODULES[module]) if callspec else None
     return f"{module}-{kind}" if kind else module
   return None
 

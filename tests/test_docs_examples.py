@@ -118,8 +118,10 @@ def test_the_pod_script_runs_on_the_emulator_without_a_credential_warning(tmp_pa
            for line in pod_script().splitlines() if not line.startswith("pip install")]
   # On one host the killed trainer's lease is taken over at once (its pid is gone): the page's
   # wait for it to go stale is for a pod, and a second is enough here.
-  script = "\n".join(lines).replace("sleep 60;", _WAIT_FOR_A_CHECKPOINT + ";").replace(
-      "sleep 10 ", "sleep 1 ")
+  script = "\n".join(lines)
+  for page, shorter in (("sleep 60;", _WAIT_FOR_A_CHECKPOINT + ";"), ("sleep 10 ", "sleep 1 ")):
+    assert script.count(page) == 1, f"the pod guide's script no longer has one {page!r}"
+    script = script.replace(page, shorter)
   # The session's emulator variables (conftest's gcs fixture) must not leak into the script.
   env = {key: value for key, value in os.environ.items()
          if not key.startswith(("STORAGE_EMULATOR", "TENSORSTORE_GCS", "GOOGLE_AUTH", "FSSPEC"))}

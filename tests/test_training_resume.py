@@ -219,8 +219,9 @@ def test_a_save_outliving_its_timeout_in_a_suspended_job_is_one_line_and_resumes
                              start_new_session=True)
   try:
     _wait_for_step(workdir, 2, process)
-    while not saved_steps(workdir):
-      time.sleep(0.05)  # A first finished checkpoint (committed, on a disk or in a bucket).
+    while not saved_steps(workdir):  # A first finished checkpoint (committed).
+      assert process.poll() is None, process.communicate()[1][-3000:]
+      time.sleep(0.05)
     for _ in range(10):
       os.killpg(process.pid, signal.SIGSTOP)
       time.sleep(10)
