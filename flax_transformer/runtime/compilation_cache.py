@@ -13,14 +13,30 @@ mounted Drive folder to keep it). An empty string turns the cache off. A `Transl
 Python API, a notebook) uses the same folder under the same switch, unless the process has set
 JAX's cache folder itself. Entries are keyed by the program, the devices and the JAX version, so
 one folder can serve many models; delete it to reclaim the space.
+
+Entries are written whole. JAX (0.10 and 0.11) writes a cache entry in place, so a job killed
+while writing one (kill -9, a full disk) leaves a truncated file, and every later run that needs
+that program warns "Error reading persistent compilation cache entry ... truncated stream" and
+compiles it again, never replacing the file; a process that reads an entry another is still
+writing warns once the same way. In a local folder this module's cache writes each entry to a
+temporary file beside it and renames it into place (`os.replace`: a reader sees the old file or
+the new one), and replaces an entry that exists, so one compile heals a damaged entry. A gs://
+folder keeps JAX's writer (an object is written whole), and so does a process that set
+`jax_compilation_cache_max_size` (JAX's size-limited cache, with its file lock) or
+`jax_compilation_cache_check_contents`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
+import time
 
 import jax
+from jax._src import compilation_cache as jax_compilation_cache
+from jax._src import lru_cache
 
 from flax_transformer.errors import Error
 
@@ -83,8 +99,57 @@ def enable_compilation_cache(directory: str | None = None) -> str | None:
     compilation_cache.reset_cache()
   finally:
     jax_logger.setLevel(level)
+  _write_entries_whole(path)
   logging.info("Persistent compilation cache: %s", path)
   return path
+
+
+# A writer killed between its temporary file and the rename leaves the temporary file; one this
+# old is removed when a cache is next opened on the folder.
+STALE_TEMPORARY_SECONDS = 3600
+_TEMPORARY_SUFFIX = ".tmp"
+
+
+class WholeEntryCache(lru_cache.LRUCache):
+  """JAX's file cache for a local folder, with each entry written whole: to a temporary file in
+  the folder, then renamed over the entry's name. Reads are JAX's own."""
+
+  def put(self, key: str, value: bytes) -> None:
+    """Writes the entry for `key`, replacing any entry there (a damaged one included)."""
+    if not key:
+      raise ValueError("key cannot be empty")
+    folder = os.fspath(self.path)
+    temporary = os.path.join(
+        folder, f".{key}.{os.getpid()}.{secrets.token_hex(4)}{_TEMPORARY_SUFFIX}")
+    # The entry's mode is JAX's (0o666 less the umask), not a private temporary file's.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+      with os.fdopen(descriptor, "wb") as f:
+        f.write(value)
+      os.replace(temporary, os.path.join(folder, f"{key}{lru_cache._CACHE_SUFFIX}"))
+    except BaseException:
+      with contextlib.suppress(OSError):
+        os.unlink(temporary)
+      raise
+
+
+def _write_entries_whole(path: str) -> bool:
+  """Makes JAX use a WholeEntryCache on the local folder `path` (which JAX's cache now points
+  at, not yet opened). False, leaving JAX's own cache, for a bucket, a size limit or content
+  checks (the module docstring), or a JAX whose cache module no longer has this shape."""
+  if ("://" in path or jax.config.jax_compilation_cache_max_size != -1
+      or getattr(jax.config, "jax_compilation_cache_check_contents", False)
+      or getattr(jax_compilation_cache, "_cache", False) is not None
+      or not hasattr(lru_cache, "_CACHE_SUFFIX")):
+    return False
+  now = time.time()
+  for entry in os.scandir(path):  # Temporary files of writers killed before their rename.
+    if entry.name.endswith(_TEMPORARY_SUFFIX) and entry.name.startswith("."):
+      with contextlib.suppress(OSError):
+        if now - entry.stat().st_mtime > STALE_TEMPORARY_SECONDS:
+          os.unlink(entry.path)
+  jax_compilation_cache._cache = WholeEntryCache(path, max_size=-1)
+  return True
 
 
 _DEFAULT_CHOSEN = False
