@@ -121,10 +121,23 @@ WORKERS = {"data__num_workers": 2, "data__max_length": 8}
 
 @pytest.fixture(scope="module")
 def straight_run_with_workers(shared):
-  """The reference for 2 grain workers (the batch order depends on the number of workers)."""
+  """The reference for 2 grain workers (the batch order depends on the number of workers):
+  (workdir, its run)."""
   workdir = shared[0] / "straight_workers"
-  _train(workdir, shared, **WORKERS)
-  return workdir
+  return workdir, _train(workdir, shared, **WORKERS)
+
+
+# What Python's resource tracker printed at the end of every run with grain workers until the
+# trainer copied each batch out of the workers' shared memory (pipeline._own_memory).
+LEAKED = "leaked shared_memory objects"
+
+
+def test_a_run_with_workers_ends_without_shared_memory_left_behind(request, shared):
+  if is_remote(shared[0]):
+    pytest.skip("grain workers: checked on local storage")
+  _, run = request.getfixturevalue("straight_run_with_workers")
+  assert LEAKED not in run.stderr, run.stderr[-3000:]
+  assert "resource_tracker" not in run.stderr, run.stderr[-3000:]
 
 
 @pytest.mark.parametrize("num_workers, signum", [
@@ -156,10 +169,12 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
     process.kill()
   assert process.returncode == 128 + signum, stderr[-3000:]
   assert "Traceback" not in stderr, stderr[-3000:]
+  assert LEAKED not in stderr, stderr[-3000:]
   stopped_at = _params(workdir)[1]
   assert 2 <= stopped_at < TOTAL_STEPS
   resumed = _train(workdir, shared, **overrides)
   assert f"Restored step {stopped_at}" in resumed.stderr
+  assert LEAKED not in resumed.stderr, resumed.stderr[-3000:]
   _assert_identical(_params(workdir)[0], _params(reference)[0])
   if is_remote(workdir):  # The lease was deleted at the stop: nothing to take over.
     assert not (workdir / ".lock").exists() and "Took over the lease" not in resumed.stderr
