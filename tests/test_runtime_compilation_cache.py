@@ -35,7 +35,8 @@ def _compile_one_program(folder, *extra: str) -> subprocess.CompletedProcess:
 
 
 def _entries(folder) -> list[str]:
-  return sorted(name for name in os.listdir(folder) if name.endswith("-cache"))
+  """The cache entries in `folder`, by the name JAX reads them under."""
+  return sorted(name for name in os.listdir(folder) if name.endswith(lru_cache._CACHE_SUFFIX))
 
 
 def test_an_entry_is_written_whole_and_replaces_a_damaged_one(tmp_path):
@@ -95,20 +96,25 @@ class _setting:
 def test_a_writer_killed_before_its_rename_and_a_damaged_entry_cost_one_compile(tmp_path):
   killed = _compile_one_program(tmp_path, "die-before-rename")
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-  assert _entries(tmp_path) == []  # Only its temporary file: nothing a reader could take.
+  # Killed with its first entry written to a temporary file, not renamed: nothing a reader
+  # could take under an entry's name.
+  assert [name for name in os.listdir(tmp_path)
+          if name.endswith(compilation_cache._TEMPORARY_SUFFIX)], os.listdir(tmp_path)
+  assert _entries(tmp_path) == []
 
   first = _compile_one_program(tmp_path)
   assert first.returncode == 0, first.stderr[-2000:]
   assert "compilation cache" not in first.stderr, first.stderr[-2000:]
   [program] = [name for name in _entries(tmp_path) if name.startswith("jit__lambda")]
-  (tmp_path / program).write_bytes((tmp_path / program).read_bytes()[:100])  # Damaged.
+  whole = (tmp_path / program).read_bytes()
+  (tmp_path / program).write_bytes(whole[:100])  # Damaged.
 
   healing = _compile_one_program(tmp_path)  # Warns once (JAX's read), compiles, replaces it.
   assert healing.returncode == 0, healing.stderr[-2000:]
   assert "Error reading persistent compilation cache entry for 'jit__lambda'" in healing.stderr
   assert healing.stdout == first.stdout
+  assert (tmp_path / program).read_bytes() != whole[:100]  # Rewritten (read whole below).
   healed = _compile_one_program(tmp_path)
   assert healed.returncode == 0, healed.stderr[-2000:]
   assert "compilation cache" not in healed.stderr, healed.stderr[-2000:]
   assert healed.stdout == first.stdout
-  assert lru_cache._CACHE_SUFFIX == "-cache"
