@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from flax_transformer import ModelConfig, Transformer
+from flax_transformer import ModelConfig, Transformer, decoding
 from flax_transformer.decoding import bridge, loop, search
 
 DEFAULT_COMMANDS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION"
@@ -70,8 +70,8 @@ def _search(model, variables, inputs, *, beam_size: int, steps: int, k: int | No
                                  min_length=steps, grow_cache=growing)
   options = loop.LoopOptions(steps_per_iteration=k)
   if beam_size == 1:
-    return search.greedy_search(problem, loop_options=options)
-  return search.beam_search(problem, beam_size=beam_size, ranking=search.Ranking(0.6),
+    return decoding.greedy_search(problem, loop_options=options)
+  return decoding.beam_search(problem, beam_size=beam_size, ranking=search.Ranking(0.6),
                             return_all=False, loop_options=options)
 
 

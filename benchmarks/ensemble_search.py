@@ -2,7 +2,7 @@
 
 Random parameters of the small model (V 8000), 32 sentences of 24 source tokens, beam 4, 40
 output tokens forced (EOS forbidden before), `bridge.prepare_search(..., ensemble=True)` and
-`search.beam_search` jitted; fixed and growing self-attention cache. Prints one JSON line per
+`decoding.beam_search` jitted; fixed and growing self-attention cache. Prints one JSON line per
 (M, cache) with the median of --repeats timed calls after a compiling one, and the ratio to
 M = 1. An ensemble's arithmetic is M times the model's, so the ratio should be close to M.
 
@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.decoding import bridge, search
+from flax_transformer import decoding
+from flax_transformer.decoding import bridge
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.transformer import Transformer
 
@@ -40,7 +41,7 @@ def main() -> None:
   def run(params, models: int, grow: bool):
     problem = bridge.prepare_search(model, {"params": params}, inputs, max_decode_len=40,
                                     min_length=39, grow_cache=grow, ensemble=models > 1)
-    return search.beam_search(problem, beam_size=4)
+    return decoding.beam_search(problem, beam_size=4)
 
   for grow in (False, True):
     single = None

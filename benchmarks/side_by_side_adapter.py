@@ -2,7 +2,7 @@
 
 The harness loads this file from the project checkout and uses its two classes; the contract is
 in the harness's README. `OursTrain` is the training job's own jitted step; `OursDecode` runs
-`bridge.prepare_search` and then `search.beam_search` (or `greedy_search`) as the
+`bridge.prepare_search` and then `decoding.beam_search` (or `greedy_search`) as the
 `Translator` does, with 63 decoder steps forced (EOS forbidden before them), alpha 0.6.
 
   python ../shared/bench/side_by_side.py --flax-wmt-dir /tmp/flaxwmt/examples/wmt \
@@ -18,7 +18,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from flax_transformer import ModelConfig, Transformer
+from flax_transformer import ModelConfig, Transformer, decoding
 from flax_transformer.config import TrainConfig
 from flax_transformer.decoding import bridge, search
 from flax_transformer.training import recipe
@@ -77,8 +77,8 @@ def _search(model: Transformer, variables, inputs, *, beam_size: int):
   problem = bridge.prepare_search(model, variables, inputs, max_decode_len=STEPS,
                                  min_length=STEPS, grow_cache=bridge.grows_cache("auto", method))
   if method == "greedy":
-    return search.greedy_search(problem)
-  return search.beam_search(problem, beam_size=beam_size, ranking=search.Ranking(0.6),
+    return decoding.greedy_search(problem)
+  return decoding.beam_search(problem, beam_size=beam_size, ranking=search.Ranking(0.6),
                             return_all=False)
 
 

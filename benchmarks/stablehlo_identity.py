@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer import ModelConfig, Transformer
+from flax_transformer import ModelConfig, Transformer, decoding
 from flax_transformer.config import SearchConfig, TrainConfig
 from flax_transformer.decoding import bridge, search
 from flax_transformer.serving.translator import search_batch
@@ -45,10 +45,10 @@ def programs() -> dict[str, str]:
 
   def beam(variables, inputs):
     problem = bridge.prepare_search(model, variables, inputs, max_decode_len=20, grow_cache=True)
-    return search.beam_search(problem, beam_size=4, ranking=search.Ranking(0.6))
+    return decoding.beam_search(problem, beam_size=4, ranking=search.Ranking(0.6))
 
   def greedy(variables, inputs):
-    return search.greedy_search(bridge.prepare_search(model, variables, inputs,
+    return decoding.greedy_search(bridge.prepare_search(model, variables, inputs,
                                                       max_decode_len=20))
 
   # The Translator's program, as a call without a prefix or constraints runs it.

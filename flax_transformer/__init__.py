@@ -71,11 +71,11 @@ _LAZY = {
     "Transformer": "flax_transformer.model.transformer:Transformer",
     "TranslateConfig": "flax_transformer.config:TranslateConfig",
     "Translator": "flax_transformer.serving.translator:Translator",
-    "beam_search": "flax_transformer.decoding.search:beam_search",
-    "greedy_search": "flax_transformer.decoding.search:greedy_search",
+    "beam_search": "flax_transformer.decoding.beam:beam_search",
+    "greedy_search": "flax_transformer.decoding.sampling:greedy_search",
     "load_config": "flax_transformer.config:load",
     "prepare_search": "flax_transformer.decoding.bridge:prepare_search",
-    "sample": "flax_transformer.decoding.search:sample",
+    "sample": "flax_transformer.decoding.sampling:sample",
 }
 
 # Before anything starts JAX's backends: now if JAX is loaded, else as soon as it is.

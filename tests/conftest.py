@@ -334,15 +334,16 @@ def run_search(problem: Any, method: str, **settings: Any) -> Any:
   """`problem` (a decoding.search.SearchProblem) searched by `method` ("greedy" or "beam"),
   with `settings` named flat as the CLI names them: `min_length` goes to the problem, the
   fields of `Ranking` to the ranking, and the rest (beam_size, return_all) to beam_search."""
+  from flax_transformer import decoding
   from flax_transformer.decoding import search
 
   if "min_length" in settings:
     problem = problem.replace(min_length=settings.pop("min_length"))
   if method == "greedy":
-    return search.greedy_search(problem, **settings)
+    return decoding.greedy_search(problem, **settings)
   names = {field.name for field in search.dataclasses.fields(search.Ranking)}
   ranking = search.Ranking(**{k: settings.pop(k) for k in list(settings) if k in names})
-  return search.beam_search(problem, ranking=ranking, **settings)
+  return decoding.beam_search(problem, ranking=ranking, **settings)
 
 
 # ------------------------------------------------------------------ storage: local and gs://

@@ -14,6 +14,13 @@ import numpy as np
 import pytest
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.decoding import (
+  Ranking,
+  SearchProblem,
+  beam_search,
+  greedy_search,
+  sample,
+)
 from flax_transformer.decoding.bridge import (
   grows_cache,
   make_tokens_to_logits,
@@ -22,13 +29,6 @@ from flax_transformer.decoding.bridge import (
   sequence_log_probs,
 )
 from flax_transformer.decoding.loop import LoopOptions
-from flax_transformer.decoding.search import (
-  Ranking,
-  SearchProblem,
-  beam_search,
-  greedy_search,
-  sample,
-)
 from flax_transformer.scoring import score_translations
 
 VOCAB, EOS, MAX_LEN = 19, 1, 6

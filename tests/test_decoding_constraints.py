@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from test_decoding_search import EOS, PAD, HashToy
 
-from flax_transformer.decoding import constraints, search
-from flax_transformer.decoding.search import Ranking, SearchProblem, beam_search
+from flax_transformer import decoding
+from flax_transformer.decoding import Ranking, SearchProblem, beam_search, constraints
 
 P = 3  # Padded phrase length of the tests.
 
@@ -33,12 +33,22 @@ def _phrase_array(rows, pieces=P, count=None):
 
 
 # ------------------------------------------------------------ the reference, from the definition
+# Whole words in the toy vocabularies: tokens 3 and 5 continue the word before them (like a
+# SentencePiece piece without "▁"); every other token starts one. PAD and EOS end a word.
+CONTINUES = (False, False, False, True, False, True, False, False)
+
+
 def _ends_with(seq, pieces):
   return len(pieces) <= len(seq) and tuple(seq[len(seq) - len(pieces):]) == tuple(pieces)
 
 
-def reference_state(seq, phrases, ordered):
-  """(met phrases, bank) of a hypothesis, replaying its tokens one at a time."""
+def _ends_word(token, cont):
+  return cont is None or token in (PAD, EOS) or not cont[token]
+
+
+def reference_state(seq, phrases, ordered, cont=None):
+  """(met phrases, bank) of a hypothesis, replaying its tokens one at a time: phrase c is met
+  at the token after an occurrence of it when that token ends the word (and c may be met)."""
   met = [False] * len(phrases)
 
   def may_meet():
@@ -47,10 +57,10 @@ def reference_state(seq, phrases, ordered):
 
   for t in range(1, len(seq) + 1):
     for c in may_meet():  # Those that may be met at this step, decided before it.
-      if _ends_with(seq[:t], phrases[c]):
+      if _ends_with(seq[:t - 1], phrases[c]) and _ends_word(seq[t - 1], cont):
         met[c] = True
-  progress = [max([m for m in range(len(phrases[c])) if _ends_with(seq, phrases[c][:m])],
-                  default=0) for c in may_meet()]
+  progress = [max(m for m in range(len(phrases[c]) + 1) if _ends_with(seq, phrases[c][:m]))
+              for c in may_meet()]
   return met, sum(len(p) for p, m in zip(phrases, met, strict=True) if m) + max(progress,
                                                                                 default=0)
 
@@ -59,11 +69,18 @@ def _divisor(n, alpha):
   return ((5.0 + n) / 6.0) ** alpha
 
 
-def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max_tokens=None):
-  """Beam search with vectorized dynamic beam allocation, one hypothesis at a time in float64.
-  Returns [(score, seq)] best first, at most `beams`: hypotheses that hold every phrase first
-  (finished, or cut at L), then by score, finished ones first among equals."""
-  holds = lambda seq: all(reference_state(seq, phrases, ordered)[0])
+def reference_holds(seq, phrases, ordered, cont=None):
+  """Whether a whole output (EOS included, or cut) holds every phrase: its end ends a word."""
+  return all(reference_state((*seq, PAD), phrases, ordered, cont)[0])
+
+
+def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max_tokens=None,
+                  cont=None, stop="bound"):
+  """Vectorized dynamic beam allocation, one hypothesis at a time in float64, with the stop
+  rule of `decoding.constrained_beam` ("bound"; "k_finished" is fairseq's, for the mutation
+  test). Returns [(score, seq)] best first, at most `beams`: hypotheses that hold every phrase
+  first (finished, or cut at L), then by score, finished ones first among equals."""
+  holds = lambda seq: reference_holds(seq, phrases, ordered, cont)
   alive, finished = [((), 0.0)], []
   for step in range(max_len):
     forced = max_tokens is not None and step >= max_tokens
@@ -78,23 +95,21 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
       for score, seq, t in sorted(emittable, key=lambda c: -c[0])[:beams]:  # (a)
         candidates[(seq, t)] = score
       for seq, total in alive:
-        met, _ = reference_state(seq, phrases, ordered)
-        best = max((t for t in range(vocab) if t not in (PAD, EOS)), key=lambda t: rows[seq][t])
+        met, _ = reference_state(seq, phrases, ordered, cont)
+        words = [t for t in range(vocab) if t not in (PAD, EOS)]
+        best = max(words, key=lambda t: rows[seq][t])
         candidates[(seq, best)] = total + rows[seq][best]  # (c)
+        starts = [t for t in words if _ends_word(t, cont)]
         unmet = [c for c in range(len(phrases)) if not met[c]]
         for c in unmet[:1] if ordered else unmet:  # (b)
-          m = max(m for m in range(len(phrases[c])) if _ends_with(seq, phrases[c][:m]))
-          for t in (phrases[c][m], phrases[c][0]):
+          m = max(m for m in range(len(phrases[c]) + 1) if _ends_with(seq, phrases[c][:m]))
+          following = (phrases[c][m] if m < len(phrases[c])
+                       else max(starts, key=lambda t: rows[seq][t]))
+          for t in (following, phrases[c][0]):
             candidates[(seq, t)] = total + rows[seq][t]
-        if all(met):  # (d)
+        if all(reference_state((*seq, EOS), phrases, ordered, cont)[0]):  # (d)
           candidates[(seq, EOS)] = total + rows[seq][EOS]
-    banks = {}
-    for (seq, t) in candidates:
-      if t == EOS:
-        met, _ = reference_state(seq, phrases, ordered)
-        banks[(seq, t)] = sum(len(p) for p, m in zip(phrases, met, strict=True) if m)
-      else:
-        banks[(seq, t)] = reference_state((*seq, t), phrases, ordered)[1]
+    banks = {c: reference_state((*c[0], c[1]), phrases, ordered, cont)[1] for c in candidates}
     ranked = [c for c in sorted(candidates, key=lambda c: -candidates[c])
               if np.isfinite(candidates[c])]
     rank = {c: sum(1 for d in ranked[:ranked.index(c)] if banks[d] == banks[c]) for c in ranked}
@@ -102,9 +117,17 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
     for seq, t in rounds[:beams]:
       if t == EOS:
         finished.append((candidates[(seq, t)] / _divisor(len(seq) + 1, alpha), (*seq, EOS),
-                         holds(seq)))
+                         holds((*seq, EOS))))
     alive = [((*seq, t), candidates[(seq, t)]) for seq, t in rounds if t != EOS][:beams]
-    if len(finished) >= beams and step + 1 < max_len:
+    kept = sorted(finished, key=lambda h: (not h[2], -h[0]))[:beams]
+    if stop == "k_finished":
+      done = len(finished) >= beams and step + 1 < max_len
+    else:  # No alive beam can outrank the K-th of K finished that hold every phrase.
+      n_max = max_len if max_tokens is None else min(max_tokens + 1, max_len)
+      bound = (max(total for _, total in alive)
+               / max(_divisor(step + 2, alpha), _divisor(n_max, alpha))) if alive else -np.inf
+      done = len(kept) == beams and kept[-1][2] and bound <= kept[-1][0]
+    if done:
       alive = []
       break
     if not alive:
@@ -115,12 +138,28 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
   return [(h[4], h[3]) for h in sorted(ranked, key=lambda h: h[:3])][:beams]
 
 
-def _searched(toy, beams, phrases, ordered, alpha=0.6, **limits):
+def reference_constrained(log_probs, vocab, max_len, beams, alpha, phrases, ordered, cont=None,
+                          stop="bound"):
+  """The constrained search's answer: the plain beam search's (the field's rule, an independent
+  reference of its own) where its best holds every phrase (those of its hypotheses that hold
+  them, in order), otherwise dynamic beam allocation's."""
+  from test_decoding_search import field_beam_search
+
+  plain = field_beam_search(log_probs, vocab, max_len, beams, alpha, "gnmt")
+  if plain and reference_holds(plain[0][1], phrases, ordered, cont):
+    return [(score, seq) for score, seq in plain if reference_holds(seq, phrases, ordered, cont)]
+  return reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, cont=cont,
+                       stop=stop)
+
+
+def _searched(toy, beams, phrases, ordered, alpha=0.6, cont=None, **limits):
   @jax.jit
   def run(phrases, limits):
     problem = SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
                             max_decode_len=toy.max_len, eos_id=EOS, constraints=phrases,
-                            ordered_constraints=ordered, **limits)
+                            ordered_constraints=ordered,
+                            word_continues=None if cont is None else jnp.asarray(cont[:toy.vocab]),
+                            **limits)
     return beam_search(problem, beam_size=beams, ranking=Ranking(alpha))
 
   sequences, scores = run(jnp.asarray(_phrase_array(phrases)), limits)
@@ -132,8 +171,11 @@ def _hypotheses(sequences, scores, b):
           for seq, s in zip(sequences[b], scores[b], strict=True) if np.isfinite(s)]
 
 
-def _random_phrases(rng, batch, vocab, counts):
-  return [[tuple(int(t) for t in rng.integers(2, vocab, size=rng.integers(1, P + 1)))
+def _random_phrases(rng, batch, vocab, counts, cont=None):
+  """Random phrases of 1 to P pieces; with `cont`, each starts a word."""
+  starts = [t for t in range(2, vocab) if cont is None or not cont[t]]
+  return [[(int(rng.choice(starts)),
+            *(int(t) for t in rng.integers(2, vocab, size=rng.integers(0, P))))
            for _ in range(count)] for count in counts[:batch]]
 
 
@@ -146,25 +188,91 @@ def _random_phrases(rng, batch, vocab, counts):
 def test_beam_search_equals_the_numpy_reference_of_vectorized_dba(beams, ordered):
   rng = np.random.default_rng(beams + 10 * ordered)
   toy = HashToy(seed=70 + beams, batch=4, max_len=9, vocab=7, eos_logits=0.5)
-  # Sentences with 0 to 3 phrases of 1 to 3 pieces, drawn at random.
-  phrases = _random_phrases(rng, toy.batch, toy.vocab, [2, 0, 3, 1])
-  sequences, scores = _searched(toy, beams, phrases, ordered)
+  # Sentences with 0 to 3 phrases of 1 to 3 pieces (whole words), drawn at random.
+  phrases = _random_phrases(rng, toy.batch, toy.vocab, [2, 0, 3, 1], CONTINUES)
+  sequences, scores = _searched(toy, beams, phrases, ordered, cont=CONTINUES)
   for b in range(toy.batch):
-    expected = reference_dba(functools.partial(toy.log_probs, b), toy.vocab, toy.max_len,
-                             beams, 0.6, phrases[b], ordered)
+    expected = reference_constrained(functools.partial(toy.log_probs, b), toy.vocab,
+                                     toy.max_len, beams, 0.6, phrases[b], ordered, CONTINUES)
     got = _hypotheses(sequences, scores, b)
     assert [seq for _, seq in got] == [seq for _, seq in expected], (b, phrases[b])
     np.testing.assert_allclose([s for s, _ in got], [s for s, _ in expected], rtol=2e-6)
 
 
+def _plain(toy, beams, alpha=0.6):
+  problem = SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
+                          max_decode_len=toy.max_len, eos_id=EOS)
+  sequences, scores = jax.jit(lambda: beam_search(problem, beam_size=beams,
+                                                  ranking=Ranking(alpha)))()
+  return np.asarray(sequences), np.asarray(scores)
+
+
+def _words(seq, cont):
+  """The whole words of a toy output (EOS and padding dropped): [(start, pieces)]."""
+  tokens = [int(t) for t in seq if t not in (PAD, EOS)]
+  words = []
+  for i, t in enumerate(tokens):
+    if cont[t] and words:
+      words[-1] = (words[-1][0], (*words[-1][1], t))
+    else:
+      words.append((i, (t,)))
+  return [w for _, w in words if not cont[w[0]] and len(w) <= P]
+
+
+@pytest.mark.parametrize("beams", [2, 3, 4, 5])
+def test_a_translation_that_holds_its_terms_is_returned_unchanged(beams):
+  """The translator's question: when the plain search's best output already holds every term
+  as whole words, the constrained search returns exactly it, with its score. Terms are words
+  of that output at its first, last and a middle position, one to three of them."""
+  toy = HashToy(seed=200 + beams, batch=6, max_len=10, vocab=8, eos_logits=-2.0)
+  sequences, scores = _plain(toy, beams)
+  rng = np.random.default_rng(beams)
+  cases = []
+  for b in range(toy.batch):
+    words = _words(sequences[b, 0], CONTINUES)
+    where = [0, len(words) - 1, len(words) // 2] if words else []
+    picked = sorted(set(where[:rng.integers(1, 4)]))  # In output order: ordered holds too.
+    cases.append(list(dict.fromkeys(words[i] for i in picked)))
+  assert sum(map(bool, cases)) >= toy.batch // 2, "most sentences get terms"
+  for ordered in (False, True):
+    phrases = cases
+    constrained, constrained_scores = _searched(toy, beams, phrases, ordered, cont=CONTINUES)
+    for b in range(toy.batch):
+      np.testing.assert_array_equal(constrained[b, 0], sequences[b, 0], err_msg=str(phrases[b]))
+      assert constrained_scores[b, 0] == scores[b, 0]
+
+
+def test_the_stop_rule_is_what_the_reference_checks():
+  """Mutation: the reference with fairseq's stop (K finished) disagrees with the search, so the
+  reference tests can fail on the stop rule. Terms: the last word of each sentence's second
+  plain hypothesis (its best does not hold it, so dynamic beam allocation searches)."""
+  toy = HashToy(seed=313, batch=4, max_len=10, vocab=8, eos_logits=-1.0)
+  plain, _ = _plain(toy, 3)
+  phrases = [[(_words(plain[b, 1], CONTINUES) or [(2,)])[-1]] for b in range(toy.batch)]
+  sequences, scores = _searched(toy, 3, phrases, False, cont=CONTINUES)
+  differ = 0
+  for b in range(toy.batch):
+    log_probs = functools.partial(toy.log_probs, b)
+    got = [seq for _, seq in _hypotheses(sequences, scores, b)]
+    right = reference_constrained(log_probs, toy.vocab, toy.max_len, 3, 0.6, phrases[b],
+                                  False, CONTINUES)
+    wrong = reference_constrained(log_probs, toy.vocab, toy.max_len, 3, 0.6, phrases[b],
+                                  False, CONTINUES, stop="k_finished")
+    assert got == [seq for _, seq in right]
+    differ += got != [seq for _, seq in wrong]
+  assert differ >= 1
+
+
 def test_the_reference_is_the_plain_top_k_rule_without_phrases():
-  """Without phrases there is one bank: the reference is the field's rule (test of the test)."""
+  """Without phrases there is one bank: the reference with fairseq's stop is the field's rule
+  (test of the test)."""
   from test_decoding_search import field_beam_search
 
   toy = HashToy(seed=61, batch=2, max_len=7, vocab=6, eos_logits=1.0)
   for b in range(toy.batch):
     log_probs = functools.partial(toy.log_probs, b)
-    assert ([seq for _, seq in reference_dba(log_probs, 6, 7, 3, 0.6, [], False)]
+    assert ([seq for _, seq in reference_dba(log_probs, 6, 7, 3, 0.6, [], False,
+                                             stop="k_finished")]
             == [tuple(seq) for _, seq in field_beam_search(log_probs, 6, 7, 3, 0.6, "gnmt")])
 
 
@@ -257,8 +365,8 @@ def test_forbidden_phrases_never_appear(method):
     if method == "beam":
       return beam_search(problem, beam_size=4, ranking=Ranking(0.6))[0]
     if method == "greedy":
-      return search.greedy_search(problem)[0][:, None]
-    return search.sample(problem, jax.random.key(0))[0][:, None]
+      return decoding.greedy_search(problem)[0][:, None]
+    return decoding.sample(problem, jax.random.key(0))[0][:, None]
 
   before = np.asarray(run(plain))
   # Forbid a bigram each sentence's best output holds, and one token of another.
@@ -283,7 +391,7 @@ def test_forbidden_phrases_keep_the_model_scores():
   forbid = jnp.asarray(_phrase_array([[(2,)], [(3, 4)]]))
   problem = SearchProblem(toy.step, toy.initial_state(), batch_size=2, max_decode_len=6,
                           eos_id=EOS, forbid=forbid)
-  sequences, scores = search.greedy_search(problem)
+  sequences, scores = decoding.greedy_search(problem)
   for b in range(2):
     seq = [int(t) for t in np.asarray(sequences[b]) if t != PAD]
     expected = sum(toy.log_probs(b, seq[:i])[t] for i, t in enumerate(seq))
@@ -299,7 +407,7 @@ def test_constraints_with_one_beam_greedy_or_every_beam_are_refused():
   with pytest.raises(ValueError, match="finish_rule 'top_k'"):
     beam_search(problem, beam_size=2, ranking=Ranking(0.6, finish_rule="every_beam"))
   with pytest.raises(ValueError, match="greedy_search: constraints need beam search"):
-    search.greedy_search(problem)
+    decoding.greedy_search(problem)
   with pytest.raises(ValueError, match="constraints must be int"):
     problem.replace(constraints=jnp.zeros((2, 1, 3), jnp.int32))
 

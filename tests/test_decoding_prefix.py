@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax_transformer import decoding
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.decoding import bridge, search
 from flax_transformer.model.config import ModelConfig
@@ -41,11 +42,11 @@ def _searched(model, method: str, prefix=PREFIX, inputs=INPUTS, **settings):
                                   max_decode_len=L,
                                   target_prefix=None if prefix is None else jnp.asarray(prefix))
   if method == "beam":
-    return search.beam_search(problem, beam_size=settings.get("beam_size", 3))
+    return decoding.beam_search(problem, beam_size=settings.get("beam_size", 3))
   if method == "greedy":
-    sequences, scores = search.greedy_search(problem)
+    sequences, scores = decoding.greedy_search(problem)
   else:
-    sequences, scores = search.sample(problem, jax.random.key(settings.get("seed", 0)),
+    sequences, scores = decoding.sample(problem, jax.random.key(settings.get("seed", 0)),
                                       temperature=1.5)
   return sequences[:, None], scores[:, None]
 
@@ -138,7 +139,7 @@ def test_prefixes_of_any_length_share_one_program(model):
     traces.append(1)
     problem = bridge.prepare_search(module, {"params": params}, jnp.asarray(INPUTS),
                                     max_decode_len=L, target_prefix=prefix)
-    return search.beam_search(problem, beam_size=2)
+    return decoding.beam_search(problem, beam_size=2)
 
   outputs = []
   for shift in range(4):  # Each call a new mix of lengths: 0 .. 5 tokens per row.

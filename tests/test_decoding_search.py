@@ -13,15 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.decoding import loop, search, topk
-from flax_transformer.decoding.loop import LoopOptions
-from flax_transformer.decoding.search import (
+from flax_transformer.decoding import (
   Ranking,
   SearchProblem,
   beam_search,
+  beam_state,
   greedy_search,
+  loop,
   sample,
+  search,
+  topk,
 )
+from flax_transformer.decoding.loop import LoopOptions
 
 EOS = 1
 PAD = 0  # Also BOS.
@@ -748,7 +751,7 @@ def test_blocked_top_k_equals_a_full_sort(vocab, k):
 def test_large_vocabulary_beam_search_equals_the_lax_top_k_version(monkeypatch):
   toy = HashToy(seed=29, batch=2, max_len=5, vocab=1009)
   blocked = _search(toy, beams=4, alpha=0.6)
-  monkeypatch.setattr(search, "_top_k", lambda x, k: jax.lax.top_k(x, k))
+  monkeypatch.setattr(beam_state, "top_k", lambda x, k: jax.lax.top_k(x, k))
   reference = _search(toy, beams=4, alpha=0.6)
   np.testing.assert_array_equal(blocked[0], reference[0])
   np.testing.assert_allclose(blocked[1], reference[1], rtol=1e-6)

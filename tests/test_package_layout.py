@@ -50,7 +50,9 @@ ALLOWED = {
 # Modules that must not import some rooms even where their room may: the search core works on
 # any step function (the bridge, decoding/bridge.py, is where the model plugs in).
 MODULE_LIMITS = {
-    "decoding.search": {"model", "data", "config"},
+    f"decoding.{name}": {"model", "data", "config"}
+    for name in ("search", "beam", "beam_state", "constrained_beam", "sampling", "constraints",
+                 "loop", "topk")
 }
 
 

@@ -61,8 +61,8 @@ def test_every_translation_holds_its_constraints_and_none_of_its_forbidden_phras
                                   strict=True):
       assert met[0], hypotheses  # The best holds them; an n-best entry the cap cut is marked.
       for (text, _), holds in zip(hypotheses, met, strict=True):
-        # The phrase's pieces: its word may go on ("parkwww"), serving.phrases says so.
-        assert holds == (f" {constraints[i][0]}" in f" {text}"), (text, constraints[i])
+        # A whole word: "parkwww" does not hold "park" (the text's own words, split here).
+        assert holds == (constraints[i][0] in text.split()), (text, constraints[i])
         assert all(f" {word} " not in f" {text} " for word in forbid[i]), (text, forbid[i])
   assert sum(batch.unmet for batch in batches) == 0
 

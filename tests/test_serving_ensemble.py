@@ -14,8 +14,7 @@ import pytest
 from flax_transformer import Translator
 from flax_transformer.cli import main as cli_main
 from flax_transformer.conventions import PAD_ID
-from flax_transformer.decoding import bridge
-from flax_transformer.decoding.search import Ranking, SearchProblem, beam_search, greedy_search
+from flax_transformer.decoding import Ranking, SearchProblem, beam_search, bridge, greedy_search
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.transformer import Transformer
 

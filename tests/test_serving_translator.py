@@ -46,9 +46,9 @@ def tokenizer():
   return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram")
 
 
-def copy_search(params, inputs, rng, *, settings, max_decode_len):
+def copy_search(params, inputs, rng, length_penalty, *, settings, max_decode_len):
   """Stands in for beam search: K hypotheses, each the source itself, cut at the length cap."""
-  del params, rng
+  del params, rng, length_penalty
   beam_size = settings.beam_size
   rows, length = inputs.shape
   caps = output_length_caps(inputs, settings.max_len_a, settings.max_len_b)  # before EOS

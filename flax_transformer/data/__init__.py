@@ -36,6 +36,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "train_dataset": "pipeline:train_dataset",
     "train_iterator": "pipeline:train_iterator",
     "train_tokenizer": "tokenizer:train_tokenizer",
+    "words": "words",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

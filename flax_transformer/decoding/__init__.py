@@ -1,9 +1,9 @@
-"""Decoding: `search` (beam search, greedy decoding, sampling over any step function and its
-explicit state; no model imports), `loop` (the while loop's segments and steps per iteration),
-`topk` (the blocked top-k the beam step uses), `constraints` (terminology constraints
-and forbidden phrases as data of static shape) and `bridge` (the Transformer as a search
-problem: encode once, cross-attention K/V once, an empty cache, the length limits). Arrows point
-down: bridge -> model, search; search -> loop, topk, constraints."""
+"""Decoding: the search contract (`search`: `SearchProblem`, `Ranking`), the searches over any
+step function and its explicit state (`beam`, `constrained_beam`, `sampling`; no model imports),
+the beam state and step pieces they share (`beam_state`), the loop machinery (`loop`), the
+blocked top-k (`topk`), terminology constraints and forbidden phrases as data (`constraints`),
+and the Transformer as a search problem (`bridge`). Arrows point down: bridge -> model and the
+searches; beam -> constrained_beam -> beam_state -> search, constraints, loop, topk."""
 
 from flax_transformer.exports import lazy_exports
 
@@ -11,13 +11,17 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "LoopOptions": "loop:LoopOptions",
     "Ranking": "search:Ranking",
     "SearchProblem": "search:SearchProblem",
-    "beam_search": "search:beam_search",
+    "beam": "beam",
+    "beam_search": "beam:beam_search",
+    "beam_state": "beam_state",
     "bridge": "bridge",
+    "constrained_beam": "constrained_beam",
     "constraints": "constraints",
-    "greedy_search": "search:greedy_search",
+    "greedy_search": "sampling:greedy_search",
     "loop": "loop",
     "prepare_search": "bridge:prepare_search",
-    "sample": "search:sample",
+    "sample": "sampling:sample",
+    "sampling": "sampling",
     "search": "search",
     "topk": "topk",
 }

@@ -1,4 +1,4 @@
-"""The bridge between the Transformer and `flax_transformer.decoding.search`.
+"""The bridge between the Transformer and the searches (`decoding.search`'s contract).
 
 `prepare_search` does, once per batch of source ids, what every search needs: it encodes the
 batch, computes every decoder layer's cross-attention keys/values (the search's shared state,
@@ -9,9 +9,9 @@ them as one `SearchProblem`, so callers call the search they want directly:
 
   problem = prepare_search(model, variables, inputs, max_decode_len=64, max_len_a=1.0,
                            max_len_b=50, grow_cache=grows_cache("auto", "beam"))
-  sequences, scores = search.beam_search(problem, beam_size=4, ranking=search.Ranking(0.6))
-  sequences, scores = search.greedy_search(problem)
-  sequences, scores = search.sample(problem, key, temperature=0.8)
+  sequences, scores = beam_search(problem, beam_size=4, ranking=Ranking(0.6))
+  sequences, scores = greedy_search(problem)
+  sequences, scores = sample(problem, key, temperature=0.8)
 
 `sequence_log_probs(model, variables, inputs, targets)` scores given translations by one
 teacher-forced pass (the `score` command), and `hypothesis_alignments` takes the alignment
@@ -140,7 +140,7 @@ def grows_cache(setting: str, method: str, rows: int | None = None) -> bool:
   loading (or compiling) its program takes longer than its search, and the growing cache's
   program, one loop body per segment, takes twice as long to compile and load (BENCHMARKS.md,
   "Issue 32: time to first translation"). On a CPU a beam step is bound by memory traffic, mostly
-  the reorder of the whole cache by parent beam, so a cache grown by `search.growth_schedule`
+  the reorder of the whole cache by parent beam, so a cache grown by `loop.growth_schedule`
   (16, 32, 48, 64, then doubling) makes beam search faster for a longer compile (one loop body
   per segment); greedy decoding and sampling reorder nothing and gain too little for the
   compile time. On a GPU the step is bound by kernel launches rather than bytes, and there the
@@ -159,7 +159,7 @@ def prepare_search(
     max_len_a: float = 0.0, max_len_b: int | None = None, min_length: int = 0,
     grow_cache: bool = False, target_prefix: Array | None = None, ensemble: bool = False,
     constraints: Array | None = None, ordered_constraints: bool = False,
-    forbid: Array | None = None,
+    forbid: Array | None = None, word_continues: Array | None = None,
 ) -> search.SearchProblem:
   """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
   decoder step, an empty self-attention cache of one slot per sentence (K slots in beam
@@ -175,11 +175,11 @@ def prepare_search(
     min_length: fewest tokens before EOS.
     grow_cache: grow the self-attention cache in segments (see `grows_cache`).
     target_prefix: optional int32 [B, P] (P <= max_decode_len): the tokens every hypothesis of
-      a row starts with, zeros after (`search`'s "Target prefix").
+      a row starts with, zeros after (docs, "Decoding": the target prefix).
     ensemble: variables["params"] leaves lead with M models (module docstring, "Ensembles").
     constraints, ordered_constraints, forbid: optional int32 [B, C, P] phrases every hypothesis
-      must contain (in the given order), or must not (`search`'s "Constraints and forbidden
-      phrases").
+      must contain as whole words (in the given order), or must not (`decoding.constraints`).
+    word_continues: optional bool [V], the target pieces that continue the word before them.
   """
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
@@ -200,7 +200,8 @@ def prepare_search(
   return search.SearchProblem(
       tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
       constraints=constraints, ordered_constraints=ordered_constraints, forbid=forbid,
-      batch_size=batch_size, max_decode_len=max_decode_len, eos_id=EOS_ID,
+      word_continues=word_continues, batch_size=batch_size, max_decode_len=max_decode_len,
+      eos_id=EOS_ID,
       bos_id=PAD_ID, shared_state=cross,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
       resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,

@@ -1,44 +1,52 @@
-"""Lexical constraints and forbidden phrases for the searches, as data of static shape.
+"""Terminology constraints and forbidden phrases for the searches, as data of static shape.
 
 Phrases are int32 arrays [B, C, P]: sentence b's phrase c is the nonzero prefix of row [b, c]
 (its target pieces, zeros after them); a row of zeros is no phrase. A sentence with fewer
 phrases than C, or none, pads with zero rows, so sentences with any mix of phrase counts and
-lengths share one program. `beam_search` reads two kinds:
+lengths share one program.
+
+Whole words
+  `word_continues` (bool [V]) marks the pieces that continue the word before them (a
+  SentencePiece piece without the leading "▁" that starts with a letter, digit or mark). A
+  hypothesis holds phrase c where its pieces occur and the token after the last piece does not
+  continue the word (any other piece, EOS, or the end of the output): "nunas" is not held by
+  "nunasek". The first piece of a phrase starts a word (the serving layer refuses a phrase
+  that does not), so an occurrence never starts inside a word. Without `word_continues` every
+  piece starts a word and phrases match as pieces.
 
 Constraints: phrases every hypothesis must contain (vectorized dynamic beam allocation)
-  A hypothesis h (its tokens so far, a target prefix's included) meets phrase c once its last
-  n_c tokens equal the phrase; met phrases stay met. Unordered (the default), any phrase may be
-  met at any time; ordered, phrase c may be met only after phrases 0 .. c-1 are (at an earlier
-  step: the ends of their occurrences strictly increase; occurrences may overlap). Its
-  progress on an unmet phrase that may be met (every unmet one; ordered: the first unmet one)
-  is the longest m < n_c such that h ends with the phrase's first m pieces. Its bank is the
-  number of constraint pieces it has: the lengths of its met phrases plus its largest
-  progress.
+  A hypothesis meets phrase c at the token after an occurrence of the phrase when that token
+  does not continue the word (the occurrence is then "pending" for one step; EOS, or the end
+  of the output, completes it); met phrases stay met. Unordered (the default), any phrase may
+  be met at any time; ordered, phrase c may be met only after phrases 0 .. c-1 are (at an
+  earlier step). Its progress on an unmet phrase that may be met (every unmet one; ordered:
+  the first unmet one) is the longest m <= n_c such that the hypothesis ends with the phrase's
+  first m pieces (m = n_c: pending). Its bank is the number of constraint pieces it has: the
+  lengths of its met phrases plus its largest progress.
 
   Every step, each sentence's candidates are the extensions (beam, token) of its alive beams:
     (a) the K best over all its beams and tokens except EOS (Post & Vilar's k-best);
     (b) for each beam and each phrase it may still meet, the phrase's next piece after its
-        progress and the phrase's first piece;
+        progress (with the phrase pending: the beam's best token that starts a word) and the
+        phrase's first piece;
     (c) each beam's best token except EOS;
-    (d) each beam's EOS, only where every phrase is met (or the length cap forces EOS).
+    (d) each beam's EOS, only where it meets every phrase (or the length cap forces EOS).
   Each candidate is counted once. Candidates fall into banks by the bank of the hypothesis
   they make; within a bank they rank by score. The step then takes them in rounds (Hu et al.'s
   vectorized DBA, fairseq's `LexicallyConstrainedBeamSearch`): the best of the highest bank,
   the best of the next bank, ..., the best of bank 0, then the second best of each bank from
   the highest, and so on (`bank_order`), so hypotheses that make progress are not crowded
-  out, and a bank without enough candidates leaves its places to the others. EOS candidates
-  among the first K so taken finish their hypotheses; the first K others stay alive. Without
-  phrases there is one bank and this is the plain "top_k" rule, so a sentence without
-  constraints searches as it would alone.
+  out. EOS candidates among the first K so taken finish their hypotheses; the first K others
+  stay alive. `decoding.constrained_beam` says when the search stops and how its answer relates
+  to plain beam search's.
 
-Forbidden phrases: phrases no hypothesis may contain (CTranslate2's `suppress_sequences`)
-  Where a hypothesis ends with the first n - 1 pieces of a forbidden phrase of n pieces, its
-  last piece gets log-probability -inf at that step (every search: beam, greedy, sampling).
-  A target prefix is taken as given.
-
-Phrases match pieces, not words: a phrase is tokenized as it would appear inside a sentence,
-and another form of it (inflected, capitalized at the sentence start, tokenized otherwise)
-does not match.
+Forbidden phrases: phrases no hypothesis may contain as whole words
+  Where a hypothesis ends with every piece of a forbidden phrase, every token that would end
+  the word there (EOS included) gets log-probability -inf, so the word must go on ("regeno" is
+  forbidden, "regenos" is not). Where the next position is the last free one (the length cap
+  or L comes next), the phrase's last piece is banned instead, so no hypothesis is left without
+  a legal token. Without `word_continues`, the last piece is always banned (CTranslate2's
+  `suppress_sequences`). A target prefix is taken as given.
 """
 
 from __future__ import annotations
@@ -89,16 +97,38 @@ def match_lengths(window: Array, phrases: Array) -> Array:
   return matched & (m[:, 0] <= jnp.minimum(lengths[..., None], width))
 
 
-def ban_forbidden(logits: Array, history: Array, forbid: Array) -> Array:
-  """logits float32 [R, V] with -inf at the last piece of every forbidden phrase whose other
-  pieces end the row's history. history int32 [R, P - 1] (`tail`), forbid int32 [R, F, P]."""
+def ban_forbidden(logits: Array, history: Array, forbid: Array, word_continues: Array | None,
+                  last_free: Array, forced: Array) -> Array:
+  """logits float32 [R, V] with -inf where a token would complete a forbidden phrase as a
+  whole word (module docstring).
+
+  Args:
+    history: int32 [R, P], each row's last P tokens (`tail`). forbid: int32 [R, F, P].
+    word_continues: bool [V] or None. last_free: bool [R], the row's next token is its last
+      free one. forced: bool [R], the length cap forces EOS now (nothing is banned).
+  """
   lengths = phrase_lengths(forbid)  # [R, F]
   matched = match_lengths(history, forbid)  # [R, F, P]
-  before_last = jnp.take_along_axis(matched, jnp.clip(lengths - 2, 0)[..., None], axis=-1)[..., 0]
-  banned = (lengths == 1) | ((lengths >= 2) & before_last)  # [R, F]
+  at = lambda m: jnp.take_along_axis(matched, jnp.clip(m, 0)[..., None], axis=-1)[..., 0]
+  before_last = (lengths == 1) | ((lengths >= 2) & at(lengths - 2))  # [R, F]
+  if word_continues is not None:
+    before_last &= last_free[:, None]
   last = jnp.take_along_axis(forbid, jnp.clip(lengths - 1, 0)[..., None], axis=-1)[..., 0]
   rows = jnp.broadcast_to(jnp.arange(logits.shape[0])[:, None], last.shape)
-  return logits.at[rows, last].add(jnp.where(banned, -jnp.inf, 0.0))
+  banned = jnp.where(before_last & (lengths > 0) & ~forced[:, None], -jnp.inf, 0.0)
+  logits = logits.at[rows, last].add(banned)
+  if word_continues is None:
+    return logits
+  pending = jnp.any(at(lengths - 1) & (lengths > 0), axis=-1) & ~forced  # [R]
+  return jnp.where(pending[:, None] & ~word_continues[None, :], -jnp.inf, logits)
+
+
+def word_boundary(tokens: Array, word_continues: Array | None) -> Array:
+  """bool [...]: whether each token ends the word before it (it does not continue it); the
+  output padding ends one too."""
+  if word_continues is None:
+    return jnp.ones(tokens.shape, bool)
+  return ~word_continues[tokens] | (tokens == PAD_ID)
 
 
 def first_unmet(met: Array, lengths: Array) -> Array:
@@ -114,20 +144,21 @@ def may_meet(met: Array, lengths: Array, ordered: bool) -> Array:
 
 
 def progress(matched: Array, lengths: Array) -> Array:
-  """int32 [..., C]: the longest m < n_c whose first m pieces end the window (`match_lengths`
-  [..., C, P]), 0 if none."""
+  """int32 [..., C]: the longest m <= n_c whose first m pieces end the window (`match_lengths`
+  [..., C, P]), 0 if none; m = n_c: the phrase is pending (module docstring)."""
   m = jnp.arange(1, matched.shape[-1] + 1)
-  return jnp.max(jnp.where(matched & (m < lengths[..., None]), m, 0), axis=-1)
+  return jnp.max(jnp.where(matched & (m <= lengths[..., None]), m, 0), axis=-1)
 
 
-def advancing_tokens(window: Array, phrases: Array, met: Array, ordered: bool
-                     ) -> tuple[Array, Array]:
+def advancing_tokens(window: Array, phrases: Array, met: Array, ordered: bool,
+                     word_start: Array) -> tuple[Array, Array]:
   """Candidate source (b): for every hypothesis and every phrase it may still meet, the piece
-  after its progress and the phrase's first piece.
+  after its progress (a pending phrase: `word_start`, the hypothesis's best token that starts
+  a word) and the phrase's first piece.
 
   Args:
     window: int32 [B, K, P], each hypothesis's last P tokens. phrases: int32 [B, C, P].
-    met: bool [B, K, C].
+    met: bool [B, K, C]. word_start: int32 [B, K].
   Returns:
     (tokens int32 [B, K, 2C], which exist bool [B, K, 2C]); a token repeated within a
     hypothesis's list exists once (its first time).
@@ -135,8 +166,9 @@ def advancing_tokens(window: Array, phrases: Array, met: Array, ordered: bool
   lengths = phrase_lengths(phrases)[:, None]  # [B, 1, C]
   now = progress(match_lengths(window, phrases[:, None]), lengths)  # [B, K, C]
   following = jnp.take_along_axis(
-      jnp.broadcast_to(phrases[:, None], (*met.shape, phrases.shape[-1])), now[..., None],
-      axis=-1)[..., 0]  # [B, K, C]
+      jnp.broadcast_to(phrases[:, None], (*met.shape, phrases.shape[-1])),
+      jnp.clip(now, 0, phrases.shape[-1] - 1)[..., None], axis=-1)[..., 0]  # [B, K, C]
+  following = jnp.where(now == lengths, word_start[..., None], following)
   first = jnp.broadcast_to(phrases[:, None, :, 0], met.shape)  # [B, K, C]
   tokens = jnp.concatenate([following, first], axis=-1)  # [B, K, 2C]
   exists = jnp.tile(may_meet(met, lengths, ordered), 2)
@@ -150,23 +182,46 @@ def _repeated(tokens: Array, exists: Array) -> Array:
   return jnp.any(same & (jnp.arange(n)[None, :] < jnp.arange(n)[:, None]), axis=-1)
 
 
-def advance(window: Array, phrases: Array, met: Array, ordered: bool) -> tuple[Array, Array]:
+def advance(window: Array, phrases: Array, met: Array, ordered: bool,
+            word_continues: Array | None) -> tuple[Array, Array]:
   """The constraint state of the hypotheses that candidates make.
 
   Args:
-    window: int32 [B, N, P], each candidate hypothesis's last P tokens (its new token last).
-    phrases: int32 [B, C, P]. met: bool [B, N, C], the parent hypothesis's met phrases.
+    window: int32 [B, N, P + 1], each candidate hypothesis's last P + 1 tokens (its new token
+      last). phrases: int32 [B, C, P]. met: bool [B, N, C], the parent hypothesis's met phrases.
+    word_continues: bool [V] or None (module docstring, "Whole words").
   Returns:
     (met bool [B, N, C], bank int32 [B, N]) of the new hypotheses (module docstring).
   """
   lengths = phrase_lengths(phrases)[:, None]  # [B, 1, C]
-  matched = match_lengths(window, phrases[:, None])  # [B, N, C, P]
-  complete = jnp.take_along_axis(matched, jnp.clip(lengths - 1, 0)[..., None],
+  before = match_lengths(window[..., :-1], phrases[:, None])  # [B, N, C, P]
+  complete = jnp.take_along_axis(before, jnp.clip(lengths - 1, 0)[..., None],
                                  axis=-1)[..., 0] & (lengths > 0)  # [B, N, C]
-  met = met | (complete & may_meet(met, lengths, ordered))
+  ends_word = word_boundary(window[..., -1], word_continues)[..., None]  # [B, N, 1]
+  met = met | (complete & ends_word & may_meet(met, lengths, ordered))
   pieces_met = jnp.sum(jnp.where(met, lengths, 0), axis=-1)
+  matched = match_lengths(window[..., 1:], phrases[:, None])  # [B, N, C, P]
   partial = jnp.where(may_meet(met, lengths, ordered), progress(matched, lengths), 0)
   return met, pieces_met + jnp.max(partial, axis=-1, initial=0)
+
+
+def holds_every_phrase(sequences: Array, phrases: Array, ordered: bool,
+                       word_continues: Array | None) -> Array:
+  """bool [B, N]: whether each output sequences int32 [B, N, L] (EOS and padding may follow)
+  holds every phrase [B, C, P] as whole words (in the given order when `ordered`), replaying
+  `advance` token by token; the end of the output ends a word."""
+  batch, count, length = sequences.shape
+  width = phrases.shape[-1]
+  padded = jnp.concatenate([jnp.zeros((batch, count, width), jnp.int32), sequences,
+                            jnp.zeros((batch, count, 1), jnp.int32)], axis=-1)
+
+  def replay(t: Array, met: Array) -> Array:  # Token t of the output has just been emitted.
+    window = lax.dynamic_slice_in_dim(padded, t, width + 1, axis=-1)  # [B, N, P + 1]
+    return advance(window, phrases, met, ordered, word_continues)[0]
+
+  met = lax.fori_loop(0, length + 1, replay,
+                      jnp.zeros((batch, count, phrases.shape[1]), bool))
+  return all_met(met, phrases)
 
 
 def all_met(met: Array, phrases: Array) -> Array:
@@ -198,20 +253,27 @@ def bank_order(scores: Array, banks: Array, banks_count: int) -> Array:
   return jnp.where(exists, rank * banks_count + (banks_count - 1 - banks), NEVER)
 
 
-def satisfied(tokens: Sequence[int], phrases: Sequence[Sequence[int]], ordered: bool) -> bool:
-  """Whether an output's tokens (EOS and padding may follow) meet every phrase, as the module
-  docstring defines it. On the host, for marking the outputs the length cap cut short."""
+def satisfied(tokens: Sequence[int], phrases: Sequence[Sequence[int]], ordered: bool,
+              word_continues: Sequence[bool] | None = None) -> bool:
+  """Whether an output's tokens (EOS and padding may follow) hold every phrase as whole words
+  (module docstring), on the host: an occurrence counts where the token after it does not
+  continue the word, or where the output ends; ordered, the occurrences' ends strictly
+  increase."""
   tokens = list(tokens)
+  ends_word = lambda i: (i == len(tokens) or tokens[i] == PAD_ID or word_continues is None
+                         or not word_continues[tokens[i]])
   end = 0  # Ordered: the next phrase's occurrence must end after this position.
   for phrase in (list(p) for p in phrases if len(p)):
     ends = [i + len(phrase) for i in range(len(tokens) - len(phrase) + 1)
-            if tokens[i:i + len(phrase)] == phrase and (not ordered or i + len(phrase) > end)]
+            if tokens[i:i + len(phrase)] == phrase and ends_word(i + len(phrase))
+            and (not ordered or i + len(phrase) > end)]
     if not ends:
       return False
-    end = ends[0]
+    if ordered:
+      end = ends[0]
   return True
 
 
 __all__ = ["NEVER", "advance", "advancing_tokens", "all_met", "ban_forbidden", "bank_order",
-           "first_unmet", "match_lengths", "may_meet", "num_banks", "phrase_lengths",
-           "progress", "satisfied", "tail"]
+           "first_unmet", "holds_every_phrase", "match_lengths", "may_meet", "num_banks",
+           "phrase_lengths", "progress", "satisfied", "tail", "word_boundary"]

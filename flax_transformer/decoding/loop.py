@@ -1,6 +1,6 @@
 """The loop machinery the searches share: segments of a growing state, and steps per loop
-iteration. `flax_transformer.decoding.search` describes both ("Growing state", "Steps per loop
-iteration"); this module runs them, for any loop state with a `step` field.
+iteration. The docs' design page describes both (its "Decoding" section); this module runs
+them, for any loop state with a `step` field.
 """
 
 from __future__ import annotations

@@ -203,6 +203,7 @@ def check_phrase_files(opened: Workdir, settings: TranslateConfig, input: str, *
   `serving.phrases.phrase_ids` wants it (one `InputError` line naming the file and line)."""
   if constraints is None and forbid is None:
     return
+  from flax_transformer.data import words
   from flax_transformer.serving import phrases
   from flax_transformer.serving.translator import decode_length, source_ids
 
@@ -215,6 +216,7 @@ def check_phrase_files(opened: Workdir, settings: TranslateConfig, input: str, *
   read = {name: files.read_lines(path) for name, path in given.items()}
   files.check_line_aligned({input: len(sources), **{given[n]: len(r) for n, r in read.items()}})
   tokenizer, max_len = opened.tokenizer, opened.model_config.max_len
+  word_continues = words.continuation_mask(tokenizer)
   parsed, ids = {}, {}
   for name, lines in read.items():
     parsed[name] = [phrases.parse_line(line, f"{given[name]}, line {i + 1}")
@@ -225,11 +227,11 @@ def check_phrase_files(opened: Workdir, settings: TranslateConfig, input: str, *
         name, parsed[name], tokenize=tokenizer.tokenize_target, search=settings.search,
         output_room=lambda i, lengths=lengths: (
             decode_length(settings.search, lengths[i], max_len) - 1 if i in lengths else None),
-        where=f"{given[name]}, line")
+        where=f"{given[name]}, line", word_continues=word_continues)
   if len(ids) == 2:
     phrases.check_conflicts(ids["constraints"], ids["forbid"],
                             (parsed["constraints"], parsed["forbid"]),
-                            where=f"{constraints}, line")
+                            where=f"{constraints}, line", word_continues=word_continues)
 
 
 def _warm(task: bulk.ChunkTask, warmup: bool) -> bulk.ChunkTask:

@@ -6,12 +6,13 @@ A phrases file has one line per input line: the phrases of that line separated b
 fairseq's `--constraints` reads them, or a JSON list of strings (a line that starts with `[`);
 an empty line means none. Each phrase is tokenized as the target side would be inside a
 sentence (`TextTokenizer.tokenize_target`): SentencePiece cuts a word after a space, and at
-the sentence start, the same way, so "Schutzhelm" matches there too; another form of it
-(inflected, capitalized at the sentence start, cut otherwise) is other pieces and does not
-match. The search works on pieces (`decoding.constraints`): a phrase is met where its pieces
-appear, so a word that goes on after them ("Schutzhelme" after the pieces of "Schutzhelm")
-meets it too, and a phrase is forbidden as those pieces (the same word spelled in other
-pieces is not).
+the sentence start, the same way, so "Schutzhelm" matches there too. A phrase is met, or
+forbidden, only as whole words (`data.words`, `decoding.constraints`): its first piece starts
+a word, and the piece after its last one does not continue that word, so "Schutzhelm" is not
+met by "Schutzhelme" nor inside the compound "Fahrradschutzhelm", and forbidding "Helm" does
+not forbid "Helme". Another form of it (inflected, capitalized at the sentence start) is
+another word and does not match; "Haus." and "Haus-Tür" hold the word "Haus". What a
+translation reports as met is read from its text (`data.words.holds_words`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from flax_transformer.config import SearchConfig
-from flax_transformer.data import UNK_ID
+from flax_transformer.data import UNK_ID, words
 from flax_transformer.errors import InputError
 
 KINDS = ("constraints", "forbid")
@@ -76,10 +79,13 @@ def check_search(search: SearchConfig) -> None:
 
 def phrase_ids(kind: str, phrases: Sequence[Sequence[str]], *, tokenize: Callable[[str], list[int]],
                search: SearchConfig, output_room: Callable[[int], int | None],
-               first_line: int = 1, where: str | None = None) -> PhraseIds | None:
+               first_line: int = 1, where: str | None = None,
+               word_continues: np.ndarray | None = None) -> PhraseIds | None:
   """The target pieces of `phrases` (one list of strings per sentence), checked: one
   `InputError` line naming the line, the phrase and the config key for a phrase without
-  pieces or with characters the vocabulary cannot spell, too many phrases
+  pieces, without a word (only punctuation), whose first piece does not start a word
+  (`word_continues` bool [V]: it would only ever match inside another word), with characters
+  the vocabulary cannot spell, too many phrases
   (config.search.max_constraints), a phrase too long (config.search.max_constraint_pieces)
   or, for constraints, longer than its sentence's output may be (`output_room(i)`: the most
   tokens before EOS of sentence i, None for a blank one).
@@ -103,6 +109,13 @@ def phrase_ids(kind: str, phrases: Sequence[Sequence[str]], *, tokenize: Callabl
       pieces = tokenize(phrase) if phrase.strip() else []
       if not pieces:
         raise InputError(f"{line}: the phrase {phrase!r} has no target pieces.")
+      if not words.split_words(phrase):
+        raise InputError(f"{line}: the phrase {phrase!r} has no word (letters or digits) to "
+                         "match as a whole word.")
+      if word_continues is not None and word_continues[pieces[0]]:
+        raise InputError(f"{line}: the phrase {phrase!r} does not start a word in the target "
+                         "vocabulary (its first piece continues a word), so it could never "
+                         "be met as a whole word.")
       if UNK_ID in pieces:
         raise InputError(f"{line}: the phrase {phrase!r} has characters the target vocabulary "
                          "cannot spell (they would be its unknown piece).")
@@ -125,15 +138,21 @@ def phrase_ids(kind: str, phrases: Sequence[Sequence[str]], *, tokenize: Callabl
 
 def check_conflicts(constraints: PhraseIds | None, forbid: PhraseIds | None,
                     texts: tuple[Sequence[Sequence[str]], Sequence[Sequence[str]]],
-                    first_line: int = 1, where: str = "line") -> None:
-  """One `InputError` line where a constraint holds a forbidden phrase's pieces (no output
-  could have both). `texts`: the (constraints, forbid) strings, for the message."""
+                    first_line: int = 1, where: str = "line",
+                    word_continues: np.ndarray | None = None) -> None:
+  """One `InputError` line where a constraint holds a forbidden phrase as whole words (no
+  output could have both; `word_continues` bool [V], None: as pieces). `texts`: the
+  (constraints, forbid) strings, for the message."""
   if constraints is None or forbid is None:
     return
+  starts = lambda pieces, j: word_continues is None or not word_continues[pieces[j]]
   for i, (wanted, banned) in enumerate(zip(constraints.ids, forbid.ids, strict=True)):
     for c, pieces in enumerate(wanted):
       for f, phrase in enumerate(banned):
-        if any(pieces[j:j + len(phrase)] == phrase for j in range(len(pieces))):
+        end = lambda j: j + len(phrase)  # noqa: B023 (used at once)
+        if any(pieces[j:end(j)] == phrase and starts(pieces, j)
+               and (end(j) == len(pieces) or starts(pieces, end(j)))
+               for j in range(len(pieces) - len(phrase) + 1)):
           raise InputError(f"{where} {first_line + i}: the constraint {texts[0][i][c]!r} holds "
                            f"the forbidden phrase {texts[1][i][f]!r}.")
 

@@ -49,9 +49,9 @@ from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import ModelConfig, SearchConfig, TranslateConfig
 from flax_transformer.data import alignments as alignments_lib
+from flax_transformer.data import words
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, TextTokenizer
-from flax_transformer.decoding import bridge, search
-from flax_transformer.decoding import constraints as search_constraints
+from flax_transformer.decoding import beam, bridge, sampling, search
 from flax_transformer.errors import InputError
 from flax_transformer.model import precision
 from flax_transformer.model.transformer import Transformer
@@ -71,8 +71,9 @@ Array = jax.Array
 
 
 def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
-                 target_prefix: Array | None = None, constraints: Array | None = None,
-                 forbid: Array | None = None, *, settings: SearchConfig,
+                 length_penalty: Array | None = None, target_prefix: Array | None = None,
+                 constraints: Array | None = None, forbid: Array | None = None,
+                 word_continues: Array | None = None, *, settings: SearchConfig,
                  max_decode_len: int, align: int = 0, ensemble: bool = False
                  ) -> tuple[Array, ...]:
   """Searches translations of one batch: inputs int32 [B, S] -> (sequences int32 [B, K, L],
@@ -80,9 +81,12 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
 
   Jit it with `settings`, `max_decode_len`, `align` and `ensemble` static. Scores: beam
   search's are length-normalized log-probabilities, the others' summed log-probabilities.
+  `length_penalty`: float32 [], beam search's alpha as data, so one program serves every
+  alpha (None: `settings.length_penalty`, a constant of the program).
   `target_prefix`: int32 [B, P <= L], every hypothesis's first tokens (zeros after; None: no
-  prefix). `constraints`, `forbid`: int32 [B, C, P], phrases every hypothesis must contain
-  (`settings.constraint_order`), or must not (`decoding.constraints`; None: none).
+  prefix). `constraints`, `forbid`: int32 [B, C, P], phrases every hypothesis must contain as
+  whole words (`settings.constraint_order`), or must not (`decoding.constraints`; None: none),
+  with `word_continues` bool [V] (`data.words.continuation_mask`) saying what a word is.
   `align` > 0 adds the alignment layer's cross-attention of the `align` best
   hypotheses, f32 [B, align, L, S], from one teacher-forced pass in this program.
   `ensemble`: the params' leaves lead with the models' axis (`decoding.bridge`).
@@ -91,20 +95,20 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
       max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
       min_length=settings.min_length, target_prefix=target_prefix, ensemble=ensemble,
-      constraints=constraints, forbid=forbid,
+      constraints=constraints, forbid=forbid, word_continues=word_continues,
       ordered_constraints=settings.constraint_order == "ordered",
       grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)))
   if settings.method == "beam":
-    ranking = search.Ranking(settings.length_penalty, settings.length_normalization,
-                             settings.finish_rule)
-    sequences, scores = search.beam_search(problem, beam_size=settings.beam_size,
-                                           ranking=ranking)
+    alpha = settings.length_penalty if length_penalty is None else length_penalty
+    ranking = search.Ranking(alpha, settings.length_normalization, settings.finish_rule)
+    sequences, scores = beam.beam_search(problem, beam_size=settings.beam_size,
+                                         ranking=ranking)
   elif settings.method == "greedy":
-    sequences, scores = search.greedy_search(problem)
+    sequences, scores = sampling.greedy_search(problem)
     sequences, scores = sequences[:, None], scores[:, None]
   else:
-    sequences, scores = search.sample(problem, rng, temperature=settings.temperature,
-                                      top_k=settings.top_k, top_p=settings.top_p)
+    sequences, scores = sampling.sample(problem, rng, temperature=settings.temperature,
+                                        top_k=settings.top_k, top_p=settings.top_p)
     sequences, scores = sequences[:, None], scores[:, None]
   if not align:
     return sequences, scores
@@ -182,13 +186,13 @@ class Translated:
   """One step's translations: the n best (text, score) of each sentence searched."""
 
   indices: np.ndarray  # int [n]: positions in the input list
-  hypotheses: list[list[tuple[str, float]]]  # [n][n-best], best first
+  hypotheses: list[list[tuple[str, float]]]  # [n][n-best], best first; fewer where no more exist
   target_tokens: int  # tokens of the best hypotheses, EOS included
   truncated: int  # sentences of this step cut to the model's max_len
   # [n][n-best] word alignments (source word, target word) of each hypothesis, when asked for.
   alignments: list[list[alignments_lib.Pairs]] | None = None
-  # [n][n-best] whether each hypothesis contains every constraint of its sentence (False: the
-  # length cap ended it first), when constraints were given.
+  # [n][n-best] whether each hypothesis's text holds every constraint of its sentence as whole
+  # words (`data.words.holds_words`; False: the length cap ended it first), when given.
   constraints_met: list[list[bool]] | None = None
 
   @property
@@ -224,10 +228,12 @@ class Translator:
       several processes, every process passes the same sentences. None: one device.
     ensemble: `params` are M models' parameters stacked on a leading axis, searched, scored and
       aligned together (`from_checkpoints`; fairseq's rule, `decoding.bridge`).
-    search_fn, score_fn: the batched search `(params, inputs [B, S], rng, *, settings,
-      max_decode_len)` -> (sequences [B, K, L], scores [B, K]) (called with a target prefix
-      [B, L], constraints and forbidden phrases [B, C, P] after rng, None where absent and the
-      trailing absent ones left out, and with `align=n`, only for calls that use them) and
+    search_fn, score_fn: the batched search `(params, inputs [B, S], rng, length_penalty, *,
+      settings, max_decode_len)` -> (sequences [B, K, L], scores [B, K]) (`search_batch`:
+      called with a target prefix [B, L], constraints and forbidden phrases [B, C, P] and the
+      word mask [V] after length_penalty, None where absent and the trailing absent ones left
+      out, and with `align=n`, only for calls that use them; `settings.length_penalty` is 0,
+      the real one is `length_penalty`) and
       scoring (params, inputs, targets) -> log p [B]; default: `search_batch` and
       `score_batch` of the model, jitted once per model config and mesh, the search's programs
       exported to the persistent compilation cache's folder so that a new process does not
@@ -273,6 +279,11 @@ class Translator:
   def model(self) -> Transformer:
     """The Flax module of `model_config`."""
     return Transformer(self.model_config)
+
+  @functools.cached_property
+  def word_continues(self) -> np.ndarray:
+    """bool [V]: the target pieces that continue the word before them (`data.words`)."""
+    return words.continuation_mask(self.tokenizer)
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike | workdir_lib.Workdir,
@@ -420,7 +431,8 @@ class Translator:
                                                    first_index)
                                   for kind, given in (("constraints", constraints),
                                                       ("forbid", forbid)))
-    phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1)
+    phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1,
+                            word_continues=self.word_continues)
     real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
     batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
                            self.model_config.max_len)
@@ -434,21 +446,23 @@ class Translator:
     for step, outputs in self._pipelined(steps, call):
       rows = step.row_positions()
       sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
+      # The search's -inf slots hold no hypothesis: a sentence gets fewer than n of them.
+      found = [max(1, int(np.sum(np.isfinite(row_scores[:take])))) for row_scores in scores]
       hypotheses = [[(self.tokenizer.detokenize(row[k]), float(row_scores[k]))
-                     for k in range(take)]
-                    for row, row_scores in zip(sequences, scores, strict=True)]
+                     for k in range(count)]
+                    for row, row_scores, count in zip(sequences, scores, found, strict=True)]
       aligned = None
       if alignments:
         aligned = [[self._word_alignment(sentences[i], token_ids[i], hypothesis[k][0],
                                          row[k], attention[k])
-                    for k in range(take)]
+                    for k in range(len(hypothesis))]
                    for i, hypothesis, row, attention in zip(
                        step.indices, hypotheses, sequences, outputs[2][rows], strict=True)]
       met = None
-      if constraint_ids is not None:
+      if constraint_ids is not None:  # What the user reads: the words of each text.
         ordered = options.search.constraint_order == "ordered"
-        met = [[search_constraints.satisfied(row[k], constraint_ids.ids[i], ordered)
-                for k in range(take)] for i, row in zip(step.indices, sequences, strict=True)]
+        met = [[words.holds_words(text, constraints[i], ordered) for text, _ in hypothesis]
+               for i, hypothesis in zip(step.indices, hypotheses, strict=True)]
       yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
                        int(cut[step.indices].sum()), aligned, met)
 
@@ -488,7 +502,7 @@ class Translator:
                                     self.model_config.max_len) - 1 if token_ids[i] else None)
     return phrases.phrase_ids(kind, given, tokenize=self.tokenizer.tokenize_target,
                               search=search_settings, output_room=room,
-                              first_line=first_index + 1)
+                              first_line=first_index + 1, word_continues=self.word_continues)
 
   def _word_alignment(self, source: str, source_ids: Sequence[int], text: str,
                       output_ids: np.ndarray, attention: np.ndarray) -> alignments_lib.Pairs:
@@ -591,13 +605,18 @@ class Translator:
     optional = [prefix] + [None if given is None else self._place(
         fill_phrases(step, given.ids, given.count, given.pieces))
         for given in (constraint_ids, forbid_ids)]
+    if constraint_ids is not None or forbid_ids is not None:
+      optional.append(self._replicate(self.word_continues))
     while optional and optional[-1] is None:
       optional.pop()
-    shape = (self.search_fn, options.search, len(inputs), step.length, decode_len,
+    # The length penalty is data: one program per shape serves every alpha.
+    length_penalty = self._replicate(np.float32(options.search.length_penalty))
+    settings = options.search.replace(length_penalty=0.0)
+    shape = (self.search_fn, settings, len(inputs), step.length, decode_len,
              tuple(None if x is None else x.shape for x in optional), align)
     start = time.perf_counter()
-    outputs = self.search_fn(params, self._place(inputs), rng, *optional,
-                             settings=options.search, max_decode_len=decode_len,
+    outputs = self.search_fn(params, self._place(inputs), rng, length_penalty, *optional,
+                             settings=settings, max_decode_len=decode_len,
                              **({"align": align} if align else {}))
     if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
       _SEEN_SHAPES.add(shape)
@@ -652,6 +671,14 @@ class Translator:
       return jnp.asarray(array)
     rows = sharding.batch_sharding(self.mesh)
     return jax.make_array_from_callback(array.shape, rows, lambda index: array[index])
+
+  def _replicate(self, array: np.ndarray) -> Array:
+    """The array on the device, or whole on every device of the mesh."""
+    array = np.asarray(array)
+    if self.mesh is None:
+      return jnp.asarray(array)
+    return jax.make_array_from_callback(array.shape, sharding.replicated(self.mesh),
+                                        lambda index: array[index])
 
 
 class TranslatedLines(NamedTuple):
