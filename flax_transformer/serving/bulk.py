@@ -297,12 +297,14 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
                     start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   lines = truncated = unmet = 0
-  for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
-    output = _checked_output(task(chunk * job.chunk_lines, records, advance), len(job.outputs))
-    for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
-      atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
-    lines, truncated = lines + len(records), truncated + output.truncated
-    unmet += output.unmet
+  with bar:
+    for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
+      output = _checked_output(task(chunk * job.chunk_lines, records, advance),
+                               len(job.outputs))
+      for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
+        atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
+      lines, truncated = lines + len(records), truncated + output.truncated
+      unmet += output.unmet
   bar.close(task.verb)
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
@@ -488,9 +490,11 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   first_line = 0
   with contextlib.ExitStack() as stack:
+    stack.enter_context(bar)
     writers = [stack.enter_context(files.AtomicWriter(path)) for path in (output, *extra_outputs)]
     for records in chunks:
       done = _checked_output(task(first_line, records, advance), len(writers))
+      bar.clear()  # On a terminal, stdout's lines must not land on the progress line.
       for writer, text in zip(writers, done.texts, strict=True):
         writer.write(text)
         writer.flush()
