@@ -265,6 +265,16 @@ def previous_step(output: str) -> int | None:
   return ((read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}).get("step")
 
 
+def kept_chunks(output: str) -> tuple[int, int] | None:
+  """(chunks done, chunks in all) of the partial run of `output` in OUT.partial, or None when
+  there is none: what a rerun of the same command keeps."""
+  manifest = read_manifest(partial_dir(output))
+  if manifest is None:
+    return None
+  job = FileJob((), output, manifest["chunk_lines"], manifest["lines"], manifest)
+  return sum(job.chunk_path(c).exists() for c in range(job.num_chunks)), job.num_chunks
+
+
 def params_fingerprint(params: Any) -> str:
   """SHA-256 of every parameter's path, dtype, shape and bytes."""
   import jax
