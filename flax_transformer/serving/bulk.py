@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from flax_transformer import files
 from flax_transformer.errors import Error, InputError, MissingFileError
 from flax_transformer.files import Path, atomic_write, to_path
-from flax_transformer.progress import ProgressBar
+from flax_transformer.progress import ProgressBar, counted
 from flax_transformer.runtime.processes import Processes
 
 if TYPE_CHECKING:
@@ -405,7 +405,7 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
           output.write(_checked_chunk(job, chunk, task.line_per_record, part))
     _remove(job.partial)
   if report:
-    say(f"Wrote {job.output} ({job.num_lines} input lines).")
+    say(f"Wrote {job.output} ({counted(job.num_lines, 'input lines')}).")
   return True
 
 
