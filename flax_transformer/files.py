@@ -44,7 +44,7 @@ from typing import Any, BinaryIO
 
 from etils import epath
 
-from flax_transformer.errors import Error, InputError, MissingFileError
+from flax_transformer.errors import Error, ExistingFileError, InputError, MissingFileError
 
 _BLOCK = 1 << 20  # Bytes read at a time by count_lines.
 REMOTE_SCHEMES = ("gs",)  # What orbax, tensorstore and our lease can all write to.
@@ -565,6 +565,36 @@ class AtomicWriter:
       self.abort()
 
 
+def check_new_folder(path: str | os.PathLike, flag: str) -> None:
+  """ExistingFileError unless `path` is missing or an empty folder (`flag` names it)."""
+  path = to_path(path)
+  if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    raise ExistingFileError(f"{flag} {path} exists and is not empty; choose a new folder.")
+
+
+@contextlib.contextmanager
+def new_folder(path: str | os.PathLike, flag: str) -> Iterator[Path]:
+  """A folder to fill in place of `path`, which must be missing or empty (`check_new_folder`).
+  Locally a hidden sibling, `.NAME.partial-PID`, renamed onto `path` when the block ends and
+  removed when an exception (Ctrl-C included) ends it: `path` is never half-written. In a
+  bucket, which has no rename, `path` itself (each file written atomically)."""
+  check_new_folder(path, flag)
+  path = to_path(path)
+  if is_remote(path):
+    path.mkdir(parents=True, exist_ok=True)
+    yield path
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  staging = path.parent / f".{path.name}.partial-{os.getpid()}"
+  staging.mkdir()
+  try:
+    yield staging
+    os.rename(staging, path)  # Onto a missing path or an empty folder.
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+
+
 __all__ = [
   "GCS_EXTRA",
   "REMOTE_SCHEMES",
@@ -576,6 +606,7 @@ __all__ = [
   "as_line",
   "atomic_write",
   "check_line_aligned",
+  "check_new_folder",
   "check_storage",
   "check_writable",
   "count_lines",
@@ -584,6 +615,7 @@ __all__ = [
   "iter_lines",
   "iter_raw_lines",
   "new_file_mode",
+  "new_folder",
   "prompt_chunks",
   "read_lines",
   "remove_tree",

@@ -17,6 +17,11 @@ _WIDTH = 30
 _REDRAW_SECONDS = 0.2
 
 
+def counted(count: int, unit: str) -> str:
+  """'1 sentence', '3 sentences', '1 target token': `unit` is a plural ending in "s"."""
+  return f"{count:,} {unit[:-1] if count == 1 and unit.endswith('s') else unit}"
+
+
 def format_duration(seconds: float) -> str:
   """'1:02:03' for an hour and more, else '2:03'."""
   seconds = int(max(seconds, 0))
@@ -69,8 +74,8 @@ class ProgressBar:
   def line(self) -> str:
     """The progress line without the bar's redraw codes."""
     rate = (self.done - self.start) / max(self.elapsed, 1e-9)
-    parts = [f"{self.done}/{self.total} {self.unit}" if self.total is not None
-             else f"{self.done} {self.unit}", f"{rate:,.1f} {self.unit}/s"]
+    parts = [f"{self.done:,}/{counted(self.total, self.unit)}" if self.total is not None
+             else counted(self.done, self.unit), f"{rate:,.1f} {self.unit}/s"]
     parts += [f"{value / max(self.elapsed, 1e-9):,.0f} {name}/s"
               for name, value in self.counters.items()]
     if self.total is not None:
@@ -81,13 +86,24 @@ class ProgressBar:
     return " | ".join(parts)
 
   def clear(self) -> None:
-    """Erases the bar so that a log line can be printed in its place."""
+    """Erases the bar so that another line (a log line, a translation written to the same
+    terminal) can be printed in its place; the next `update` draws it again."""
     if self.interactive:
       self.stream.write("\r\033[K")
       self.stream.flush()
+      self._drawn = 0.0
+
+  def __enter__(self) -> ProgressBar:
+    return self
+
+  def __exit__(self, kind, value, traceback) -> None:
+    """An exception (Ctrl-C, say) erases the bar, so that its report starts a clean line."""
+    if kind is not None:
+      self.clear()
 
   def close(self, verb: str) -> float:
-    """Erases the bar, prints '<verb> N unit in T s (R unit/s, ...)' and returns T."""
+    """Erases the bar, prints '<verb> N unit in T s (R unit/s, ...)' and returns T (N counted:
+    '1 sentence')."""
     elapsed = self.elapsed
     self.clear()
     if self.enabled:
@@ -95,9 +111,10 @@ class ProgressBar:
       rates = [f"{count / max(elapsed, 1e-9):,.1f} {self.unit}/s"]
       rates += [f"{value / max(elapsed, 1e-9):,.0f} {name}/s"
                 for name, value in self.counters.items()]
-      self.stream.write(f"{verb} {count} {self.unit} in {elapsed:.1f} s ({', '.join(rates)}).\n")
+      self.stream.write(f"{verb} {counted(count, self.unit)} in {elapsed:.1f} s "
+                        f"({', '.join(rates)}).\n")
       self.stream.flush()
     return elapsed
 
 
-__all__ = ["ProgressBar", "format_duration"]
+__all__ = ["ProgressBar", "counted", "format_duration"]

@@ -399,7 +399,8 @@ def test_an_internal_bug_keeps_its_traceback(tmp_path, capsys, monkeypatch):
 
 def test_every_error_class_of_the_package_is_an_error():
   """Every exception class the package defines derives from flax_transformer.Error, except
-  the preemption signal (not an error: the job saved and stops) and private ones."""
+  the signals' exceptions (not errors: training's Preempted saved and stops, the CLI's Stopped
+  says what was kept) and private ones."""
   import importlib
   import inspect
   import pkgutil
@@ -413,7 +414,7 @@ def test_every_error_class_of_the_package_is_an_error():
     module = importlib.import_module(module_info.name)
     for name, cls in inspect.getmembers(module, inspect.isclass):
       if (issubclass(cls, BaseException) and cls.__module__ == module.__name__
-          and not name.startswith("_") and name != "Preempted"):
+          and not name.startswith("_") and name not in ("Preempted", "Stopped")):
         found.append(cls)
   from flax_transformer.planning.topology import PlanError
 
@@ -436,5 +437,7 @@ def test_translate_returns_what_it_did_and_the_cli_warns_of_truncated_lines(work
   capsys.readouterr()
   assert main(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
                str(tmp_path / "out2.txt"), "--method", "greedy"]) == 0
-  assert (f"Warning: 1 line(s) of {source} exceeded the model's max_len and were truncated."
-          in capsys.readouterr().err)
+  err = capsys.readouterr().err  # The fact once, in the command's words, without a log prefix.
+  assert (f"flax-transformer translate: 1 line of {source} was longer than the model's max_len "
+          "and was cut to it.\n") in err
+  assert err.count("max_len") == 1 and "WARNING" not in err, err

@@ -38,13 +38,16 @@ def _blocks(path: Path, language: str) -> list[str]:
 
 
 def shell_examples() -> list[tuple[str, str]]:
-  """(page, command line) of every shell line that runs flax-transformer on WORKDIR."""
+  """(page, command line) of every shell line that runs flax-transformer on WORKDIR, or makes a
+  folder under it (`mkdir -p`: the README tour's scratch folder)."""
   return [(path.name, line) for path in PAGES for block in _blocks(path, "bash")
-          for line in block.splitlines() if "flax-transformer " in line and WORKDIR in line]
+          for line in block.splitlines()
+          if ("flax-transformer " in line or line.startswith("mkdir -p ")) and WORKDIR in line]
 
 
 def test_the_pages_have_the_examples_this_file_runs():
-  commands = {shlex.split(line.split("|")[-1])[1] for _, line in shell_examples()}
+  commands = {shlex.split(line.split("|")[-1])[1] for _, line in shell_examples()
+               if "flax-transformer " in line}
   assert {"split", "translate", "score", "evaluate", "average", "attention", "curves"} <= commands
   assert all(WORKDIR in block for path in PAGES for block in _blocks(path, "python"))
 
@@ -67,14 +70,21 @@ def test_every_quick_start_example_runs_on_a_trained_workdir(trained_workdir, tm
       text = shlex.split(echo)[1] + "\n"
       monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     argv = shlex.split(command)
+    if argv[:2] == ["mkdir", "-p"]:
+      for folder in argv[2:]:
+        os.makedirs(folder, exist_ok=True)
+      continue
     capsys.readouterr()
     assert main(argv[1:]) == 0, (page, line, capsys.readouterr().err[-2000:])
     printed = capsys.readouterr().out
     if argv[1] == "translate" and "--output" in argv and argv[argv.index("--output") + 1] == "-":
       assert printed.strip(), line  # The translation of the echoed sentence.
   for name in ("test.src", "test.ref", "out.txt", "scores.txt", "averaged.txt", "attention.png",
-               "curves.png"):
+               "curves.png"):  # docs/getting-started.md's, in the current folder.
     assert (tmp_path / name).stat().st_size > 0, name
+  tour = workdir / "tour"  # The README tour's scratch folder: all of its files, no other.
+  assert sorted(p.name for p in tour.iterdir()) == [
+      "attention.png", "curves.png", "out.txt", "test.ref", "test.src"]
   lines = (tmp_path / "test.src").read_text().splitlines()
   assert len(lines) == len((tmp_path / "scores.txt").read_text().splitlines()) > 10
   for page in PAGES:

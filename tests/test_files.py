@@ -105,3 +105,19 @@ def test_read_lines_reads_gzip_and_reports_a_corrupt_one(tmp_path):
   bad_utf8.write_bytes(gzip.compress(b"fine\nbad \xff\n"))
   with pytest.raises(ValueError, match=r"bad\.en\.gz:2: invalid UTF-8"):
     read_lines(str(bad_utf8))
+
+
+def test_a_new_folder_is_renamed_into_place_whole_or_not_at_all(tmp_path):
+  """What export and import-marian write into: a stop (Ctrl-C) leaves nothing, not half."""
+  target = tmp_path / "model"
+  with pytest.raises(KeyboardInterrupt), files.new_folder(target, "--output") as folder:
+    (folder / "a.bin").write_bytes(b"half")
+    raise KeyboardInterrupt
+  assert list(tmp_path.iterdir()) == []
+  with files.new_folder(target, "--output") as folder:
+    (folder / "a.bin").write_bytes(b"whole")
+  assert [p.name for p in tmp_path.iterdir()] == ["model"]
+  assert (target / "a.bin").read_bytes() == b"whole"
+  with (pytest.raises(FileExistsError, match=r"--output .*model exists and is not empty"),
+        files.new_folder(target, "--output")):
+    pass

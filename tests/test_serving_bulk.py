@@ -153,7 +153,7 @@ def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only():
     summary = "Translated 300 sentences in 2.0 s (150.0 sentences/s, 3,000 target tokens/s)."
     assert text.rstrip().endswith(summary)
     if isinstance(stream, Terminal):
-      assert "500/1000 sentences" in text and "ETA 0:03" in text
+      assert "500/1,000 sentences" in text and "ETA 0:03" in text
     else:
       assert text == summary + "\n"  # Quiet but for the summary when not a terminal.
 

@@ -42,7 +42,7 @@ from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, TextTokenizer
-from flax_transformer.errors import ExistingFileError, InputError
+from flax_transformer.errors import InputError
 from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.layers import sinusoidal_positions
@@ -207,24 +207,23 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
   opened = workdir_lib.open_workdir(workdir)
   tokenizer, model_config = opened.tokenizer, opened.model_config
   output = to_path(output)
-  if output.exists() and (not output.is_dir() or any(output.iterdir())):
-    raise ExistingFileError(f"output {output} exists and is not empty; choose a new folder.")
+  files.check_new_folder(output, "output")
   params, _ = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
   spec = build_spec(model_config, _numpy(params), tokens_of(tokenizer))
   spec.validate()
   spec.optimize(quantization=None if quantization == "none" else quantization)
-  output.mkdir(parents=True, exist_ok=True)
-  with tempfile.TemporaryDirectory(prefix="flax_transformer_ctranslate2_") as local:
+  with (files.new_folder(output, "output") as folder,
+        tempfile.TemporaryDirectory(prefix="flax_transformer_ctranslate2_") as local):
     # CTranslate2 writes a local folder; each of its files then becomes one atomic file (one
     # object upload in a bucket), model.bin last: CTranslate2 loads a folder by it.
     spec.save(local)
     names = sorted(os.listdir(local), key=lambda name: name == "model.bin")
     for name in names:
       with open(os.path.join(local, name), "rb") as f:
-        files.atomic_write(output / name, f.read())
-  for name, model in zip((SOURCE_MODEL_FILE, TARGET_MODEL_FILE),
-                         _sentencepiece_models(tokenizer), strict=True):
-    files.atomic_write(output / name, model)
+        files.atomic_write(folder / name, f.read())
+    for name, model in zip((SOURCE_MODEL_FILE, TARGET_MODEL_FILE),
+                           _sentencepiece_models(tokenizer), strict=True):
+      files.atomic_write(folder / name, model)
   return output
 
 

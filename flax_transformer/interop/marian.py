@@ -43,7 +43,7 @@ from flax_transformer.config import SearchConfig, search_config_from
 from flax_transformer.data import marian_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from flax_transformer.errors import Error, ExistingFileError, MissingFileError
+from flax_transformer.errors import Error, MissingFileError
 from flax_transformer.files import Path, to_path
 from flax_transformer.interop import marian_params
 from flax_transformer.model.config import ModelConfig, model_group
@@ -235,13 +235,14 @@ def import_marian(model_dir: str | os.PathLike, workdir: str | os.PathLike) -> P
     params = marian_params.permute_model_dim(params, inverse)
   params, model_config = _drop_exported_zero_biases(params, model_config,
                                                     config.get(OUR_KEY, {}))
-  _make_empty_folder(workdir, "--workdir")
-  _write_vocabulary(workdir, tokenizer)
   search = search_config_from_marian(config, _generation(model_dir))
-  files.write_json(workdir / workdir_lib.CONFIG_FILE, {
-      "model": model_group(model_config), "search": group_dict(search),
-      "origin": {"format": "marian", "path": str(model_dir.resolve())}})
-  return workdir_lib.save_params(workdir, 0, params)
+  with files.new_folder(workdir, "--workdir") as folder:
+    _write_vocabulary(folder, tokenizer)
+    files.write_json(folder / workdir_lib.CONFIG_FILE, {
+        "model": model_group(model_config), "search": group_dict(search),
+        "origin": {"format": "marian", "path": str(model_dir.resolve())}})
+    saved = workdir_lib.save_params(folder, 0, params)
+  return files.absolute(workdir) / saved.relative_to(files.absolute(folder))
 
 
 def _drop_exported_zero_biases(params: dict[str, Any], config: ModelConfig,
@@ -331,12 +332,6 @@ def _generation(model_dir: Path) -> dict[str, Any]:
   return _read_json(path) if path.is_file() else {}
 
 
-def _make_empty_folder(path: Path, flag: str) -> None:
-  if path.exists() and (not path.is_dir() or any(path.iterdir())):
-    raise ExistingFileError(f"{flag} {path} exists and is not empty; choose a new folder.")
-  path.mkdir(parents=True, exist_ok=True)
-
-
 def _read_json(path: Path) -> Any:
   if not path.is_file():
     raise MissingFileError(f"{path} not found.")
@@ -422,22 +417,21 @@ def export_marian(workdir: str | os.PathLike, output: str | os.PathLike, *,
   if model_config.sinusoid_layout == "interleaved":
     params = marian_params.permute_model_dim(params, sinusoid_permutation(model_config.emb_dim))
   state = marian_params.marian_from_params(params, model_config, vocabulary.marian_ids)
-  output = to_path(output)
-  _make_empty_folder(output, "--output")
   from safetensors.numpy import save
 
-  # Through files.atomic_write: safetensors' own save_file leaves the file 0600.
-  files.atomic_write(output / SAFETENSORS_FILE, save(state, metadata={"format": "pt"}))
   hf_config = marian_config(model_config, vocabulary)
   search = search_config_from(config)
   generation = _generation_config(hf_config, search, model_config)
   if search_config_from_marian(hf_config, generation) != search:  # For the way back, if needed.
     hf_config.setdefault(OUR_KEY, {})["search"] = group_dict(search)
-  files.write_json(output / "config.json", hf_config)
-  files.write_json(output / "generation_config.json", generation)
-  vocabulary.write(output)
-  files.write_json(output / "tokenizer_config.json", _tokenizer_config(config, model_config))
-  return output
+  with files.new_folder(output, "--output") as folder:
+    # Through files.atomic_write: safetensors' own save_file leaves the file 0600.
+    files.atomic_write(folder / SAFETENSORS_FILE, save(state, metadata={"format": "pt"}))
+    files.write_json(folder / "config.json", hf_config)
+    files.write_json(folder / "generation_config.json", generation)
+    vocabulary.write(folder)
+    files.write_json(folder / "tokenizer_config.json", _tokenizer_config(config, model_config))
+  return to_path(output)
 
 
 def _generation_config(hf: dict[str, Any], search: SearchConfig,

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from flax_transformer import files
 from flax_transformer.errors import Error, InputError, MissingFileError
 from flax_transformer.files import Path, atomic_write, to_path
-from flax_transformer.progress import ProgressBar
+from flax_transformer.progress import ProgressBar, counted
 from flax_transformer.runtime.processes import Processes
 
 if TYPE_CHECKING:
@@ -265,6 +265,16 @@ def previous_step(output: str) -> int | None:
   return ((read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}).get("step")
 
 
+def kept_chunks(output: str) -> tuple[int, int] | None:
+  """(chunks done, chunks in all) of the partial run of `output` in OUT.partial, or None when
+  there is none: what a rerun of the same command keeps."""
+  manifest = read_manifest(partial_dir(output))
+  if manifest is None:
+    return None
+  job = FileJob((), output, manifest["chunk_lines"], manifest["lines"], manifest)
+  return sum(job.chunk_path(c).exists() for c in range(job.num_chunks)), job.num_chunks
+
+
 def params_fingerprint(params: Any) -> str:
   """SHA-256 of every parameter's path, dtype, shape and bytes."""
   import jax
@@ -297,12 +307,14 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
                     start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   lines = truncated = unmet = 0
-  for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
-    output = _checked_output(task(chunk * job.chunk_lines, records, advance), len(job.outputs))
-    for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
-      atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
-    lines, truncated = lines + len(records), truncated + output.truncated
-    unmet += output.unmet
+  with bar:
+    for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
+      output = _checked_output(task(chunk * job.chunk_lines, records, advance),
+                               len(job.outputs))
+      for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
+        atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
+      lines, truncated = lines + len(records), truncated + output.truncated
+      unmet += output.unmet
   bar.close(task.verb)
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
@@ -393,7 +405,7 @@ def merge_chunks(job: FileJob, task: ChunkTask, *, report: bool = True) -> bool:
           output.write(_checked_chunk(job, chunk, task.line_per_record, part))
     _remove(job.partial)
   if report:
-    say(f"Wrote {job.output} ({job.num_lines} input lines).")
+    say(f"Wrote {job.output} ({counted(job.num_lines, 'input lines')}).")
   return True
 
 
@@ -488,9 +500,11 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   first_line = 0
   with contextlib.ExitStack() as stack:
+    stack.enter_context(bar)
     writers = [stack.enter_context(files.AtomicWriter(path)) for path in (output, *extra_outputs)]
     for records in chunks:
       done = _checked_output(task(first_line, records, advance), len(writers))
+      bar.clear()  # On a terminal, stdout's lines must not land on the progress line.
       for writer, text in zip(writers, done.texts, strict=True):
         writer.write(text)
         writer.flush()

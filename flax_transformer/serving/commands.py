@@ -288,8 +288,9 @@ def evaluate(parameters: Parameters, *, src: str, ref: str, output: str | None =
   checkpoint = restore_point(opened, checkpoint)
   restored = translator(opened, settings, checkpoint, warmup=warmup)
   bar = ProgressBar(sum(1 for line in inputs.sources if line.strip()), unit="sentences")
-  hypotheses, truncated, unmet = translate_lines(restored, inputs.sources,
-                                                 progress=bar.advance, **given)
+  with bar:
+    hypotheses, truncated, unmet = translate_lines(restored, inputs.sources,
+                                                   progress=bar.advance, **given)
   bar.close("Translated")
   if output:
     files.write_lines_atomically(output, hypotheses)

@@ -152,6 +152,8 @@ def _row_keys(key: Array, line_numbers: Array) -> Array:
 
 
 _row_keys_jit = jax.jit(_row_keys)
+# Its own logger: the CLI says the facts it logs (truncated sentences) itself, once per command.
+_log = logging.getLogger(__name__)
 # (search function, settings, rows, length, output length) of every search called in this
 # process: its first call is timed and logged (compiling, or loading from the cache).
 _SEEN_SHAPES: set[tuple[Any, ...]] = set()
@@ -582,7 +584,7 @@ class Translator:
       cut[i] = len(ids) > limit
       token_ids.append(ids[:limit] + [EOS_ID] if ids or keep_empty else [])
     if cut.any():
-      logging.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
+      _log.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
                       "and were truncated.", cut.sum(), len(sentences), limit + 1)
     return token_ids, cut
 
@@ -620,7 +622,7 @@ class Translator:
                              **({"align": align} if align else {}))
     if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
       _SEEN_SHAPES.add(shape)
-      logging.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
+      _log.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
                    "(or loaded it from the persistent compilation cache).",
                    options.search.method, len(inputs), step.length, decode_len,
                    time.perf_counter() - start)

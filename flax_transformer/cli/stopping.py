@@ -1,0 +1,93 @@
+"""Stopping a command with SIGINT (Ctrl-C) or SIGTERM: one line, no traceback, exit status
+128 + signal (130, 143), and nothing half-written.
+
+While a command runs (`raising_on_signals`), the first signal raises `Stopped` where the main
+thread is; as it unwinds, every output writer removes its temporary file (outputs are renamed
+into place whole, and a bulk job's finished chunks stay in OUT.partial for the same command to
+resume). Then the CLI prints what was kept. Once the command is done (`exiting_on_signals`), a
+signal while the interpreter exits (JAX's atexit clean-up, say) ends the process at once with
+the command's own status and prints nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import typing
+from collections.abc import Callable, Iterator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(KeyboardInterrupt):
+  """The first SIGINT or SIGTERM of a command (a KeyboardInterrupt, so that code which cleans up
+  after Ctrl-C cleans up after SIGTERM too)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+  @property
+  def name(self) -> str:
+    """'SIGINT' or 'SIGTERM'."""
+    return signal.Signals(self.signum).name
+
+  @property
+  def exit_code(self) -> int:
+    """128 + the signal's number: the shell's status for a process stopped by it."""
+    return 128 + self.signum
+
+
+@contextlib.contextmanager
+def raising_on_signals(last_words: Callable[[Stopped], None]) -> Iterator[None]:
+  """Within the block, the first SIGINT or SIGTERM raises `Stopped` in the main thread. Where
+  Python cannot raise it (inside a finalizer, which only prints "Exception ignored"),
+  `last_words(stop)` prints the stop's line and the process ends at once. A second signal ends
+  the process at once, as the first one's clean-up is under way. The previous handlers come back
+  after the block; outside the main thread, nothing changes."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  first: list[int] = []
+
+  def handle(signum: int, frame: object) -> None:
+    if first:
+      os._exit(128 + first[0])
+    first.append(signum)
+    raise Stopped(signum)
+
+  def unraisable(info: sys.UnraisableHookArgs) -> None:
+    if isinstance(info.exc_value, Stopped):
+      last_words(info.exc_value)
+      exit_now(info.exc_value.exit_code)
+    previous_hook(info)
+
+  previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}
+  previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
+  try:
+    yield
+  finally:
+    sys.unraisablehook = previous_hook
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def exiting_on_signals(status: int) -> None:
+  """From now to the end of the process, SIGINT or SIGTERM ends it at once with `status`: the
+  command is done, and the interpreter's exit (atexit callbacks, threads) has nothing to keep."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+  for signum in SIGNALS:
+    signal.signal(signum, lambda signum, frame: exit_now(status))
+
+
+def exit_now(status: int) -> typing.NoReturn:
+  """Ends the process now with `status`, after what it printed, without the interpreter's exit
+  (its atexit callbacks, its wait for threads)."""
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  os._exit(status)

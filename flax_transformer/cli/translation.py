@@ -1,0 +1,134 @@
+"""`translate`, `score` and `evaluate`: each command's parser, what it runs
+(`serving.commands`), and what it says when a signal stops it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from flax_transformer.cli import arguments
+from flax_transformer.cli.arguments import add_command
+
+
+def run_translate(args: argparse.Namespace) -> int:
+  """`translate`: a file or stdin to one translation (or --nbest) per line: a resumable file
+  job, or a stream."""
+  from flax_transformer.serving import commands
+
+  result = commands.translate(
+      arguments.parameters(args), input=args.input, output=args.output,
+      target_prefix=args.target_prefix, constraints=args.constraints, forbid=args.forbid,
+      alignments=args.alignments, nbest=args.nbest,
+      chunk_lines=args.chunk_lines, warmup=args.warmup, sharing=commands.Sharing(
+          args.coordinator_address, args.num_processes, args.process_id))
+  arguments.report_truncated("translate", result.truncated,
+                             ", ".join(filter(None, (args.input, args.target_prefix))))
+  arguments.report_unmet("translate", result.unmet, args.constraints)
+  return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+  """`score`: log p(target | source) of each line pair of --src and --tgt."""
+  from flax_transformer.serving import commands
+
+  result = commands.score(
+      arguments.parameters(args), src=args.src, tgt=args.tgt, output=args.output,
+      normalize=args.normalize, chunk_lines=args.chunk_lines,
+      sharing=commands.Sharing(args.coordinator_address, args.num_processes, args.process_id))
+  arguments.report_truncated("score", result.truncated, f"{args.src}, {args.tgt}")
+  return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+  """`evaluate`: BLEU and chrF of a checkpoint's translations against references."""
+  from flax_transformer.scoring import summary
+  from flax_transformer.serving import commands
+
+  scores = commands.evaluate(arguments.parameters(args), src=args.src, ref=args.ref,
+                             output=args.output, warmup=args.warmup,
+                             target_lang=args.target_lang, constraints=args.constraints,
+                             forbid=args.forbid)
+  arguments.report_truncated("evaluate", scores["truncated"], args.src)
+  arguments.report_unmet("evaluate", scores.get("unmet", 0), args.constraints)
+  print(json.dumps(scores, indent=2) if args.json else summary(scores))
+  return 0
+
+
+def kept_by_bulk_job(args: argparse.Namespace) -> str:
+  """What a stopped `translate` or `score` leaves, the end of its stop line: its chunks in
+  OUT.partial, which the same command resumes; a stream keeps nothing."""
+  inputs = [args.input] if args.command == "translate" else [args.src, args.tgt]
+  if "-" in inputs or args.output == "-":
+    printed = "; the lines printed are whole" if args.output == "-" else ""
+    return f"; a stream (input or output '-') cannot resume: rerun it{printed}"
+  from flax_transformer.serving import bulk
+
+  if os.path.exists(args.output) and os.path.getmtime(args.output) >= args.started:
+    return f" after writing {args.output}"
+  try:
+    kept = bulk.kept_chunks(args.output)
+  except bulk.ResumeError:
+    kept = None
+  if kept is None:
+    return " before any chunk was done; nothing was written"
+  done, total = kept
+  return (f" after {done} of {total} chunk{'' if total == 1 else 's'} (kept in "
+          f"{bulk.partial_dir(args.output)}); the same command resumes")
+
+
+def add_commands(commands) -> None:
+  """The parsers of translate, score and evaluate."""
+  translate = add_command(
+      commands, "translate", "Translate a file (or stdin) line by line; a file job resumes.",
+      "Translates a UTF-8 file (or standard input), one sentence a line, into one translation a "
+      "line. A file job works in chunks kept in OUTPUT.partial/: stopped or killed, the same "
+      "command resumes where it stopped, with the same result.",
+      "flax-transformer translate --workdir workdirs/default --input test.src --output out.txt")
+  arguments.add_checkpoint_arguments(translate, ensemble=True)
+  arguments.add_settings_arguments(translate)
+  translate.add_argument("--input", required=True, help="UTF-8 text, one sentence a line; '-'.")
+  translate.add_argument("--output", required=True,
+                         help="Output file ('-' for stdout; gzip when it ends in .gz).")
+  translate.add_argument("--target_prefix", default=None, help="A file of line-aligned target "
+                         "prefixes that each translation starts with (an empty line: none).")
+  arguments.add_phrase_arguments(translate)
+  translate.add_argument("--alignments", default=None, help="Also write each output line's word "
+                         "alignment here, Moses 'i-j' (source word i, target word j, from 0).")
+  translate.add_argument("--nbest", type=int, default=None,
+                         help="Write K hypotheses per line as 'i ||| hypothesis ||| score'.")
+  arguments.add_bulk_arguments(translate)
+  translate.set_defaults(run=run_translate, kept=kept_by_bulk_job)
+
+  score = add_command(
+      commands, "score", "Write log p(target | source) of each line pair.",
+      "Scores given translations: for each line pair of --src and --tgt, the model's log "
+      "probability of the target (natural log, EOS included), one number a line. Resumes as "
+      "translate does.",
+      "flax-transformer score --workdir workdirs/default --src test.src --tgt test.ref "
+      "--output scores.txt")
+  arguments.add_checkpoint_arguments(score, ensemble=True)
+  arguments.add_settings_arguments(score, "batch_tokens", "precision")
+  score.add_argument("--src", required=True, help="Source sentences, one a line.")
+  score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
+  score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
+  score.add_argument("--normalize", action="store_true", help="Divide by target tokens (+EOS).")
+  arguments.add_bulk_arguments(score)
+  score.set_defaults(run=run_score, kept=kept_by_bulk_job)
+
+  evaluate = add_command(
+      commands, "evaluate", "Translate --src and score it against --ref (BLEU, chrF).",
+      "Measures a checkpoint: translates --src and prints BLEU and chrF against the references "
+      "in --ref.",
+      "flax-transformer evaluate --workdir workdirs/default --src test.src --ref test.ref")
+  arguments.add_checkpoint_arguments(evaluate, ensemble=True)
+  arguments.add_settings_arguments(evaluate)
+  evaluate.add_argument("--src", required=True, help="Source sentences, one a line.")
+  evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")
+  evaluate.add_argument("--output", default=None, help="Also write the translations here.")
+  evaluate.add_argument("--json", action="store_true", help="Print the scores as JSON.")
+  arguments.add_phrase_arguments(evaluate)
+  evaluate.add_argument("--target_lang", default=None, help="The references' language, for BLEU "
+                        "on lowercased, normalized, Moses-tokenized text (lc.norm.tok) beside "
+                        "the cased sacreBLEU (default: the workdir's data.target_lang).")
+  evaluate.set_defaults(run=run_evaluate, kept=lambda args: "; nothing was written: rerun it")

@@ -1,0 +1,220 @@
+"""The `flax-transformer` command as a person at a terminal meets it: help written for users, a
+mistake said in one line, one thing on the terminal at a time (the progress line never shares a
+line with a translation), and a stop (Ctrl-C, SIGTERM) said in one line that tells what was kept,
+with exit status 128 + signal and nothing half-written."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import random
+import re
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import test_serving_bulk
+from test_serving_bulk import cli, translate_args, write_input
+
+from flax_transformer.cli import build_parser, main, stopping
+from flax_transformer.progress import ProgressBar
+from flax_transformer.serving import bulk
+
+COMMANDS = sorted(build_parser().command_parsers)
+# test_serving_bulk's serving workdir (the tiny model, random params), as `bulk_workdir`.
+tokenizer = test_serving_bulk.tokenizer
+bulk_workdir = test_serving_bulk.workdir
+
+
+# ----------------------------------------------------------------------------------- help
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_for_users_with_one_example(command, capsys):
+  with pytest.raises(SystemExit) as exit:
+    main([command, "--help"])
+  text = capsys.readouterr().out
+  usage, description = text.split("\n\n")[:2]
+  assert exit.value.code == 0 and usage.startswith(f"usage: flax-transformer {command} ")
+  assert usage.endswith("[options]") and "\n" not in usage, usage  # Not every option.
+  assert len(description) > 60 and "--" not in description.split()[0], description
+  assert text.count("example:\n  flax-transformer ") == 1, text
+  assert re.search(rf"example:\n  (echo .* \| )?flax-transformer {command} ", text), text
+
+
+def test_the_command_list_is_for_users_not_contributors(capsys):
+  with pytest.raises(SystemExit):
+    main(["--help"])
+  text = capsys.readouterr().out
+  assert "translate" in text and "example:" in text
+  for contributor_word in ("rooms", "domain logic", "module", "parsers"):
+    assert contributor_word not in text, contributor_word
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["translate", "--workdir", "w", "--input", "-", "--output", "-", "--precision", "int4"],
+     "--precision int4 is not one of float32, bfloat16, int8"),
+    (["export", "--workdir", "w", "--output", "o"], "required: --format"),
+    (["translate", "--workdir", "w", "--input", "a", "--output", "b", "--bogus", "x"],
+     "unrecognized arguments: --bogus x"),
+    (["frobnicate"], "COMMAND frobnicate is not one of translate, score"),
+])
+def test_a_mistake_is_one_line_and_a_pointer_to_help(argv, said, capsys):
+  with pytest.raises(SystemExit) as exit:
+    main(argv)
+  out, err = capsys.readouterr()
+  command = "flax-transformer" + ("" if argv[0] == "frobnicate" else f" {argv[0]}")
+  assert exit.value.code == 2 and out == "" and err.count("\n") == 1, err
+  assert err.startswith(f"{command}: error: ") and said in err, err
+  assert err.endswith(f"(see {command} --help)\n"), err
+
+
+# ------------------------------------------------------------------------- progress, counts
+def test_counts_are_grammatical_and_the_bar_is_erased_by_an_exception():
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  stream = Terminal()
+  bar = ProgressBar(None, unit="sentences", stream=stream)
+  with pytest.raises(KeyboardInterrupt), bar:
+    bar.advance(1, **{"target tokens": 1})
+    assert stream.getvalue().startswith("\r\033[K1 sentence | ")
+    raise KeyboardInterrupt
+  assert stream.getvalue().endswith("\r\033[K")  # The next line starts on a clean line.
+  bar.close("Translated")
+  assert re.search(r"\r\033\[KTranslated 1 sentence in [\d.]+ s \(", stream.getvalue())
+
+
+def _as_shown(raw: bytes) -> list[str]:
+  """The lines a terminal shows for `raw`: '\\r' returns to the line's start, ESC[K erases it."""
+  shown = []
+  for line in raw.decode().replace("\r\n", "\n").split("\n"):
+    shown.append(re.split(r"\r\033\[K|\r", line)[-1])
+  return shown
+
+
+@pytest.mark.slow  # Starts the command on a tiny model (about 15 s).
+def test_a_terminal_shows_translations_and_progress_on_lines_of_their_own(bulk_workdir,
+                                                                         tmp_path):
+  """stdout and stderr the same terminal, the input a pipe of three lines: the translations come
+  out on lines of their own, then the summary; the progress line was erased before each."""
+  source = tmp_path / "in.txt"
+  lines = write_input(source, 3, seed=3, empty_every=100)
+  assert main(translate_args(bulk_workdir, source, tmp_path / "ref.txt", "--method", "greedy")) == 0
+  expected = (tmp_path / "ref.txt").read_text().splitlines()
+  leader, follower = pty.openpty()
+  run = cli("translate", "--workdir", str(bulk_workdir), "--input", "-", "--output", "-",
+            "--method", "greedy", devices=1, stdin=subprocess.PIPE, stdout=follower,
+            stderr=follower)
+  os.close(follower)
+  run.stdin.write("".join(line + "\n" for line in lines))
+  run.stdin.close()
+  raw = b""
+  while True:
+    ready, _, _ = select.select([leader], [], [], 120)
+    assert ready, raw
+    try:
+      chunk = os.read(leader, 4096)
+    except OSError:  # The terminal's other end closed: the command is done.
+      break
+    if not chunk:
+      break
+    raw += chunk
+  assert run.wait(timeout=60) == 0, raw
+  shown = _as_shown(raw)
+  assert shown[:3] == expected, raw  # A translation may be empty: a line of its own still.
+  assert len(shown) == 5 and shown[3].startswith("Translated 3 sentences in "), raw
+  assert shown[4] == "", raw
+  assert b"sentences/s" in raw  # A progress line was drawn, and erased.
+
+
+# --------------------------------------------------------------------------------- stopping
+def test_a_signal_raises_stopped_once_and_the_handlers_come_back():
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(stopping.Stopped) as stop, stopping.raising_on_signals(print):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)
+  assert (stop.value.name, stop.value.exit_code) == ("SIGTERM", 143)
+  assert isinstance(stop.value, KeyboardInterrupt)  # Cleans up as Ctrl-C does.
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _handlers_installed(pid: int) -> bool:
+  """Whether process `pid` catches SIGTERM: the command's handlers are in place (Linux)."""
+  status = Path(f"/proc/{pid}/status").read_text()
+  caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M)[1], 16)
+  return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+STOPPED_LINE = re.compile(
+    r"flax-transformer translate: stopped by (SIGINT|SIGTERM)( after (\d+) of 10 chunks \(kept "
+    r"in (.*)\); the same command resumes| before (any chunk was done|it began); nothing was "
+    r"written"
+    r"| after writing (.*))\.")
+
+
+@pytest.mark.slow  # Starts the command 7 times on a tiny model (about a minute).
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes(bulk_workdir,
+                                                                                 tmp_path):
+  """SIGINT or SIGTERM to the process group, at random moments from start-up (compiling) to the
+  exit: exit status 128 + signal and one line saying what was kept (or status 0 when the job
+  was done), no traceback, no output until it is whole, and the rerun's bytes are a whole
+  run's."""
+  source, output, reference = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "ref.txt"
+  write_input(source, 200, seed=5)
+  flags = ["--chunk_lines", "20", "--method", "greedy", "--batch_tokens", "256"]
+  cache = tmp_path / "xla"
+  first = cli(*translate_args(bulk_workdir, source, reference, *flags), devices=1, cache=cache,
+              stderr=subprocess.PIPE)
+  assert first.communicate(timeout=300)[1] is not None and first.returncode == 0
+  rng, partial = random.Random(0), bulk.partial_dir(str(output))
+  stops = 0
+  for moment in ("start-up", "start-up", "mid-job", "mid-job", "mid-job", "exit"):
+    signum = rng.choice([signal.SIGINT, signal.SIGTERM])
+    output.unlink(missing_ok=True)
+    run = cli(*translate_args(bulk_workdir, source, output, *flags), devices=1, cache=cache,
+              stderr=subprocess.PIPE, start_new_session=True)
+    while not _handlers_installed(run.pid):
+      time.sleep(0.01)
+    if moment == "start-up":
+      time.sleep(rng.uniform(0.0, 1.0))
+    elif moment == "mid-job":
+      target = len(list(partial.glob("chunk_*"))) + rng.randint(1, 3)
+      while len(list(partial.glob("chunk_*"))) < target and run.poll() is None:
+        time.sleep(0.01)
+      time.sleep(rng.uniform(0.0, 0.2))
+    else:
+      while not output.exists() and run.poll() is None:
+        time.sleep(0.005)
+    os.killpg(run.pid, signum)
+    error = run.communicate(timeout=120)[1]
+    assert "Traceback" not in error and "Exception ignored" not in error, error
+    # Done before the signal (0), or stopped by it at the interpreter's very end, after Python
+    # gave the signal back to the system (-signum; a shell's 128 + signal): the output is whole.
+    if run.returncode in (0, -signum):
+      assert output.read_bytes() == reference.read_bytes()
+      continue
+    stops += 1
+    assert run.returncode == 128 + signum, error
+    last = error.splitlines()[-1]
+    match = STOPPED_LINE.fullmatch(last)
+    assert match and match[1] == signal.Signals(signum).name, error
+    if match[6] is not None:  # Stopped after the output was renamed into place: it is whole.
+      assert match[6] == str(output) and output.read_bytes() == reference.read_bytes()
+      continue
+    assert not output.exists()  # Never half-written.
+    if match[3] is not None:  # What the line says is kept, is.
+      assert int(match[3]) == len(list(partial.glob("chunk_*"))), error
+      assert match[4] == str(partial)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.txt")]
+    assert leftovers == [], leftovers  # No temporary file of the output.
+  assert stops >= 4
+  rerun = cli(*translate_args(bulk_workdir, source, output, *flags), devices=1, cache=cache,
+              stderr=subprocess.PIPE)
+  assert rerun.communicate(timeout=300)[1] is not None and rerun.returncode == 0
+  assert output.read_bytes() == reference.read_bytes()
+  assert not partial.exists()
