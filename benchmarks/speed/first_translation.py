@@ -1,7 +1,7 @@
 """Time to first translation: a short CLI call, a new Python process, a new number of sentences,
 and CTranslate2 on the same weights, each in a new process, with its breakdown.
 
-    python benchmarks/first_translation.py --workdir workdirs/default [--repeats 3]
+    python benchmarks/speed/first_translation.py --workdir workdirs/default [--repeats 3]
 
 For the workdir it measures, with a fresh persistent compilation cache folder:
   - `flax-transformer translate` of 3 sentences, wall time of the whole command: cold (empty

@@ -16,7 +16,7 @@ max_len). One JSON line per
 (input, decoder): sentences/s and target tokens/s (EOS included), and how many output lines are
 identical across the two.
 
-  python benchmarks/bulk_vs_ctranslate2.py --workdir W --inputs test.en newstest2014.en \\
+  python benchmarks/speed/bulk_vs_ctranslate2.py --workdir W --inputs test.en newstest2014.en \\
       --dtype bfloat16 --ct2_device cuda --ct2_compute_type float16
 """
 

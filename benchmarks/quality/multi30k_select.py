@@ -7,7 +7,7 @@ val BLEU in the lc.norm.tok variant (the papers' metric; cased sacreBLEU breaks 
 scored on test2016, once, in both metrics. The final checkpoint with the config's own search
 settings is scored on test2016 too, so the gain of the selection is visible.
 
-  python benchmarks/multi30k_select.py --workdir runs/mini_s0 \
+  python benchmarks/quality/multi30k_select.py --workdir runs/mini_s0 \
       --data_dir ../shared/data/multi30k [--last 5 10] [--beam_sizes 4 5] \
       [--length_penalties 0.6 1.0 1.4] [--target_lang de]
 

@@ -6,7 +6,7 @@ the Translator on a mesh over the local devices) in a subprocess per device coun
 call (`jit.lower(...).compile()`, timed apart), so `run_s` excludes compilation. One JSON line
 per (input, device count): sentences/s and target tokens/s over run_s, and compile_s.
 
-  python benchmarks/bulk_throughput.py --workdir W --inputs test2016 train100k \\
+  python benchmarks/speed/bulk_throughput.py --workdir W --inputs test2016 train100k \\
       --devices 1 8 [--flags method=greedy beam_size=4 ...]
 """
 
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # This checkout's package, not an installed one.
 
 MULTI30K = Path("/work/shared/data/multi30k")

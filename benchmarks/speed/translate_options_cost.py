@@ -8,15 +8,15 @@ call, as a user runs it), beam --beam_size, in four variants:
   ensemble of 2  --checkpoint .../checkpoints/S' --checkpoint .../checkpoints/S (the last two)
   target_prefix  the same as plain, plus --target_prefix FILE    (each reference's first word)
 
-Timing as benchmarks/ensemble_report.py (whose helpers it uses): a compilation cache of its own,
-one warm-up round that compiles, then --repeats rounds alternating the variants; medians of the
-whole command's wall seconds and of the CLI's own "Translated N sentences in T s". Then checks
-what came out of the last round: that --alignments leaves the translations unchanged, that every
-pair i-j names a word inside its source and output line (and how many output words are aligned),
-that every prefixed output starts with its prefix; prints sacreBLEU BLEU of each variant and a
-few alignment lines. Prints one JSON line per call and a closing Markdown table.
+Timing as benchmarks/quality/ensemble_report.py (whose helpers it uses): a compilation cache of its
+own, one warm-up round that compiles, then --repeats rounds alternating the variants; medians of the
+whole command's wall seconds and of the CLI's own "Translated N sentences in T s". Then checks what
+came out of the last round: that --alignments leaves the translations unchanged, that every pair i-j
+names a word inside its source and output line (and how many output words are aligned), that every
+prefixed output starts with its prefix; prints sacreBLEU BLEU of each variant and a few alignment
+lines. Prints one JSON line per call and a closing Markdown table.
 
-  python benchmarks/translate_options_cost.py --workdir /tmp/m30k_ens \
+  python benchmarks/speed/translate_options_cost.py --workdir /tmp/m30k_ens \
       [--data_dir ../shared/data/multi30k] [--split test_2016_flickr] [--beam_size 4] \
       [--repeats 3]
 """
@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
-# benchmarks/ensemble_report.py, beside this file.
-from ensemble_report import alternate, checkpoint_flags, checkpoint_steps, plain_text, timing
+# benchmarks/quality/ensemble_report.py, whose timing this shares.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quality"))
+from ensemble_report import (
+    alternate,
+    checkpoint_flags,
+    checkpoint_steps,
+    plain_text,
+    timing,
+)
 
 from flax_transformer.scoring import score_translations
 

@@ -7,7 +7,7 @@ replicated array replica-parallel, one slice per device, each a device dispatch;
 handler does so in a single process only where each slice holds MIN_REPLICA_SLICE_BYTES
 (flax_transformer/workdir/checkpoints.py). Prints one JSON line per model size.
 
-  python benchmarks/checkpoint_save.py [--configs tiny small base] [--devices 8] [--rounds 5]
+  python benchmarks/speed/checkpoint_save.py [--configs tiny small base] [--devices 8] [--rounds 5]
 """
 
 from __future__ import annotations

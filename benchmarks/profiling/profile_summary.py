@@ -1,6 +1,6 @@
 """Where device time goes in a `jax.profiler` trace: kernel time by kind, busy time, host gaps.
 
-    python benchmarks/profile_summary.py TRACE_DIR [--top 25]
+    python benchmarks/profiling/profile_summary.py TRACE_DIR [--top 25]
 
 Reads the `perfetto_trace.json.gz` that `jax.profiler.trace(dir, create_perfetto_trace=True)`
 writes (no TensorBoard needed). Every complete event on a device track (a process named like

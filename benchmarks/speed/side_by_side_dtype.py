@@ -7,7 +7,7 @@ workload the other presets share) and, with `--dtype bfloat16`, sets the example
 through `SIDE_BY_SIDE_DTYPE`, read by `side_by_side_adapter.py`). Parameters stay float32 on
 both sides. Every other argument goes to the harness as it is:
 
-  python benchmarks/side_by_side_dtype.py --dtype bfloat16 --flax-wmt-dir DIR \\
+  python benchmarks/speed/side_by_side_dtype.py --dtype bfloat16 --flax-wmt-dir DIR \\
       --configs small,base,big --phases train,beam4 --rounds 5 --calls 2
 """
 
@@ -17,7 +17,8 @@ import argparse
 import os
 import sys
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench")
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared",
+                     "bench")
 BIG = dict(vocab_size=32000, emb_dim=1024, num_layers=6, num_heads=16, qkv_dim=1024,
            mlp_dim=4096, train_batch=64, train_src_len=64, train_tgt_len=64)
 

@@ -6,8 +6,9 @@ same batching), and prints one JSON line per (split, setting) and a closing Mark
 Scores: sacreBLEU BLEU (13a) and chrF, as `flax-transformer evaluate` computes them; the length
 ratio is the hypotheses' token count over the references' (BLEU's sys_len / ref_len).
 
-  python benchmarks/search_quality.py --workdir runs/m30k --data_dir ../shared/data/multi30k \
-      [--splits val,test_2016_flickr] [--length_penalties 0.6,1.0] [--beam_size 4]
+  python benchmarks/quality/search_quality.py --workdir runs/m30k \
+      --data_dir ../shared/data/multi30k [--splits val,test_2016_flickr] \
+      [--length_penalties 0.6,1.0] [--beam_size 4]
 """
 
 from __future__ import annotations

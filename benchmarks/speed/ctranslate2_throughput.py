@@ -7,7 +7,7 @@ set explicitly, our LayerNorm epsilon, decoding started from id 0 and ended at i
 appended to sources by CTranslate2), and the conversion is checked before any timing:
 teacher-forced token log-probabilities must agree within --tolerance, and greedy decoding must
 give the same ids. Any failure raises.
-Workload (as benchmarks/decode_throughput.py): 32 sentences of 32 source tokens, beam 4, 64
+Workload (as benchmarks/speed/decode_throughput.py): 32 sentences of 32 source tokens, beam 4, 64
 output tokens forced (EOS forbidden until then, so no early exit), all sentences in one batch.
 The two decoders alternate round by round after a warm-up call each; prints one JSON line per
 config with the median times, sentences/s of each and ours_over_ct2 (> 1: ours faster), the
@@ -15,11 +15,11 @@ ratio of the medians. The machine's speed drifts by up to 20% over minutes on a 
 also gives the ratio within each round (the two calls of a round run back to back) and their
 median, ours_over_ct2_paired, which drift moves less.
 
-  python benchmarks/ctranslate2_throughput.py [--configs small base] [--repeats 5]
+  python benchmarks/speed/ctranslate2_throughput.py [--configs small base] [--repeats 5]
       [--ct2_threads 2]
-  python benchmarks/ctranslate2_throughput.py --our_precision int8 --ct2_compute_type int8 \
+  python benchmarks/speed/ctranslate2_throughput.py --our_precision int8 --ct2_compute_type int8 \
       --report_checks                           # like with like: int8 on both sides
-  python benchmarks/ctranslate2_throughput.py --ct2_device cuda --ct2_compute_type float16 \
+  python benchmarks/speed/ctranslate2_throughput.py --ct2_device cuda --ct2_compute_type float16 \
       --our_dtype bfloat16 --report_checks      # on a GPU: fp16/bf16 rounding, checks reported
 """
 
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from ctranslate2.specs import transformer_spec
-from decode_throughput import jit_search  # benchmarks/decode_throughput.py, beside this file
+from decode_throughput import jit_search  # benchmarks/speed/decode_throughput.py, beside this file
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.interop import ctranslate2 as ctranslate2_export

@@ -11,7 +11,7 @@ word (`data.alignments.word_alignment`), and Och and Ney's AER is computed again
 alignments (`alignment_error_rate`; every gold pair is sure). Prints one JSON line per run and a
 Markdown table (AER, the test split's teacher-forced token accuracy, train seconds).
 
-  python benchmarks/alignment_error_rate.py [--steps 600] [--weights 0,1.0] \
+  python benchmarks/quality/alignment_error_rate.py [--steps 600] [--weights 0,1.0] \
       [--alignment_layer -1] [--alignment_heads 0] [--root /tmp/aer_bench] \
       [--set train.warmup_steps=100 ...]
 """

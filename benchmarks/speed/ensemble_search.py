@@ -6,7 +6,7 @@ output tokens forced (EOS forbidden before), `bridge.prepare_search(..., ensembl
 (M, cache) with the median of --repeats timed calls after a compiling one, and the ratio to
 M = 1. An ensemble's arithmetic is M times the model's, so the ratio should be close to M.
 
-  python benchmarks/ensemble_search.py [--models 1 2 4] [--repeats 5]
+  python benchmarks/speed/ensemble_search.py [--models 1 2 4] [--repeats 5]
 """
 
 from __future__ import annotations

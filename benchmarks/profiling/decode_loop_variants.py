@@ -9,7 +9,7 @@ iteration, the inner loop's form (static unroll or `lax.fori_loop`), the self-at
 its median time, sentences/s, compile time, the ratio to the anchor and whether its outputs
 equal the first variant's.
 
-  python benchmarks/decode_loop_variants.py --bench-dir ../shared/bench \\
+  python benchmarks/profiling/decode_loop_variants.py --bench-dir ../shared/bench \\
       --flax-wmt-dir /tmp/flaxwmt/examples/wmt --configs small base --methods beam greedy \\
       --variants k=2 k=8 k=8,loop=fori k=8,cb=while k=8,cb=none k=8,cache=growing
 

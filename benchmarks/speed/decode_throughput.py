@@ -8,7 +8,7 @@ Configs: small (vocab 8000, D 256, 3+3 layers, 4 heads, F 1024) and base (vocab 
 from run time; tokens/s counts the output tokens of the returned hypothesis (sentences x steps).
 Flax examples/wmt beam-4 on the 2-core CPU: small 12.7 sentences/s, base 2.7; the bar is 2x.
 
-  python benchmarks/decode_throughput.py [--configs small base] [--methods beam greedy]
+  python benchmarks/speed/decode_throughput.py [--configs small base] [--methods beam greedy]
       [--dtype float32|bfloat16] [--cache auto|fixed|growing ...]
 """
 

@@ -1,8 +1,8 @@
 """What a gs:// workdir costs against a local one, side by side in one run, on a GCS emulator on
 127.0.0.1 (fake-gcs-server from the [test] extra; tests/gcs_emulator.py starts it).
 
-python benchmarks/storage_overhead.py                      # 2 rounds, alternating local / gs://
-python benchmarks/storage_overhead.py --rounds 3 --steps 300 --lines 3000
+python benchmarks/speed/storage_overhead.py                      # 2 rounds, alternating local / gs://
+python benchmarks/speed/storage_overhead.py --rounds 3 --steps 300 --lines 3000
 
 Training: `train.py --config=configs/default.py` (its model; evaluation off) for --steps steps,
 a checkpoint (async) every --save_every steps, a metrics line every 25, into a local workdir
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 from gcs_emulator import GcsEmulator  # noqa: E402

@@ -3,8 +3,8 @@ TPU slices by `flax_transformer.planning`, on this CPU, with per-chip memory, fi
 the config's batch and at the largest data.batch_tokens that fits (found by bisection).
 
   pip install -e ".[tpu]"
-  python benchmarks/tpu_plan_table.py --results runs/tpu_plans.jsonl            # every row
-  python benchmarks/tpu_plan_table.py --only big --chips v5e:2x4 --no-largest   # a few
+  python benchmarks/profiling/tpu_plan_table.py --results runs/tpu_plans.jsonl        # every row
+  python benchmarks/profiling/tpu_plan_table.py --only big --chips v5e:2x4 --no-largest  # a few
 
 Every compile is appended to --results as one JSON line, and read back on a rerun, so a killed
 run continues where it stopped (a base or big train step takes 1 to 5 minutes to compile on a
@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from flax_transformer import planning  # noqa: E402

@@ -6,7 +6,7 @@ examples/s and target tokens/s, and their ratio to what one training step of the
 consumes (Flax examples/wmt small on this CPU: 64 sentences x 32 tokens per step at about
 1760 target tokens/s, i.e. about 1 step/s = 64 sentences/s). The bar is 10x.
 
-  python benchmarks/pipeline_throughput.py [--seconds 20] [--workers 0 2]
+  python benchmarks/speed/pipeline_throughput.py [--seconds 20] [--workers 0 2]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MULTI30K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k"
+MULTI30K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "multi30k"
 STEP_SENTENCES_PER_S = 64.0  # Flax wmt small: 64 sentences per step, about 1 step/s here.
 STEP_TARGET_TOKENS_PER_S = 1760.0
 

@@ -6,7 +6,7 @@ and reads that process's peak resident set size from `os.wait4` (ru_maxrss). One
 size: lines, wall seconds, peak RSS (MiB), sentences/s.
 
   python train.py --config=configs/default.py --workdir=/tmp/bulkbench/default
-  python benchmarks/translate_memory.py --workdir /tmp/bulkbench/default \\
+  python benchmarks/speed/translate_memory.py --workdir /tmp/bulkbench/default \\
       --lines 10000 1000000 --flags --method greedy
 
 `--python_path DIR` runs another checkout's command instead (e.g. the commit before bulk jobs).
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # This checkout's package, not an installed one.
 
 from flax_transformer.data.synthetic import sample_pair  # noqa: E402

@@ -1,14 +1,14 @@
 """Where a beam-search step's time goes on XLA:CPU: op time from a `jax.profiler` trace, by kind.
 
-    python benchmarks/search_step_profile.py [--config base] [--precision int8] [--top 0]
+    python benchmarks/profiling/search_step_profile.py [--config base] [--precision int8] [--top 0]
 
-The workload of benchmarks/ctranslate2_throughput.py (32 random sentences of 32 tokens, beam 4,
-64 output tokens forced, random weights converted by `model.precision` as a Translator converts
+The workload of benchmarks/speed/ctranslate2_throughput.py (32 random sentences of 32 tokens, beam
+4, 64 output tokens forced, random weights converted by `model.precision` as a Translator converts
 them). One compiled call is timed untraced (3 calls) and traced (1 call); each traced XLA op is
-looked up in the compiled HLO and sorted into a kind by its output shape and the ops it fuses:
-the decoder's matmuls [rows, ...], the tied logits matmul, attention's batched dots, the
-vocabulary's log-softmax and the beam's top-k, activation quantization, the once-per-call
-encoder, the rest. Prints a Markdown table (share, ms per step) and one JSON line.
+looked up in the compiled HLO and sorted into a kind by its output shape and the ops it fuses: the
+decoder's matmuls [rows, ...], the tied logits matmul, attention's batched dots, the vocabulary's
+log-softmax and the beam's top-k, activation quantization, the once-per-call encoder, the rest.
+Prints a Markdown table (share, ms per step) and one JSON line.
 
 XLA:CPU's thunk executor runs independent ops on both cores at once, so op time summed can
 exceed the wall time, and an op's share says what it costs, not what removing it would save
@@ -24,14 +24,19 @@ import datetime
 import glob
 import gzip
 import json
+import os
 import re
+import sys
 import tempfile
 import time
 
 import flax.linen as nn
 import jax
 import numpy as np
-from ctranslate2_throughput import CONFIGS, EOS_ID, LENGTH_PENALTY  # beside this file
+
+# The workload of benchmarks/speed/ctranslate2_throughput.py and decode_throughput.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "speed"))
+from ctranslate2_throughput import CONFIGS, EOS_ID, LENGTH_PENALTY
 from decode_throughput import jit_search
 
 from flax_transformer import Transformer

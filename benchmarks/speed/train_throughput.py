@@ -1,11 +1,11 @@
 """Train-step throughput: target tokens/s, step time, compile time and peak memory, as JSON lines.
 
-python benchmarks/train_throughput.py                      # small and base, float32, CPU/GPU/TPU
-python benchmarks/train_throughput.py --sizes=big --dtype=bfloat16 --fsdp   # GPU/TPU, with MFU
-python benchmarks/train_throughput.py --sizes=base,big --dtype=bfloat16 --rows=200 --length=128 \
-    --profile=/tmp/trace --time_optimizer        # a realistic GPU batch (25.6k target tokens)
-python benchmarks/train_throughput.py --sizes=base,big --dtype=bfloat16 --length=128 --fit=128 \
-    --attention_dropout=0.0                      # the largest batch that fits (see `fit`)
+python benchmarks/speed/train_throughput.py                  # small and base, float32, CPU/GPU/TPU
+python benchmarks/speed/train_throughput.py --sizes=big --dtype=bfloat16 --fsdp  # GPU/TPU, MFU
+python benchmarks/speed/train_throughput.py --sizes=base,big --dtype=bfloat16 --rows=200 \
+    --length=128 --profile=/tmp/trace --time_optimizer  # a realistic GPU batch (25.6k tokens)
+python benchmarks/speed/train_throughput.py --sizes=base,big --dtype=bfloat16 --length=128 \
+    --fit=128 --attention_dropout=0.0             # the largest batch that fits (see `fit`)
 
 Workloads (the same as the Flax examples/wmt comparison in DESIGN.md): small = vocab 8000,
 D 256, 3+3 layers, 4 heads, F 1024, 64 sentences x 32 tokens; base = vocab 32000, the paper's
@@ -41,7 +41,7 @@ from flax_transformer.config import TrainConfig
 from flax_transformer.training import metrics as metrics_lib
 from flax_transformer.training import recipe
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "profiling"))
 import profile_summary
 
 SIZES = {  # name: (preset, vocab, rows, length)

@@ -3,8 +3,8 @@ Translator's `search_batch`, without and with constraints (tiny model, source lo
 stripped): run it in two checkouts to
 show that a change leaves the compiled programs, and so their speed, as they were.
 
-  (cd OLD && PYTHONPATH=$PWD python /path/to/benchmarks/stablehlo_identity.py)
-  (cd NEW && PYTHONPATH=$PWD python benchmarks/stablehlo_identity.py)
+  (cd OLD && PYTHONPATH=$PWD python /path/to/benchmarks/profiling/stablehlo_identity.py)
+  (cd NEW && PYTHONPATH=$PWD python benchmarks/profiling/stablehlo_identity.py)
 
 Each line: program, SHA-256 prefix of its text, its length in characters.
 """

@@ -17,7 +17,7 @@ program compiled first:
 
 Prints one JSON line per measurement and a closing summary line.
 
-  python benchmarks/terminology_constraints.py --workdir /work/runs/mini_s0 \
+  python benchmarks/quality/terminology_constraints.py --workdir /work/runs/mini_s0 \
       [--data_dir ../shared/data/multi30k] [--split test_2016_flickr] [--beam_size 4] \
       [--repeats 3] [--limit N]
 """

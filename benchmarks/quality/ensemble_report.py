@@ -17,7 +17,7 @@ wall seconds of the whole command (process start, restore and search), the media
 own "Translated N sentences in T s" (the search alone, after the restore), and sentences/s of
 each. Prints one JSON line per call and a closing Markdown table.
 
-  python benchmarks/ensemble_report.py --workdir /tmp/m30k_ens \
+  python benchmarks/quality/ensemble_report.py --workdir /tmp/m30k_ens \
       [--data_dir ../shared/data/multi30k] [--split test_2016_flickr] [--last 4] \
       [--beam_size 4] [--repeats 3]
 """
