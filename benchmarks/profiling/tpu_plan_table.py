@@ -1,5 +1,5 @@
-"""The TPU table of BENCHMARKS.md: the shipped WMT14 configs (and the notebook's) compiled for
-TPU slices by `flax_transformer.planning`, on this CPU, with per-chip memory, fit and FLOPs, at
+"""The TPU plans of docs/performance.md: the shipped WMT14 configs (and the notebook's) compiled
+for TPU slices by `flax_transformer.planning`, on this CPU, with per-chip memory, fit and FLOPs, at
 the config's batch and at the largest data.batch_tokens that fits (found by bisection).
 
   pip install -e ".[tpu]"

@@ -42,9 +42,9 @@ Steps per loop iteration
   iteration queue only after it: a round trip per iteration. A larger k pays it once per k
   steps; the price is up to k - 1 steps after the search could have stopped, and a body k times
   larger to compile. (On an H100 at the benchmark sizes, k = 8 showed no gain over k = 2 for
-  beam search, BENCHMARKS.md: there the round trip is small against the steps.) The outputs are
-  the same for every k: a step after the last position L changes nothing but the callable's
-  state, and a step after early exit changes no output (see `_beam_step` and
+  beam search, docs/performance.md: there the round trip is small against the steps.) The
+  outputs are the same for every k: a step after the last position L changes nothing but the
+  callable's state, and a step after early exit changes no output (see `_beam_step` and
   `_sequential_search`). Growing-state capacities before L are multiples of k, so no segment's
   last iteration runs past its capacity. None picks `default_steps_per_iteration` for the
   backend at trace time.
