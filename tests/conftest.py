@@ -110,7 +110,7 @@ def small_program_child_xla_flags() -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
   """Sets XLA_FLAGS for this process: the children's flags (the tier's: FAST_TIER_XLA_FLAGS
-  added when the session leaves the slow tests out) plus in_process_xla_flags(). It runs before
+  added when the run leaves the slow tests out) plus in_process_xla_flags(). It runs before
   the test modules import JAX (XLA reads the variable at its first compile; tests/test_tiers.py
   checks what each process gets), and pytest-xdist's workers inherit both variables."""
   if CHILD_XLA_FLAGS_VARIABLE not in os.environ:  # The session's first pytest process.
@@ -187,7 +187,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _session_xla():
   """Hands XLA_FLAGS back to the children's flags once this process's XLA has read its own
-  (pytest_configure), and uses the session's compilation cache in this process too (as a
+  (pytest_configure), and uses the test run's compilation cache in this process too (as a
   `Translator` would turn it on).
 
   JAX keys the cache by the XLA_FLAGS variable as it reads it at each compile, so once the
@@ -353,7 +353,7 @@ STORAGE_KINDS = ("local", "gs")
 @pytest.fixture(scope="session")
 def gcs(tmp_path_factory):
   """The GCS emulator on 127.0.0.1 (tests/gcs_emulator.py) with a bucket GCS_BUCKET; its
-  standard variables are in os.environ while the session runs, so every child process (train.py,
+  standard variables are in os.environ while the tests run, so every child process (train.py,
   the CLI) reaches it as it would reach GCS."""
   from gcs_emulator import GcsEmulator
 
