@@ -74,7 +74,7 @@ def _constant_doc(package: str, name: str, value: object) -> list[str]:
 
 
 def _constant_rst(package: str, name: str, value: object) -> list[str]:
-  lines = [f".. py:data:: {package}.{name}", f"   :type: {type(value).__name__}"]
+  lines = [f".. py:data:: {name}", f"   :module: {package}", f"   :type: {type(value).__name__}"]
   shown = repr(value)
   if len(shown) <= 60:
     lines.append(f"   :value: {shown}")

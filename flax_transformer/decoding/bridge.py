@@ -167,7 +167,8 @@ def prepare_search(
   [B, N, S, H] (shared by the beams), and the length limits.
 
   Args:
-    model: the Transformer. variables: its variables ({"params": ...}).
+    model: the Transformer.
+    variables: its variables ({"params": ...}).
     inputs: int32 [B, S] source ids ending with EOS, padded with 0.
     max_decode_len: L, output tokens including EOS.
     max_len_a, max_len_b: at most floor(a * source length + b) tokens before EOS per sentence
@@ -240,7 +241,8 @@ def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, target
   tokens (EOS included), by one teacher-forced forward pass.
 
   Args:
-    model: the Transformer. variables: its variables ({"params": ...}).
+    model: the Transformer.
+    variables: its variables ({"params": ...}).
     inputs: int32 [B, S] source ids ending with EOS, padded with 0.
     targets: int32 [B, T] target ids ending with EOS, padded with 0 (padding scores nothing;
       an all-padding row scores 0).
