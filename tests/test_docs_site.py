@@ -176,17 +176,24 @@ def test_the_build_log_gives_myst_one_short_line(site):
 @pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
                     reason="no headless Chromium to lay the pages out")
 def test_nothing_is_cut_off_at_1280_px(site, tmp_path):
-  """Each page laid out by headless Chromium at 1280 px: no code block, table or signature
-  wider than the box it sits in (docs/_static/custom.css makes them wrap)."""
+  """Each page laid out by headless Chromium at 1280 px: no code block, table, signature or
+  entry of the page's contents wider than the box it sits in (docs/_static/custom.css makes
+  them wrap)."""
   out, _ = site
   chromium = shutil.which("chromium") or shutil.which("chromium-browser")
   script = """<script>window.addEventListener('load', () => {
     const wide = [];
+    const note = (e, width, box) => wide.push(e.tagName + ' ' + Math.round(width) + '>' +
+        Math.round(box) + ' ' + e.textContent.slice(0, 60).replace(/\\s+/g, ' '));
+    // Wider than the box it sits in: code blocks, tables, signatures.
     document.querySelectorAll('article pre, article table, article dt.sig').forEach(e => {
       const box = e.parentElement.getBoundingClientRect().width;
       const width = Math.max(e.scrollWidth, e.getBoundingClientRect().width);
-      if (width > box + 1) wide.push(e.tagName + ' ' + Math.round(width) + '>' + Math.round(box)
-                                      + ' ' + e.textContent.slice(0, 60).replace(/\\s+/g, ' '));
+      if (width > box + 1) note(e, width, box);
+    });
+    // The page's contents, beside it: its long entries must wrap, not scroll it sideways.
+    document.querySelectorAll('.bd-sidebar-secondary').forEach(e => {
+      if (e.scrollWidth > e.clientWidth + 1) note(e, e.scrollWidth, e.clientWidth);
     });
     const d = document.createElement('div'); d.id = 'WIDE';
     d.textContent = 'measured;' + wide.join(' | '); document.body.appendChild(d);
