@@ -1,14 +1,8 @@
 #!/usr/bin/env bash
-# The GPU report (issue 44) on a lent NVIDIA machine, in as few device calls as possible:
-#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (ITEM: env tests cudnn quality mini issue43
-#                                                      bulk mfu ct2 sbs_f32 sbs_bf16; A+B runs A
-#                                                      and B at once)
-# Run from the repository root. Reads the carried folders .whl/ (wheels of what the device's image
-# lacks, see the device README) and .gpu/ (data/multi30k, data/wmt14-en-de-test, the unchanged
-# Flax examples/wmt under examples/wmt, and shared/bench as bench/). Each item has its own time
-# limit and log; the logs, one summary line per item and the final JSON records are packed into
-# $OUT/results.tgz after every item, so a call stopped at its limit still returns what finished.
-# A dry run of the plumbing on a CPU: GPU_REPORT_NO_WHEELS=1 GPU_REPORT_PLATFORM=cpu.
+# The GPU report on a lent NVIDIA machine, in as few device calls as possible:
+#   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (A+B runs items A and B at once)
+# The runbook (what to carry, the items, the calls, a dry run on a CPU): docs/benchmarks.md,
+# "The device runbook".
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_report_out}
 RESULTS=/tmp/gpu_report
@@ -104,7 +98,7 @@ mini_seed() {
     --config.data.local_dir="$GPU/data/multi30k" --config.data.tfds_data_dir="$workdir/tfds" \
     --config.train.seed="$seed" --config.data.seed="$seed" > "$RESULTS/mini_seed$seed.log" 2>&1
   echo "{\"benchmark\": \"multi30k_mini_train\", \"seed\": $seed, \"rc\": $?, \"wall_s\": $(( $(date +%s) - start ))}"
-  python3 benchmarks/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
+  python3 benchmarks/quality/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
     > "$RESULTS/mini_select$seed.log" 2>&1
   grep -h '^{' "$RESULTS/mini_select$seed.log"
 }
@@ -128,7 +122,7 @@ issue43_run() {
     --config.eval.eval_every_steps=0 --config.eval.test_at_end=False ${ISSUE43_TRAIN_ARGS:-} \
     > "$RESULTS/train_${recipe}_s$seed.log" 2>&1
   echo "{\"benchmark\": \"multi30k_${recipe}_train\", \"seed\": $seed, \"rc\": $?, \"wall_s\": $(( $(date +%s) - start ))}"
-  python3 benchmarks/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
+  python3 benchmarks/quality/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
     --last $lasts --beam_sizes 5 --length_penalties 1.0 1.4 1.8 ${ISSUE43_SELECT_ARGS:-} \
     > "$RESULTS/select_${recipe}_s$seed.log" 2>&1
   grep -h '^{' "$RESULTS/select_${recipe}_s$seed.log"
@@ -149,7 +143,7 @@ item_cudnn() {
 
 item_bulk() {
   # The trained seed-0 workdir (real lengths: sentences end at EOS) on test2016 and newstest2014.
-  python3 benchmarks/bulk_vs_ctranslate2.py --workdir /tmp/m30k_seed0 \
+  python3 benchmarks/speed/bulk_vs_ctranslate2.py --workdir /tmp/m30k_seed0 \
     --inputs "$GPU/data/multi30k/test_2016_flickr.en.gz" \
              "$GPU/data/wmt14-en-de-test/newstest2014.en.gz" \
     --dtype bfloat16 --ct2_device cuda --ct2_compute_type float16 --batch_tokens 8192
@@ -157,7 +151,7 @@ item_bulk() {
 
 item_mfu() {
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
-  python3 benchmarks/train_throughput.py --sizes=big,base --dtype=bfloat16 --length=128 \
+  python3 benchmarks/speed/train_throughput.py --sizes=big,base --dtype=bfloat16 --length=128 \
     --fit=128 --attention_dropout=0.0 --steps=5 --warmup=2 --profile=/tmp/gpu_trace
 }
 
@@ -168,7 +162,7 @@ item_ct2() {
   local sentences pair
   for sentences in ${CT2_SENTENCES:-32 128}; do
     for pair in ${CT2_PAIRS:-float16:bfloat16 int8_float16:int8}; do
-      python3 benchmarks/ctranslate2_throughput.py --configs ${CT2_CONFIGS:-small base} \
+      python3 benchmarks/speed/ctranslate2_throughput.py --configs ${CT2_CONFIGS:-small base} \
         --ct2_device cuda --ct2_compute_type "${pair%%:*}" --our_precision "${pair##*:}" \
         --report_checks --sentences "$sentences" --repeats 5 --pause_s 0
     done
@@ -176,7 +170,7 @@ item_ct2() {
 }
 
 sbs() {
-  python3 benchmarks/side_by_side_dtype.py --dtype "$1" --bench-dir "$GPU/bench" \
+  python3 benchmarks/speed/side_by_side_dtype.py --dtype "$1" --bench-dir "$GPU/bench" \
     --flax-wmt-dir "$GPU/examples/wmt" --configs small,base,big --phases train,beam4 \
     --rounds 3 --calls 2
 }

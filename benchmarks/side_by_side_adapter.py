@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import anchor_flax_wmt as h
 
 STEPS = h.DECODE_MAX_LEN - 1  # The anchor runs 63 decoder steps.
-# Compute dtype of our side ("float32" or "bfloat16"); benchmarks/side_by_side_dtype.py sets it
-# together with the anchor's. Parameters stay float32 on both sides.
+# Compute dtype of our side ("float32" or "bfloat16"); benchmarks/speed/side_by_side_dtype.py sets
+# it together with the anchor's. Parameters stay float32 on both sides.
 DTYPE = os.environ.get("SIDE_BY_SIDE_DTYPE", "float32")
 
 

@@ -1,31 +1,30 @@
 """flax-transformer: the Transformer of "Attention Is All You Need" as pure JAX/Flax modules.
 
-Public API::
+The public API (each subpackage lists its own, below):
 
-  ModelConfig        the frozen architecture (presets `base`, `big`, `small`, `tiny`)
-  Transformer        the Flax module: `apply(variables, inputs, targets)` -> logits; `encode`,
-                     `precompute_cross_attention`, `init_cache`, `decode_step` for decoding
-  SearchConfig       how translations are searched (beam, greedy or sampling; length limits)
-  TranslateConfig    serving settings: a SearchConfig plus batching
-  Translator         restore a workdir and translate lists of sentences
-  prepare_search     encode a batch once and build the SearchProblem the searches take
-  SearchProblem      a step function, its state and the output limits (any model, no imports)
-  beam_search, greedy_search, sample
-                     the searches, pure functions over an explicit cache
-  Ranking            how beam search finishes and ranks hypotheses (rule, length penalty)
-  LoopOptions        how a search's while loop runs (outputs do not depend on it)
-  load_config        parse and validate an experiment ConfigDict (-> Experiment)
-  load_config_file   a config file's ConfigDict (configs/NAME.py, a variant)
-  Error              the base of every error a user can fix (a bad config, file, workdir, ...);
-                     anything else the package raises is a bug
-  train_and_evaluate the training job (what train.py runs), for a notebook
-  split_texts        a split's (source, target) texts; score_translations, lc_norm_tok: BLEU,
-                     chrF and the lc.norm.tok variant
-  describe_model, override_problem, average_checkpoints, read_lines, visualize (plots),
-  import_marian, export_marian, export_ctranslate2, PAD_ID, EOS_ID, UNK_ID
+- `ModelConfig`: the frozen architecture (presets `base`, `big`, `small`, `tiny`).
+- `Transformer`: the Flax module: `apply(variables, inputs, targets)` -> logits; `encode`,
+  `precompute_cross_attention`, `init_cache`, `decode_step` for decoding.
+- `SearchConfig`: how translations are searched (beam, greedy or sampling; length limits);
+  `TranslateConfig`: serving settings, a SearchConfig plus batching.
+- `Translator`: restore a workdir and translate lists of sentences.
+- `prepare_search`: encode a batch once and build the `SearchProblem` the searches take (a step
+  function, its state and the output limits: any model, no imports).
+- `beam_search`, `greedy_search`, `sample`: the searches, pure functions over an explicit cache;
+  `Ranking`: how beam search finishes and ranks hypotheses (rule, length penalty);
+  `LoopOptions`: how a search's while loop runs (outputs do not depend on it).
+- `load_config`: parse and validate an experiment ConfigDict (-> Experiment);
+  `load_config_file`: a config file's ConfigDict (configs/NAME.py, a variant).
+- `Error`: the base of every error a user can fix (a bad config, file, workdir, ...); anything
+  else the package raises is a bug.
+- `train_and_evaluate`: the training job (what train.py runs), for a notebook.
+- `split_texts`: a split's (source, target) texts; `score_translations`, `lc_norm_tok`: BLEU,
+  chrF and the lc.norm.tok variant.
+- `describe_model`, `override_problem`, `average_checkpoints`, `read_lines`, `visualize`
+  (plots), `import_marian`, `export_marian`, `export_ctranslate2`, `PAD_ID`, `EOS_ID`, `UNK_ID`.
 
-Each subpackage's `__init__` lists what other rooms and users may use (`__all__`), imported on
-first use; the rest is internal to it (tests/test_package_layout.py holds every import of the
+Each subpackage's `__init__` lists what other packages and users may use (`__all__`), imported
+on first use; the rest is internal to it (tests/test_package_layout.py holds every import of the
 package, its notebooks and the README to those lists).
 
 Training runs from `train.py` (`flax_transformer.training.trainer.train_and_evaluate`); the

@@ -1,4 +1,4 @@
-"""The conventions every room shares, each written once: special token ids and batch keys.
+"""The conventions every package shares, each written once: special token ids and batch keys.
 
   PAD_ID = 0  pads sources, targets and search outputs (after EOS), and is the decoder's start
               token: position 0 of the decoder reads it, position t reads target t - 1.

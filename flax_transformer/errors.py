@@ -7,7 +7,7 @@ config key or argument and what is allowed. `train.py` and the `flax-transformer
 traceback. Each subclass also derives from the builtin exception it replaced (`ValueError`,
 `FileNotFoundError`, ...), so code that caught those still does.
 
-No imports: every room of the package may raise these.
+No imports: every package of the project may raise these.
 """
 
 from __future__ import annotations

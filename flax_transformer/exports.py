@@ -1,6 +1,6 @@
 """A package's public names, imported when first used: the one helper behind every
 `__init__.py` that lists its interface (`__all__`) without importing its modules up front (as
-gemma's `epy.lazy_api_imports` does). No imports of the package: every room may use it.
+gemma's `epy.lazy_api_imports` does). No imports of the package: every package may use it.
 
   __getattr__, __dir__ = lazy_exports(__name__, {"Translator": "translator:Translator",
                                                  "bulk": "bulk"})

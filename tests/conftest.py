@@ -110,7 +110,7 @@ def small_program_child_xla_flags() -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
   """Sets XLA_FLAGS for this process: the children's flags (the tier's: FAST_TIER_XLA_FLAGS
-  added when the session leaves the slow tests out) plus in_process_xla_flags(). It runs before
+  added when the run leaves the slow tests out) plus in_process_xla_flags(). It runs before
   the test modules import JAX (XLA reads the variable at its first compile; tests/test_tiers.py
   checks what each process gets), and pytest-xdist's workers inherit both variables."""
   if CHILD_XLA_FLAGS_VARIABLE not in os.environ:  # The session's first pytest process.
@@ -140,15 +140,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # two-process training run) cost 7-80 s each: pytest-xdist's default spread sends a module's
 # tests to both workers, and each worker that runs one builds the fixtures again (the full
 # suite, 2026-11-27, AMD EPYC: setups of 42, 18 and 13 s in test_interop_marian, 42 and 33 s in
-# test_training_multihost; test_cli's two trained workdirs take 64 and 78 s). pyproject.toml's
+# test_training_multihost; test_cli's two trained workdirs take 64 and 78 s; test_docs_site's
+# site build, 60-90 s). pyproject.toml's
 # `--dist loadgroup` keeps each of them on one worker; every other test still goes to whichever
 # worker is free. Until 2026-11-28 it grouped nothing: the marks came after pytest-xdist's hook
 # had read them, and pytest 9.2 ignores the id that hook writes (pyproject.toml pins pytest
 # below 9.2; tests/test_tiers.py checks the ids pytest-xdist schedules by).
 ONE_WORKER_MODULES = frozenset({
-    "test_cli", "test_decoding_prefix", "test_interop_marian", "test_interop_marian_export",
-    "test_serving_ensemble", "test_serving_prefix_alignments", "test_training_multihost",
-    "test_training_steps"})
+    "test_cli", "test_decoding_prefix", "test_docs_site", "test_interop_marian",
+    "test_interop_marian_export", "test_serving_ensemble", "test_serving_prefix_alignments",
+    "test_training_multihost", "test_training_steps"})
 
 
 # Modules whose costly module-scoped fixtures are parametrized by storage kind (conftest's
@@ -187,7 +188,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _session_xla():
   """Hands XLA_FLAGS back to the children's flags once this process's XLA has read its own
-  (pytest_configure), and uses the session's compilation cache in this process too (as a
+  (pytest_configure), and uses the test run's compilation cache in this process too (as a
   `Translator` would turn it on).
 
   JAX keys the cache by the XLA_FLAGS variable as it reads it at each compile, so once the
@@ -354,7 +355,7 @@ STORAGE_KINDS = ("local", "gs")
 @pytest.fixture(scope="session")
 def gcs(tmp_path_factory):
   """The GCS emulator on 127.0.0.1 (tests/gcs_emulator.py) with a bucket GCS_BUCKET; its
-  standard variables are in os.environ while the session runs, so every child process (train.py,
+  standard variables are in os.environ while the tests run, so every child process (train.py,
   the CLI) reaches it as it would reach GCS."""
   from gcs_emulator import GcsEmulator
 

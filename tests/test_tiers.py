@@ -1,4 +1,4 @@
-"""The test tiers (conftest.py): only a session that leaves the slow tests out compiles with
+"""The test tiers (conftest.py): only a test run that leaves the slow tests out compiles with
 FAST_TIER_XLA_FLAGS; the pytest processes add IN_PROCESS_XLA_FLAGS, the processes they start do
 not; the modules that build costly fixtures run on one worker."""
 

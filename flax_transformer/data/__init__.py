@@ -1,5 +1,6 @@
 """Input pipeline: TFDS sources (WMT by name, local parallel text, the synthetic pair),
 the shared SentencePiece vocabulary, and grain pipelines of packed train and padded eval batches.
+For example::
 
   data = flax_transformer.config.load(config).data      # a validated DataConfig
   tokenizer = Tokenizer.load(path)                    # (training/vocabulary.py trains one)

@@ -77,7 +77,7 @@ def ensemble_log_probs(logits: Array, *, exact_tails: bool = True) -> Array:
   a probability. Without it (the search's step): one exp per model and entry and one log, the
   mean of the probabilities taken as they are, so a token whose probability is below float32's
   range (< 1e-38 in every model) gets -inf, which no search step would pick anyway; it costs a
-  quarter of the exact form's time on a CPU (BENCHMARKS.md, "Issue 33: ensembles").
+  quarter of the exact form's time on a CPU (docs/performance.md, "Measured design choices").
   """
   logits = logits.astype(jnp.float32)
   if exact_tails:
@@ -132,19 +132,19 @@ FIXED_CACHE_ROWS = 8  # "auto" keeps the cache fixed for batches of this many ro
 
 
 def grows_cache(setting: str, method: str, rows: int | None = None) -> bool:
-  """Whether the search grows the self-attention cache (`search`'s "Growing state").
+  """Whether the search grows the self-attention cache (docs, "Decoding": the growing state).
 
   `setting` is config.search.grow_cache: "yes", "no", or "auto", which grows it for beam search
   on CPU only, decided at trace time, and only for a batch of more than `FIXED_CACHE_ROWS`
   `rows` (None: any batch). A batch of a few sentences is a notebook's or a short command's:
   loading (or compiling) its program takes longer than its search, and the growing cache's
-  program, one loop body per segment, takes twice as long to compile and load (BENCHMARKS.md,
-  "Issue 32: time to first translation"). On a CPU a beam step is bound by memory traffic, mostly
-  the reorder of the whole cache by parent beam, so a cache grown by `loop.growth_schedule`
-  (16, 32, 48, 64, then doubling) makes beam search faster for a longer compile (one loop body
-  per segment); greedy decoding and sampling reorder nothing and gain too little for the
+  program, one loop body per segment, takes twice as long to compile and load
+  (docs/performance.md, "Measured design choices"). On a CPU a beam step is bound by memory
+  traffic, mostly the reorder of the whole cache by parent beam, so a cache grown by
+  `loop.growth_schedule` (16, 32, 48, 64, then doubling) makes beam search faster for a longer
+  compile (one loop body per segment); greedy decoding and sampling reorder nothing and gain too little for the
   compile time. On a GPU the step is bound by kernel launches rather than bytes, and there the
-  cache stays fixed. The figures: BENCHMARKS.md, "Growing self-attention cache".
+  cache stays fixed. The figures: docs/performance.md, "Measured design choices".
   """
   if setting not in GROW_CACHE_CHOICES:
     raise ValueError(f"grow_cache must be one of {GROW_CACHE_CHOICES}, got {setting!r}.")
@@ -167,7 +167,8 @@ def prepare_search(
   [B, N, S, H] (shared by the beams), and the length limits.
 
   Args:
-    model: the Transformer. variables: its variables ({"params": ...}).
+    model: the Transformer.
+    variables: its variables ({"params": ...}).
     inputs: int32 [B, S] source ids ending with EOS, padded with 0.
     max_decode_len: L, output tokens including EOS.
     max_len_a, max_len_b: at most floor(a * source length + b) tokens before EOS per sentence
@@ -241,7 +242,8 @@ def sequence_log_probs(model: Transformer, variables: Any, inputs: Array, target
   tokens (EOS included), by one teacher-forced forward pass.
 
   Args:
-    model: the Transformer. variables: its variables ({"params": ...}).
+    model: the Transformer.
+    variables: its variables ({"params": ...}).
     inputs: int32 [B, S] source ids ending with EOS, padded with 0.
     targets: int32 [B, T] target ids ending with EOS, padded with 0 (padding scores nothing;
       an all-padding row scores 0).

@@ -23,7 +23,7 @@ PyTree = Any
 DEFAULT_SEGMENT_LENGTH = 16
 # Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling);
 # other backends (TPU, whose loops run on the device) take the CPU's. The figures behind these
-# choices (CPU and GPU) are in BENCHMARKS.md, "steps per loop iteration".
+# choices (CPU and GPU) are in docs/performance.md, "Measured design choices".
 STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
 
 
@@ -137,8 +137,8 @@ def _run_steps(step: Callable[[Loop], Loop], steps: int, loop_state: Loop) -> Lo
   """`steps` calls of `step`, unrolled: k copies in one loop body, no inner loop of their own.
 
   An inner `lax.fori_loop` with the same static trip count is the alternative (a smaller
-  program, but a loop XLA runs on its own); `benchmarks/decode_loop_variants.py` times both
-  (variant `loop=fori`).
+  program, but a loop XLA runs on its own); `benchmarks/profiling/decode_loop_variants.py` times
+  both (variant `loop=fori`).
   """
   for _ in range(steps):
     loop_state = step(loop_state)

@@ -1,18 +1,18 @@
 """The model: the paper's encoder-decoder Transformer as Flax Linen modules.
 
-  config.py       `ModelConfig`, the frozen architecture (presets base, big, small, tiny), and
-                  the `config.model` group it is read from and written back to
-  attention.py    attention masks, multi-head scaled dot-product attention and its explicit
-                  key/value cache; the shape-letter legend of the whole package
-  layers.py       embeddings, positional encodings, the feed-forward network and the sub-layer
-                  connection (LayerNorm, dropout, residual)
-  transformer.py  `Transformer`: encoder and decoder stacks, teacher-forced logits, and the
-                  calls and cache of step-by-step decoding (`encode`,
-                  `precompute_cross_attention`, `init_cache`, `decode_step`)
-  quantization.py the int8 scheme (w8a8) and `Int8DenseGeneral`, used by the layers when
-                  `ModelConfig.quantization` is "int8"
-  precision.py    serving precisions (float32, bfloat16, int8): the served config and the
-                  conversion of trained params, done once when a model is loaded
+- `config.py`: `ModelConfig`, the frozen architecture (presets base, big, small, tiny), and
+  the `config.model` group it is read from and written back to
+- `attention.py`: attention masks, multi-head scaled dot-product attention and its explicit
+  key/value cache; the shape-letter legend of the whole package
+- `layers.py`: embeddings, positional encodings, the feed-forward network and the sub-layer
+  connection (LayerNorm, dropout, residual)
+- `transformer.py`: `Transformer`: encoder and decoder stacks, teacher-forced logits, and the
+  calls and cache of step-by-step decoding (`encode`,
+  `precompute_cross_attention`, `init_cache`, `decode_step`)
+- `quantization.py`: the int8 scheme (w8a8) and `Int8DenseGeneral`, used by the layers when
+  `ModelConfig.quantization` is "int8"
+- `precision.py`: serving precisions (float32, bfloat16, int8): the served config and the
+  conversion of trained params, done once when a model is loaded
 
 Arrows point down: precision -> transformer -> attention -> layers -> quantization, config.
 Run modes (training dropout, decoding) are call arguments, not config fields. No data, training

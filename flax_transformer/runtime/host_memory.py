@@ -9,8 +9,8 @@ and the kernel zeroes every page: on a 2-core AMD EPYC KVM guest, 157k page faul
 half the training process's CPU time in the kernel. With `glibc.malloc.hugetlb=1` (glibc 2.35
 and later), malloc advises MADV_HUGEPAGE on those mappings, so with the kernel's transparent
 huge pages in `madvise` (the usual default) or `always` mode a step faults 2 MiB pages, 512x
-fewer. Measured there: 1.29-1.58 s a step before, 0.91-1.21 s after (BENCHMARKS.md, "Host
-memory"). The arithmetic is unchanged: the same losses, bit for bit.
+fewer. Measured there: 1.29-1.58 s a step before, 0.91-1.21 s after (docs/performance.md,
+"Measured design choices"). The arithmetic is unchanged: the same losses, bit for bit.
 
 How. glibc reads its tunables once, when the dynamic loader starts the process, so the only way
 to set one for a running Python is to execute it again, with the same arguments and PID (a

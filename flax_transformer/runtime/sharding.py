@@ -172,7 +172,8 @@ def batch_split(x: jax.Array) -> jax.Array:
   With FSDP the weights are split over the same mesh axis as the batch, and without this XLA
   may meet a [B, T, D] x [D, F] product by gathering every row's activations onto every chip
   (all B rows of the [B, T, V] logits) instead of the weights, which takes several times the
-  memory per chip (BENCHMARKS.md, "TPU plans").
+  memory per chip (big on a v5e-8: 10.58 GiB per chip without, 3.58 GiB with;
+  docs/performance.md, "Measured design choices").
   """
   mesh = _BATCH_SPLIT.get()
   if mesh is None:

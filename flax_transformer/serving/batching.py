@@ -13,7 +13,7 @@ them (each compile costs about 3 s on a CPU, even for the tiny model); the price
 rows when fewer than 8 sentences are searched. Above 8, a batch's rows are the next power of two
 as before: a coarser ladder (8, 64, 512, ...) was measured and dropped, because a file's last,
 partial batch of each bucket then padded up to 8x and a 1,000-line file translated at 0.76x
-(BENCHMARKS.md, "Issue 32").
+(docs/performance.md, "Measured design choices").
 
 So the shape a sentence is searched in never depends on the number of devices. This matters for
 byte-identical output: XLA's CPU matmuls may round differently for another number of rows, and a

@@ -55,7 +55,9 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LOCK = "merge.lock"
 PARTIAL_SUFFIX = ".partial"
-DEFAULT_CHUNK_LINES = 50_000  # Why: BENCHMARKS.md, "Bulk translation".
+# 8-device padding under 8% and a kill's loss about half a minute on a GPU (docs/performance.md,
+# "Bulk translation: device batches and the chunk size").
+DEFAULT_CHUNK_LINES = 50_000
 _IDENTITY_BYTES = 1 << 20  # Hashed at each end of an input file.
 _MERGE_STALE_SECONDS = 600  # A bucket's merge lease left by a killed merge is taken over then.
 

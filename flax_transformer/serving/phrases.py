@@ -66,7 +66,7 @@ def padded_size(needed: int, smallest: int, largest: int) -> int:
 
 def check_search(search: SearchConfig) -> None:
   """One `InputError` line unless `search` can meet constraints: beam search with K >= 2 and
-  the "top_k" finish rule (`decoding.search`)."""
+  the "top_k" finish rule (`decoding.constrained_beam`)."""
   if search.method != "beam" or search.beam_size < 2:
     raise InputError(
         "constraints need beam search with config.search.beam_size >= 2 (dynamic beam "

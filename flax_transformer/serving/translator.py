@@ -22,7 +22,7 @@ the number of devices, so the output does not either. Sampling draws each senten
 
 A target prefix (one per sentence, '' for none) is searched in the same program as any other:
 its tokens are an array [rows, L] of the bucket's shape, so prefixes of any length share one
-program per bucket (`decoding.search`, "Target prefix"). Word alignments come from the same
+program per bucket (the docs' design page, "Decoding": the target prefix). Word alignments come from the same
 jitted program (a teacher-forced pass over the chosen hypotheses, `decoding.bridge`), and are
 made into word pairs on the host (`data.alignments`). An ensemble's params are its models'
 stacked (`from_checkpoints`); it searches, scores and aligns in one program (`decoding.bridge`,
@@ -219,27 +219,29 @@ class Translator:
   lists of sentences. Immutable: nothing a call does changes it.
 
   Args:
-    model_config: the architecture. params: its parameters (variables['params']), used by calls
-      that pass none; None for a translator that is always given them (training's evaluation).
-      Both as trained: `settings.precision` converts them once, here (`model.precision`), and
-      the Translator holds the served config and params (int8 kernels, bfloat16 weights).
-    tokenizer: the shared vocabulary. settings: how to search and batch (default: defaults).
+    model_config: the architecture, as trained: `settings.precision` converts it once, here
+      (`model.precision`), and the Translator holds the served config.
+    params: its parameters (variables['params']), as trained, used by calls that pass none;
+      None for a translator that is always given them (training's evaluation). Converted once
+      with the config (int8 kernels, bfloat16 weights).
+    tokenizer: the shared vocabulary.
+    settings: how to search and batch (default: defaults).
     step: the checkpoint step the parameters come from (for reports).
     mesh: search one device batch per device of this mesh's 'data' axis at every step;
       parameters stay where they are (`from_workdir(mesh=...)` replicates them on it). With
       several processes, every process passes the same sentences. None: one device.
     ensemble: `params` are M models' parameters stacked on a leading axis, searched, scored and
       aligned together (`from_checkpoints`; fairseq's rule, `decoding.bridge`).
-    search_fn, score_fn: the batched search `(params, inputs [B, S], rng, length_penalty, *,
-      settings, max_decode_len)` -> (sequences [B, K, L], scores [B, K]) (`search_batch`:
-      called with a target prefix [B, L], constraints and forbidden phrases [B, C, P] and the
-      word mask [V] after length_penalty, None where absent and the trailing absent ones left
-      out, and with `align=n`, only for calls that use them; `settings.length_penalty` is 0,
-      the real one is `length_penalty`) and
-      scoring (params, inputs, targets) -> log p [B]; default: `search_batch` and
-      `score_batch` of the model, jitted once per model config and mesh, the search's programs
-      exported to the persistent compilation cache's folder so that a new process does not
-      trace them again (`serving.programs`).
+    search_fn: the batched search `(params, inputs [B, S], rng, length_penalty, *, settings,
+      max_decode_len)` -> (sequences [B, K, L], scores [B, K]) (`search_batch`: called with
+      a target prefix [B, L], constraints and forbidden phrases [B, C, P] and the word mask
+      [V] after length_penalty, None where absent and the trailing absent ones left out, and
+      with `align=n`, only for calls that use them; `settings.length_penalty` is 0, the real
+      one is `length_penalty`); default: `search_batch` of the model, jitted once per model
+      config and mesh, its programs exported to the persistent compilation cache's folder so
+      that a new process does not trace them again (`serving.programs`).
+    score_fn: scoring, `(params, inputs, targets)` -> log p [B]; default: `score_batch` of the
+      model, jitted once per model config and mesh.
 
   Making one turns on the persistent compilation cache (the CLI's folder, under the same
   switch: FLAX_TRANSFORMER_COMPILATION_CACHE, '' for off) unless the process chose one.

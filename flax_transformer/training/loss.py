@@ -52,7 +52,7 @@ def is_top_prediction(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
   Written as a max and a gather rather than `jnp.argmax`: XLA's CPU argmax is a variadic
   (value, index) reduction that does not vectorise, far slower than `max` over [B, T, V]
-  (BENCHMARKS.md, "Training step").
+  (71 ms against 3-5 ms at small; docs/performance.md, "Measured design choices").
   An exact tie with another logit counts as correct, where argmax would pick the lower id.
   """
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]

@@ -27,7 +27,8 @@ from flax_transformer.runtime import accelerators
 # tensors, and google.cloud.storage, to write gs:// event files itself (a gs:// workdir's events
 # are written locally and copied, `_BucketLogs`). With the [hf] and [gcs] extras installed they
 # took 3.2 s of a 23 s SHRUNK train.py run (cProfile, AMD EPYC Zen 3) and 0.15 s of a training
-# job's 1.30 s of imports (side by side, Zen 4; BENCHMARKS.md, "Imports"), 2026-11-28.
+# job's 1.30 s of imports (side by side, Zen 4, 2026-11-28; docs/performance.md, "Measured design
+# choices").
 _UNUSED_BY_THE_WRITER = ("torch", "google.cloud.storage")
 
 

@@ -197,7 +197,7 @@ def restore_params(
   WORKDIR/averaged/step_S_last_K, of this or any workdir).
 
   Args:
-    target: optional abstract params (`jax.ShapeDtypeStruct`s with shardings) to restore
+    target: optional abstract params (a `jax.ShapeDtypeStruct` with its sharding each) to restore
       into, e.g. a training mesh's; their shapes must be the checkpoint's.
 
   Returns:
@@ -231,7 +231,7 @@ def restore_checkpoint(path: str | os.PathLike, *, device: jax.Device | None = N
 
   Args:
     device: where the params go (default: the first local device); ignored with `target`.
-    target: optional abstract params (`jax.ShapeDtypeStruct`s with shardings) to restore
+    target: optional abstract params (a `jax.ShapeDtypeStruct` with its sharding each) to restore
       into; their shapes must be the checkpoint's.
 
   Returns:

@@ -29,8 +29,8 @@ def write_split(workdir: str | os.PathLike, split: str = "test",
     data = data_config_from(read_config(workdir))
   except ConfigError as error:
     raise ConfigError(f"{os.path.join(workdir, CONFIG_FILE)}: {error}") from None
-  # Imported here: the data pipeline loads TFDS and grain (0.23 s of the serving
-  # path's 1.10 s of imports, AMD EPYC Zen 4; BENCHMARKS.md, "Imports"), which `import
+  # Imported here: the data pipeline loads TFDS and grain (0.23 s of the serving path's 1.10 s
+  # of imports, AMD EPYC Zen 4; docs/performance.md, "Measured design choices"), which `import
   # flax_transformer.workdir` (every translate and evaluate) does not need.
   from flax_transformer.data import split_texts
 
