@@ -121,7 +121,8 @@ def resize_cache(cache: DecoderCache, capacity: int) -> DecoderCache:
   Growing appends zeros; shrinking drops the last positions, which must not be written yet
   (capacity >= `cache.index`). Beam search calls this between loop segments so that early
   steps attend over a short cache (the docs' design page, "Decoding": the growing state). The
-  axes count from the end, so keys/values with leading axes of their own (an ensemble's [M, B, ...]) resize too.
+  axes count from the end, so keys/values with leading axes of their own (an ensemble's
+  [M, B, ...]) resize too.
   """
   beams = cache.slots.shape[1]
 
