@@ -144,7 +144,8 @@ def grows_cache(setting: str, method: str, rows: int | None = None) -> bool:
   `loop.growth_schedule` (16, 32, 48, 64, then doubling) makes beam search faster for a longer
   compile (one loop body per segment); greedy decoding and sampling reorder nothing and gain
   too little for the compile time. On a GPU the step is bound by kernel launches rather than
-  bytes, and there the cache stays fixed. The figures: docs/performance.md, "Measured design choices".
+  bytes, and there the cache stays fixed. The figures: docs/performance.md, "Measured design
+  choices".
   """
   if setting not in GROW_CACHE_CHOICES:
     raise ValueError(f"grow_cache must be one of {GROW_CACHE_CHOICES}, got {setting!r}.")
