@@ -25,8 +25,8 @@ its tokens are an array [rows, L] of the bucket's shape, so prefixes of any leng
 program per bucket (the docs' design page, "Decoding": the target prefix). Word alignments come
 from the same jitted program (a teacher-forced pass over the chosen hypotheses,
 `decoding.bridge`), and are made into word pairs on the host (`data.alignments`). An
-ensemble's params are its models' stacked (`from_checkpoints`); it searches, scores and aligns in one program (`decoding.bridge`,
-"Ensembles").
+ensemble's params are its models' stacked (`from_checkpoints`); it searches, scores and aligns
+in one program (`decoding.bridge`, "Ensembles").
 """
 
 from __future__ import annotations
