@@ -422,3 +422,69 @@ def test_constraints_with_one_beam_greedy_or_every_beam_are_refused():
 ])
 def test_satisfied_follows_the_definition(tokens, phrases, ordered, expected):
   assert constraints.satisfied(tokens, phrases, ordered) == expected
+
+
+@pytest.mark.parametrize(("tokens", "phrases", "ordered", "expected"), [
+    ((2, 4, 1), [(2,)], False, True),  # 4 starts a word: "2" stands whole.
+    ((2, 3, 1), [(2,)], False, False),  # 3 continues it: "2" is inside the word "2 3".
+    ((2, 3, 1), [(2, 3)], False, True),
+    ((2, 3), [(2, 3)], False, True),  # Cut at L: the end of the output ends the word.
+    ((4, 2, 3, 2, 6, 1), [(2,)], False, True),  # The second occurrence stands whole.
+    ((2, 6, 2, 3, 1), [(6,), (2,)], True, False),  # Ordered: "2" whole only before "6".
+])
+def test_satisfied_counts_whole_words_only(tokens, phrases, ordered, expected):
+  assert constraints.satisfied(tokens, phrases, ordered, CONTINUES) == expected
+  padded = np.zeros((1, 1, 8), np.int32)
+  padded[0, 0, :len(tokens)] = tokens
+  held = constraints.holds_every_phrase(jnp.asarray(padded), jnp.asarray(_phrase_array([phrases])),
+                                        ordered, jnp.asarray(CONTINUES[:7]))
+  assert bool(held[0, 0]) == expected
+
+
+def _holds_word(seq, phrase, cont):
+  """Brute force: the phrase occurs in the output followed by a token that ends the word."""
+  tokens = [int(t) for t in seq if t != PAD]
+  n = len(phrase)
+  return any(tuple(tokens[i:i + n]) == tuple(phrase)
+             and (i + n == len(tokens) or not cont[tokens[i + n]] or tokens[i + n] == EOS)
+             for i in range(len(tokens) - n + 1))
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_forbidden_words_never_stand_whole_but_may_go_on(method):
+  """Forbidding a word forbids it as a whole word only: the search lets it go on into a longer
+  word (3 and 5 continue words) and leaves every hypothesis a legal token."""
+  toy = HashToy(seed=96, batch=6, max_len=9, vocab=7, eos_logits=-1.0)
+  cont = jnp.asarray(CONTINUES[:toy.vocab])
+  plain = SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
+                        max_decode_len=toy.max_len, eos_id=EOS, word_continues=cont,
+                        max_lengths=jnp.asarray([8, 8, 3, 8, 2, 8], jnp.int32))
+
+  def run(problem):
+    if method == "beam":
+      return [np.asarray(x) for x in beam_search(problem, beam_size=4, ranking=Ranking(0.6))]
+    search = decoding.greedy_search if method == "greedy" else functools.partial(
+        decoding.sample, rng=jax.random.key(0))
+    sequences, scores = search(problem)
+    return np.asarray(sequences)[:, None], np.asarray(scores)[:, None]
+
+  before, _ = run(plain)
+  # Each sentence's first whole word of its best output, forbidden.
+  forbid = []
+  for b in range(toy.batch):
+    tokens = [int(t) for t in before[b, 0] if t not in (PAD, EOS)]
+    first = tokens[:1] + list(itertools.takewhile(lambda t: CONTINUES[t], tokens[1:]))
+    forbid.append([tuple(first[:P]) if first else (2,)])
+  after, scores = run(plain.replace(forbid=jnp.asarray(_phrase_array(forbid))))
+  went_on = 0
+  for b in range(toy.batch):
+    for seq, score in zip(after[b], scores[b], strict=True):
+      if method == "beam" and not np.isfinite(score):
+        continue
+      assert np.isfinite(score), (b, seq)  # Never left without a legal token.
+      assert not _holds_word(seq, forbid[b][0], CONTINUES), (b, seq, forbid[b])
+      tokens, phrase = tuple(int(t) for t in seq), forbid[b][0]
+      went_on += any(tokens[i:i + len(phrase)] == phrase for i in range(len(tokens)))
+  assert not np.array_equal(before, after)
+  # The pieces still occur where the word goes on: a ban of the pieces would have none.
+  assert went_on >= 1

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+import sacrebleu
 from conftest import STORAGE_KINDS, storage_folder
 from test_serving_bulk import (  # noqa: F401 (fixtures)
   crash_after_chunks,
@@ -312,3 +313,41 @@ def test_evaluate_measures_a_term_lists_effect(workdir, tmp_path, capsys):  # no
   assert "unmet" not in plain and constrained["unmet"] == 0
   assert constrained["constraint_order"] == "ordered" and constrained["bleu"] != plain["bleu"]
   assert all(" park" in f" {line}" for line in output.read_text().splitlines())
+
+
+@pytest.mark.slow  # Translates with a trained model: the fast tier leaves it to CI.
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_term_the_translation_already_holds_leaves_it_unchanged(trained_workdir, where):
+  """The translator's question, on the Quick start's trained model: each reference's first,
+  middle or last word as its term. Where the plain translation holds the term as a word, the
+  constrained one is the same text with the same score; everywhere it holds its term, and BLEU
+  does not fall."""
+  translator = Translator.from_workdir(trained_workdir)
+  pairs = synthetic.generate_splits(11, {"held_out": 48})["held_out"]
+  sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+  pick = {"first": 0, "middle": None, "last": -1}[where]
+  terms = [[words[len(words) // 2 if pick is None else pick]]
+           for words in (reference.split() for reference in references)]
+  plain = translator.translate_nbest(sources, 1)
+  constrained = translator.translate_nbest(sources, 1, constraints=terms)
+  held = [terms[i][0] in plain[i][0][0].split() for i in range(len(sources))]
+  assert sum(held) >= len(sources) // 2  # The model is good: the test's premise.
+  for i in range(len(sources)):
+    if held[i]:
+      assert constrained[i] == plain[i], (plain[i], terms[i])
+    assert terms[i][0] in constrained[i][0][0].split(), (constrained[i], terms[i])
+  bleu = lambda outputs: sacrebleu.corpus_bleu([o[0][0] for o in outputs], [references]).score
+  assert bleu(constrained) >= bleu(plain)
+
+
+def test_a_phrase_without_a_word_or_starting_inside_one_is_one_line(translator):
+  with pytest.raises(ValueError, match=r"constraints, line 1: the phrase '\.\.\.' has no word"):
+    translator.translate(SENTENCES, constraints=[["..."], [], [], []])
+  # A vocabulary whose piece for "lake" continues a word: it could only match inside another.
+  inside = np.zeros(translator.model_config.vocab_size, bool)
+  inside[translator.tokenizer.tokenize_target("lake")[0]] = True
+  with pytest.raises(ValueError, match=r"forbid, line 2: the phrase 'lake' does not start a "
+                     "word in the target vocabulary"):
+    phrases.phrase_ids("forbid", [[], ["lake"]], tokenize=translator.tokenizer.tokenize_target,
+                       search=translator.settings.search, output_room=lambda i: 50,
+                       word_continues=inside)

@@ -160,3 +160,47 @@ def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer
   loaded = Translator(config, params, tokenizer, settings, mesh=mesh,
                       search_fn=_fresh(stored))
   assert loaded.translate(texts) == plain.translate(texts)
+
+
+def test_one_program_per_shape_serves_every_length_penalty(tokenizer, stored_in):  # noqa: F811
+  """The length penalty is data: a grid of alphas traces each shape once, and every alpha
+  gives the bits of a program compiled with it as a constant (`search_batch` given no
+  length_penalty reads `settings.length_penalty`)."""
+  texts = sentences(6, seed=3)
+  model = _translator(tokenizer).model
+  traced = []
+
+  def counted(*args, **kwargs):
+    traced.append(1)
+    return translator_lib.search_batch(model, *args, **kwargs)
+
+  def constant(params, inputs, rng, length_penalty, *rest, settings, max_decode_len, alpha):
+    del length_penalty  # The Translator's, ignored: alpha is a constant of this program.
+    return translator_lib.search_batch(model, params, inputs, rng, None, *rest,
+                                       settings=settings.replace(length_penalty=alpha),
+                                       max_decode_len=max_decode_len)
+
+  grid = _translator(tokenizer, beam_size=3, search_fn=jax.jit(
+      counted, static_argnames=("settings", "max_decode_len", "align")))
+  shapes = {b.shape for b in plan_batches([len(tokenizer.tokenize(t)) + 1 for t in texts],
+                                           grid.settings.batch_tokens, 32)}
+  for alpha in (0.0, 0.6, 1.0, 1.3, 2.0, 3.0):
+    got = grid.translate_nbest(texts, n=3, length_penalty=alpha)
+    reference = _translator(tokenizer, beam_size=3, search_fn=jax.jit(
+        functools.partial(constant, alpha=alpha), static_argnames=("settings",
+                                                                   "max_decode_len")))
+    assert got == reference.translate_nbest(texts, n=3, length_penalty=alpha), alpha
+  assert len(traced) == len(shapes)  # Traced once per shape for the whole grid.
+
+
+def test_nbest_returns_fewer_hypotheses_where_fewer_exist(tokenizer, stored_in):  # noqa: F811
+  """A target prefix that fills the whole output leaves one hypothesis (the prefix, then the
+  forced EOS): the n-best has one entry, not n - 1 invented ('', -inf) ones."""
+  translator = _translator(tokenizer, beam_size=4, max_len_a=0.0, max_len_b=3)
+  prefix = next(text for text in sentences(40, seed=9)
+                if len(tokenizer.tokenize_target(text)) == 3)
+  [hypotheses] = translator.translate_nbest(["the dog"], n=4, target_prefix=[prefix])
+  assert len(hypotheses) == 1 and hypotheses[0][0] == prefix
+  assert -float("inf") < hypotheses[0][1] <= 0
+  free = translator.translate_nbest(["the dog"], n=4)[0]
+  assert len(free) == 4 and all(-float("inf") < score <= 0 for _, score in free)

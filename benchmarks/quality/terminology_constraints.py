@@ -1,25 +1,23 @@
-"""Terminology constraints on a real test set (issue 41): quality, coverage and cost.
+"""Terminology constraints on a real test set: quality, coverage and cost.
 
-Takes one or two content words from each reference (as Post & Vilar 2018 and Hu et al. 2019
-did: the terms come from the reference, so this measures what a glossary that knows the
-answer can add, not what a real glossary would): the words of the reference without
-punctuation, at least 4 characters long and not in a short list of German function words,
-of which a seeded RNG picks one or two (two where it can, with probability 1/2), kept in
-reference order, leaving out any the vocabulary cannot spell. Then, in one process with every
-program compiled first:
+Takes one content word from each reference as its term, chosen (a) first, (b) last or (c) at
+random (seeded) among the reference's content words: words (`data.words.split_words`) of at
+least --min_chars characters, not in a short list of German function words, that the
+vocabulary can spell. The terms come from the reference, so this measures what a glossary that
+knows the answer can add; the "last" choice is the case fairseq's stop rule got wrong (a
+sentence-final term). Then, in one process with every program compiled first:
 
   * BLEU and chrF (sacreBLEU, cased; and BLEU lc.norm.tok) of the unconstrained and the
-    constrained beam search, unordered and ordered;
-  * the share of lines whose output holds all their terms, as target pieces (what the search
-    guarantees where the length cap allows) and as whole words;
-  * wall seconds of `Translator.translate` over the split, unconstrained against constrained
-    (unordered), alternating, --repeats each; the medians and their ratio.
+    constrained beam search, for each choice;
+  * the share of lines whose output holds their term as a whole word (`data.words`);
+  * wall seconds of `Translator.translate` over the split, unconstrained against constrained,
+    alternating, --repeats each; the medians and their ratio.
 
-Prints one JSON line per measurement and a closing summary line.
+Prints one JSON line per measurement and a closing summary line per choice.
 
-  python benchmarks/quality/terminology_constraints.py --workdir /work/runs/mini_s0 \
-      [--data_dir ../shared/data/multi30k] [--split test_2016_flickr] [--beam_size 4] \
-      [--repeats 3] [--limit N]
+  python benchmarks/quality/terminology_constraints.py --workdir W \
+      [--src test.en.gz --ref test.de.gz | --data_dir ../shared/data/multi30k] \
+      [--choices first,last,random] [--beam_size 4] [--repeats 3] [--limit N]
 """
 
 from __future__ import annotations
@@ -28,13 +26,12 @@ import argparse
 import gzip
 import json
 import random
-import re
 import statistics
 import time
 from pathlib import Path
 
 from flax_transformer import Translator
-from flax_transformer.data import UNK_ID
+from flax_transformer.data import UNK_ID, words
 from flax_transformer.scoring import score_translations
 
 FUNCTION_WORDS = frozenset((
@@ -49,86 +46,90 @@ FUNCTION_WORDS = frozenset((
 
 
 def read(path: Path) -> list[str]:
-  with gzip.open(path, "rt", encoding="utf-8") as lines:
+  """The lines of a text file, gzipped or not."""
+  opener = gzip.open if path.suffix == ".gz" else open
+  with opener(path, "rt", encoding="utf-8") as lines:
     return [line.rstrip("\n") for line in lines]
 
 
-def choose_terms(references: list[str], spellable, seed: int = 0) -> list[list[str]]:
-  """One or two content words of each reference, in reference order (module docstring)."""
+def choose_terms(references: list[str], spellable, choice: str, min_chars: int,
+                 seed: int = 0) -> list[list[str]]:
+  """One content word of each reference (module docstring); [] where it has none."""
   rng = random.Random(seed)
   terms = []
   for reference in references:
-    words = [re.sub(r"^[^\w]+|[^\w]+$", "", word) for word in reference.split()]
-    content = list(dict.fromkeys(w for w in words if len(w) >= 4
-                                 and w.lower() not in FUNCTION_WORDS and spellable(w)))
-    count = min(len(content), 2 if rng.random() < 0.5 else 1)
-    chosen = set(rng.sample(content, count))
-    terms.append([w for w in content if w in chosen])
+    content = [w for w in words.split_words(reference) if len(w) >= min_chars
+               and w.lower() not in FUNCTION_WORDS and spellable(w)]
+    if not content:
+      terms.append([])
+      continue
+    pick = {"first": 0, "last": len(content) - 1}.get(choice)
+    terms.append([content[rng.randrange(len(content)) if pick is None else pick]])
   return terms
-
-
-def holds_words(text: str, terms: list[str]) -> bool:
-  words = [re.sub(r"^[^\w]+|[^\w]+$", "", word) for word in text.split()]
-  return all(term in words for term in terms)
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--data_dir", default="../shared/data/multi30k")
+  parser.add_argument("--src", type=Path, help="Source lines (plain or .gz).")
+  parser.add_argument("--ref", type=Path, help="Reference lines (plain or .gz).")
+  parser.add_argument("--data_dir", default="../shared/data/multi30k",
+                      help="Without --src/--ref: DATA_DIR/SPLIT.{source,target}_lang.gz.")
   parser.add_argument("--split", default="test_2016_flickr")
   parser.add_argument("--source_lang", default="en")
   parser.add_argument("--target_lang", default="de")
+  parser.add_argument("--choices", default="first,last,random")
+  parser.add_argument("--min_chars", type=int, default=4)
   parser.add_argument("--beam_size", type=int, default=4)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--limit", type=int, default=None, help="Only the first N lines.")
   args = parser.parse_args()
   data = Path(args.data_dir)
-  sources = read(data / f"{args.split}.{args.source_lang}.gz")[:args.limit]
-  references = read(data / f"{args.split}.{args.target_lang}.gz")[:args.limit]
+  sources = read(args.src or data / f"{args.split}.{args.source_lang}.gz")[:args.limit]
+  references = read(args.ref or data / f"{args.split}.{args.target_lang}.gz")[:args.limit]
   translator = Translator.from_workdir(args.workdir, beam_size=args.beam_size)
   vocab = translator.tokenizer
   spellable = lambda word: UNK_ID not in vocab.tokenize_target(word)
-  terms = choose_terms(references, spellable)
   emit = lambda **fields: print(json.dumps(fields), flush=True)
-  emit(kind="terms", lines=len(terms), terms=sum(map(len, terms)),
-       lines_with_terms=sum(1 for t in terms if t), example=terms[:3])
 
-  def run(constraints=None, order="unordered"):
-    outputs, met, start = [""] * len(sources), [True] * len(sources), time.perf_counter()
-    for batch in translator.iter_nbest(sources, 1, constraints=constraints,
-                                       constraint_order=order):
-      for i, hypotheses, holds in zip(batch.indices, batch.hypotheses,
-                                      batch.constraints_met or [[True]] * len(batch.indices),
-                                      strict=True):
-        outputs[i], met[i] = hypotheses[0][0], holds[0]
-    return outputs, met, time.perf_counter() - start
+  def run(constraints=None):
+    outputs, start = [""] * len(sources), time.perf_counter()
+    for batch in translator.iter_nbest(sources, 1, constraints=constraints):
+      for i, hypotheses in zip(batch.indices, batch.hypotheses, strict=True):
+        outputs[i] = hypotheses[0][0]
+    return outputs, time.perf_counter() - start
 
-  results = {}
-  for name, constraints, order in (("unconstrained", None, "unordered"),
-                                   ("constrained", terms, "unordered"),
-                                   ("constrained_ordered", terms, "ordered")):
-    outputs, met, seconds = run(constraints, order)  # The first run compiles.
+  def quality(name, outputs, terms, seconds):
     scores = score_translations(outputs, references, target_lang=args.target_lang)
-    results[name] = outputs
+    holding = [words.holds_words(o, t) for o, t in zip(outputs, terms, strict=True) if t]
     emit(kind="quality", variant=name, bleu=round(scores["bleu"], 2),
          chrf=round(scores["chrf"], 2), bleu_lc_norm_tok=round(scores["bleu_lc_norm_tok"], 2),
-         lines_holding_all_terms_as_pieces=None if constraints is None else sum(met) / len(met),
-         lines_holding_all_terms_as_words=sum(holds_words(o, t) for o, t in
-                                              zip(outputs, terms, strict=True)) / len(terms),
+         lines_holding_their_term_as_a_word=round(sum(holding) / max(1, len(holding)), 4),
          first_run_seconds=round(seconds, 2))
-  times = {"unconstrained": [], "constrained": []}
-  for _ in range(args.repeats):
-    for name, constraints in (("unconstrained", None), ("constrained", terms)):
-      outputs, _, seconds = run(constraints)
-      assert outputs == results[name], f"{name}: a repeat translated differently"
-      times[name].append(seconds)
-      emit(kind="time", variant=name, seconds=round(seconds, 3))
-  median = {name: statistics.median(values) for name, values in times.items()}
-  emit(kind="summary", lines=len(sources), beam_size=args.beam_size,
-       unconstrained_seconds=round(median["unconstrained"], 2),
-       constrained_seconds=round(median["constrained"], 2),
-       constrained_over_unconstrained=round(median["constrained"] / median["unconstrained"], 3))
+    return scores
+
+  plain, seconds = run()  # The first run compiles.
+  for choice in args.choices.split(","):
+    terms = choose_terms(references, spellable, choice, args.min_chars)
+    emit(kind="terms", choice=choice, lines=len(terms), lines_with_terms=sum(map(bool, terms)),
+         example=terms[:3])
+    base = quality(f"unconstrained ({choice} terms)", plain, terms, seconds)
+    constrained, first = run(terms)
+    scores = quality(f"constrained ({choice})", constrained, terms, first)
+    times = {"unconstrained": [], "constrained": []}
+    for _ in range(args.repeats):
+      for name, constraints, expected in (("unconstrained", None, plain),
+                                          ("constrained", terms, constrained)):
+        outputs, took = run(constraints)
+        assert outputs == expected, f"{name}: a repeat translated differently"
+        times[name].append(took)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    emit(kind="summary", choice=choice, lines=len(sources), beam_size=args.beam_size,
+         bleu_unconstrained=round(base["bleu"], 2), bleu_constrained=round(scores["bleu"], 2),
+         unchanged_lines=sum(a == b for a, b in zip(plain, constrained, strict=True)),
+         unconstrained_seconds=round(median["unconstrained"], 2),
+         constrained_seconds=round(median["constrained"], 2),
+         constrained_over_unconstrained=round(median["constrained"] / median["unconstrained"], 3))
 
 
 if __name__ == "__main__":

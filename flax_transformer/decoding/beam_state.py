@@ -228,7 +228,7 @@ def finish(state: BeamState, finishes: Array, eos_sums: Array, eos_id: int, rank
   phrase), those that hold every phrase come first, then by score, so one the length cap
   forced never takes the place of one that holds them."""
   beams, max_len = state.alive_seqs.shape[1:]
-  eos_scores = jnp.where(finishes, eos_sums / ranking.divisor(state.step + 1), NEG_INF)
+  eos_scores = jnp.where(finishes, ranking.normalized(eos_sums, state.step + 1), NEG_INF)
   at_step = jnp.arange(max_len) == state.step  # [L]
   eos_seqs = jnp.where(at_step, eos_id, state.alive_seqs)  # [B, K, L]
   scores = jnp.concatenate([state.finished_scores, eos_scores], axis=1)  # [B, 2K]
@@ -310,7 +310,7 @@ def ranked_hypotheses(final: BeamState, ranking: Ranking, alive_met: Array | Non
   every phrase come first, then by score.
   """
   beams = final.alive_seqs.shape[1]
-  unfinished_scores = final.alive_log_probs / ranking.divisor(final.step)  # [B, K]
+  unfinished_scores = ranking.normalized(final.alive_log_probs, final.step)  # [B, K]
   if ranking.finish_rule == "top_k":
     unfinished_scores = jnp.where(final.done[:, None], NEG_INF, unfinished_scores)
   all_scores = lambda: jnp.concatenate([final.finished_scores, unfinished_scores], axis=1)

@@ -193,15 +193,35 @@ class Ranking:
   def divisor(self, num_tokens: Array | int) -> Array:
     """float32: the length divisor of a hypothesis of `num_tokens` tokens (EOS included):
     ((5 + n) / 6) ** alpha ("gnmt") or n ** alpha ("fairseq"); non-decreasing in n."""
-    n = jnp.asarray(num_tokens, jnp.float32)
-    base = (5.0 + n) / 6.0 if self.length_normalization == "gnmt" else n
+    base = self._base(num_tokens)
     alpha = self.length_penalty
     if isinstance(alpha, int | float):
       return base ** alpha
-    # A traced alpha gives the bits of a constant one: XLA rewrites x ** 3.0 as x * x * x
-    # when the exponent is a constant (and no other exponent differs, measured on 0 to 6).
+    # XLA rewrites x ** c for a constant c of 1, 2 or 3 as products; a traced alpha does the
+    # same, so that its bits are those of the program with alpha as a constant.
     alpha = jnp.asarray(alpha, jnp.float32)
-    return jnp.where(alpha == 3.0, base * base * base, base ** alpha)
+    return jnp.where(alpha == 1.0, base, jnp.where(alpha == 2.0, base * base, jnp.where(
+        alpha == 3.0, base * base * base, base ** alpha)))
+
+  def normalized(self, sums: Array, num_tokens: Array | int) -> Array:
+    """sums [...] / divisor(num_tokens) (num_tokens a scalar), the score of hypotheses.
+
+    With alpha a constant, XLA turns this division into sums * divisor ** -alpha (1 / base,
+    1 / base ** 2 or 1 / base ** 3 for alpha 1, 2 or 3); a traced alpha computes exactly that,
+    so one program serves every alpha with the bits of a program compiled for each (tested
+    in tests/test_serving_programs.py).
+    """
+    alpha = self.length_penalty
+    if isinstance(alpha, int | float):
+      return sums / self.divisor(num_tokens)
+    base, alpha = self._base(num_tokens), jnp.asarray(alpha, jnp.float32)
+    reciprocal = jnp.where(alpha == 1.0, 1.0 / base, jnp.where(alpha == 2.0, 1.0 / (base * base),
+                           jnp.where(alpha == 3.0, 1.0 / (base * base * base), base ** -alpha)))
+    return sums * reciprocal
+
+  def _base(self, num_tokens: Array | int) -> Array:
+    n = jnp.asarray(num_tokens, jnp.float32)
+    return (5.0 + n) / 6.0 if self.length_normalization == "gnmt" else n
 
 
 def length_penalty_divisor(num_tokens: Array | int, alpha: float,
