@@ -15,7 +15,7 @@ setup() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && touch /tmp/site/.done || return 1
   fi
-  # cuda first (the default backend), cpu beside it: jax.debug.callback (tests/test_decoding_search.py)
+  # cuda first (the default backend), cpu beside it: jax.debug.callback (tests/test_decoding_loop.py)
   # places its operands on a CPU device, as JAX does by default where JAX_PLATFORMS is unset.
   export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 JAX_PLATFORMS=${GPU_REPORT_PLATFORM:-cuda,cpu} TF_CPP_MIN_LOG_LEVEL=2
   # CTranslate2's wheel loads cuBLAS 12 (libcublas.so.12) at run time; the image has CUDA 13's.
@@ -67,7 +67,7 @@ item_tests() {
   # 8 workers: the files are bound by compiles, which the device's 16 cores run side by side.
   # GPU_REPORT_TESTS (test ids) narrows it, to rerun what failed.
   python3 -m pytest -q -p no:cacheprovider -n 8 --durations=15 ${GPU_REPORT_TESTS:-tests/test_attention_cudnn.py \
-    tests/test_model.py tests/test_decoding_search.py tests/test_serving_programs.py}
+    tests/test_model.py tests/test_decoding_beam.py tests/test_decoding_loop.py tests/test_decoding_sampling.py tests/test_serving_programs.py}
 }
 
 quality_seed() {

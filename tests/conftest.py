@@ -44,27 +44,27 @@ else:
       os.environ["_FLAX_TRANSFORMER_TEST_SESSION_CACHE"])
 
 
-# The pytest processes' own XLA:CPU flags, in both tiers: XLA's older elemental emitters and LLVM
-# at -O0. Most of the whole suite's time is XLA compiling in the pytest processes themselves
-# (1,858 s and 2,036 s of the two workers' 3,985 s each: a jax.monitoring listener, the full
-# suite, 2026-11-27, AMD EPYC Zen 3), small programs that then run for milliseconds. Four
-# compile-bound files (test_decoding_bridge, test_decoding_search, test_model,
-# test_serving_translator; 194 tests, 2 workers, Zen 3, 2026-11-27) took 431 s with XLA's
-# defaults, 288 s with -O0 and 208 s with both flags, all passing. The same flags compile
+# The pytest processes' own XLA:CPU flags, in both tiers: XLA's older elemental emitters and LLVM at
+# -O0. Most of the whole suite's time is XLA compiling in the pytest processes themselves (1,858 s
+# and 2,036 s of the two workers' 3,985 s each: a jax.monitoring listener, the full suite,
+# 2026-11-27, AMD EPYC Zen 3), small programs that then run for milliseconds. Four compile-bound
+# files (test_decoding_bridge, test_decoding_search, since split into _beam, _loop, _sampling and
+# _topk, test_model, test_serving_translator; 194 tests, 2 workers, Zen 3, 2026-11-27) took 431 s
+# with XLA's defaults, 288 s with -O0 and 208 s with both flags, all passing. The same flags compile
 # trained and base-size programs slower and run them slower (a beam search at base: compile 24 s
 # against 11-14 s; 400 SHRUNK training steps 110-141 s against 94-109 s at -O0), so in the whole
-# suite the processes that tests start (train.py, several hosts) keep XLA's defaults, as the
-# product runs: `_session_xla` hands XLA_FLAGS back to them once this process's XLA has read the
-# variable (XLA reads it once, at the first compile). The fast tier, whose programs are all
-# small, gives the same flags to the processes it starts too (FAST_TIER_XLA_FLAGS; the fast tier
-# in 160-164 s with both, 205-237 s with the emitters alone, 264-278 s with XLA's defaults;
-# Zen 3). FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's defaults everywhere. Giving train.py's
-# runs in the whole suite these flags too would gain little: those tests spend their time in
-# imports, tracing, saves and waits, and the programs they compile come mostly from the
-# session's cache (the signal, kill -9, platform and Quick-start tests: 386 s against 398 s with
-# XLA's defaults, 2 workers, Zen 3, 2026-11-28). The CLI translate jobs, notebook kernels and
-# pod script that tests start on the tiny model do gain, and take them, except where a test pins
-# a promise made at XLA's defaults (small_program_child_xla_flags, below).
+# suite the processes that tests start (train.py, several hosts) keep XLA's defaults, as the product
+# runs: `_session_xla` hands XLA_FLAGS back to them once this process's XLA has read the variable
+# (XLA reads it once, at the first compile). The fast tier, whose programs are all small, gives the
+# same flags to the processes it starts too (FAST_TIER_XLA_FLAGS; the fast tier in 160-164 s with
+# both, 205-237 s with the emitters alone, 264-278 s with XLA's defaults; Zen 3).
+# FLAX_TRANSFORMER_TEST_XLA=default keeps XLA's defaults everywhere. Giving train.py's runs in the
+# whole suite these flags too would gain little: those tests spend their time in imports, tracing,
+# saves and waits, and the programs they compile come mostly from the session's cache (the signal,
+# kill -9, platform and Quick-start tests: 386 s against 398 s with XLA's defaults, 2 workers, Zen
+# 3, 2026-11-28). The CLI translate jobs, notebook kernels and pod script that tests start on the
+# tiny model do gain, and take them, except where a test pins a promise made at XLA's defaults
+# (small_program_child_xla_flags, below).
 IN_PROCESS_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
 FAST_TIER_XLA_FLAGS = IN_PROCESS_XLA_FLAGS
 # The flags of the processes that tests start, chosen by the session's first pytest process

@@ -1,5 +1,5 @@
 """Lexical constraints and forbidden phrases in beam search (`decoding.constraints`), on the
-toy step functions of test_decoding_search.py.
+toy step functions of search_toys.py.
 
 The references are independent float64 NumPy code written from the definitions in the
 docstring of `decoding.constraints` (Post & Vilar's candidates, Hu et al.'s banks and rounds),
@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_decoding_search import EOS, PAD, HashToy
 
 from flax_transformer import decoding
 from flax_transformer.decoding import Ranking, SearchProblem, beam_search, constraints
+
+from search_toys import EOS, PAD, HashToy, field_beam_search
 
 P = 3  # Padded phrase length of the tests.
 
@@ -143,8 +144,6 @@ def reference_constrained(log_probs, vocab, max_len, beams, alpha, phrases, orde
   """The constrained search's answer: the plain beam search's (the field's rule, an independent
   reference of its own) where its best holds every phrase (those of its hypotheses that hold
   them, in order), otherwise dynamic beam allocation's."""
-  from test_decoding_search import field_beam_search
-
   plain = field_beam_search(log_probs, vocab, max_len, beams, alpha, "gnmt")
   if plain and reference_holds(plain[0][1], phrases, ordered, cont):
     return [(score, seq) for score, seq in plain if reference_holds(seq, phrases, ordered, cont)]
@@ -266,8 +265,6 @@ def test_the_stop_rule_is_what_the_reference_checks():
 def test_the_reference_is_the_plain_top_k_rule_without_phrases():
   """Without phrases there is one bank: the reference with fairseq's stop is the field's rule
   (test of the test)."""
-  from test_decoding_search import field_beam_search
-
   toy = HashToy(seed=61, batch=2, max_len=7, vocab=6, eos_logits=1.0)
   for b in range(toy.batch):
     log_probs = functools.partial(toy.log_probs, b)
