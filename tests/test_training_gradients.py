@@ -20,8 +20,9 @@ import pytest
 from test_training_guided_alignment import KEYS, VOCAB, _examples, _pack
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.config import TrainConfig
 from flax_transformer.model.alignment import logits_and_alignment
-from flax_transformer.training import steps
+from flax_transformer.training import recipe, steps
 from flax_transformer.training.state import TrainState
 
 SMOOTHING, LEARNING_RATE, ROWS, LENGTH = 0.1, 0.5, 8, 16
@@ -109,3 +110,31 @@ def test_step_gradient_equals_grad_of_the_written_objective(weight, accum_steps)
                                atol=1e-6)
   # The two steps' gradients differ (the second is at the moved parameters).
   assert np.abs(wanted[1] - wanted[0]).max() > 0.05 * np.abs(wanted[0]).max()
+
+
+@pytest.mark.slow  # Compile-bound (8 devices, FSDP; 18 s): CI runs it.
+def test_the_jitted_step_on_eight_devices_with_fsdp_and_accumulation_has_the_same_gradient(
+    monkeypatch):
+  """The step as training runs it (`recipe.build`: jitted over 8 devices, parameters split by
+  FSDP, the batch and each of 2 micro-batches split over 'data', the state donated), with the
+  recording SGD in place of the configured optimizer: the same check, with guided alignment
+  (the plain step's sharding: tests/test_training_steps.py)."""
+  model, weight = _model(), 0.7
+  batch = _pack([_examples(1 + s % 2, seed=30 + s) for s in range(15)] + [[]], LENGTH)
+  optimizer = _recording_sgd(LEARNING_RATE)
+  monkeypatch.setattr(recipe.optim, "make_optimizer",
+                      lambda train, d_model: (optimizer, optax.constant_schedule(1.0)))
+  train = TrainConfig(schedule="constant", learning_rate=1.0, warmup_steps=0, num_train_steps=2,
+                      grad_clip_norm=0.0, label_smoothing=SMOOTHING, fsdp=True,
+                      grad_accum_steps=2, guided_alignment_weight=weight)
+  built = recipe.build(model.config, train, rows=16, length=LENGTH, devices=jax.devices())
+  assert len(built.mesh.devices.flat) == 8
+  reference_grad = jax.jit(jax.grad(functools.partial(_objective, model, weight=weight)))
+  state = built.init_state()
+  for index in range(2):
+    before = jax.device_get(state.params)
+    state, metrics = built.train_step(state, built.place_batch(batch))
+    want = _flat(reference_grad(before, batch))
+    np.testing.assert_allclose(_flat(jax.device_get(state.opt_state)), want, rtol=1e-4,
+                               atol=1e-5 * np.abs(want).max(), err_msg=f"step {index}")
+    np.testing.assert_allclose(float(metrics["grad_norm"]), np.sqrt(np.sum(want**2)), rtol=1e-5)
