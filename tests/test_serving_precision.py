@@ -27,7 +27,7 @@ PRECISIONS = ("float32", "bfloat16", "int8")
 # Relative tolerance of a search's score against the forced score at each precision: the
 # cached step and the whole forward pass round differently (bfloat16 activations; int8's
 # activation scales per row).
-TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "int8": 5e-3}
+TOLERANCE = {"bfloat16": 2e-2, "int8": 5e-3}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_each_precision_converts_the_params_once_and_leaves_the_checkpoint_as_tr
 
 
 @pytest.mark.slow  # Compiles 7 searches per precision.
-@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 def test_every_method_and_option_runs_at_each_precision(translators, precision):
   translator = translators[precision]
   texts = sentences(6, seed=5, max_words=ONE_BUCKET_WORDS)
