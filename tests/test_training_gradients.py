@@ -7,7 +7,9 @@ so the gradient the step computed is read exactly (Adam's first update is about
 lr * sign(g): a wrong gradient scale would not show in the parameters). Dropout is 0, so with
 gradient accumulation the micro-batches see the same model as the whole batch, and every
 accumulation factor, with and without guided alignment, must give the same gradients and
-`grad_norm`, over two steps (the second at parameters the first moved).
+`grad_norm`, over two steps (the second at parameters the first moved). Measured (2026-11-28,
+AMD EPYC): every gradient within 4e-7 of the largest element's size, grad_norm within 1.4e-7;
+the tolerances below are 5-7 times that.
 """
 
 import functools
@@ -103,9 +105,9 @@ def test_step_gradient_equals_grad_of_the_written_objective(weight, accum_steps)
     wanted.append(want)
     got = _flat(grads)
     scale = np.abs(want).max()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale,
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * scale,
                                err_msg=f"step {index}")
-    np.testing.assert_allclose(grad_norm, np.sqrt(np.sum(want**2)), rtol=1e-5)
+    np.testing.assert_allclose(grad_norm, np.sqrt(np.sum(want**2)), rtol=2e-6)
     np.testing.assert_allclose(_flat(after), _flat(before) - LEARNING_RATE * want, rtol=1e-5,
                                atol=1e-6)
   # The two steps' gradients differ (the second is at the moved parameters).
@@ -135,6 +137,6 @@ def test_the_jitted_step_on_eight_devices_with_fsdp_and_accumulation_has_the_sam
     before = jax.device_get(state.params)
     state, metrics = built.train_step(state, built.place_batch(batch))
     want = _flat(reference_grad(before, batch))
-    np.testing.assert_allclose(_flat(jax.device_get(state.opt_state)), want, rtol=1e-4,
-                               atol=1e-5 * np.abs(want).max(), err_msg=f"step {index}")
-    np.testing.assert_allclose(float(metrics["grad_norm"]), np.sqrt(np.sum(want**2)), rtol=1e-5)
+    np.testing.assert_allclose(_flat(jax.device_get(state.opt_state)), want, rtol=1e-5,
+                               atol=2e-6 * np.abs(want).max(), err_msg=f"step {index}")
+    np.testing.assert_allclose(float(metrics["grad_norm"]), np.sqrt(np.sum(want**2)), rtol=2e-6)
