@@ -141,7 +141,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # tests to both workers, and each worker that runs one builds the fixtures again (the full
 # suite, 2026-11-27, AMD EPYC: setups of 42, 18 and 13 s in test_interop_marian, 42 and 33 s in
 # test_training_multihost; test_cli's two trained workdirs take 64 and 78 s; test_docs_site's
-# site build, 60-90 s). pyproject.toml's
+# site build, 60-90 s; test_serving_trained's guided workdir, a train.py run, 50-70 s).
+# pyproject.toml's
 # `--dist loadgroup` keeps each of them on one worker; every other test still goes to whichever
 # worker is free. Until 2026-11-28 it grouped nothing: the marks came after pytest-xdist's hook
 # had read them, and pytest 9.2 ignores the id that hook writes (pyproject.toml pins pytest
@@ -149,6 +150,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 ONE_WORKER_MODULES = frozenset({
     "test_cli", "test_decoding_prefix", "test_docs_site", "test_interop_marian",
     "test_interop_marian_export", "test_serving_ensemble", "test_serving_prefix_alignments",
+    "test_serving_trained",
     "test_training_multihost", "test_training_steps"})
 
 

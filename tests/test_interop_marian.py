@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sacrebleu
 from conftest import run_search
 
 from flax_transformer import Transformer, Translator
@@ -393,9 +394,19 @@ def test_cli_translate_evaluate_and_attention_accept_the_imported_workdir(workdi
   assert len((tmp_path / "out.txt").read_text().splitlines()) == 6
   capsys.readouterr()
   assert cli_main(["evaluate", "--workdir", str(workdir), "--src", str(tmp_path / "src.txt"),
-                   "--ref", str(tmp_path / "ref.txt"), "--json"]) == 0
+                   "--ref", str(tmp_path / "ref.txt"), "--beam_size", "2", "--output",
+                   str(tmp_path / "evaluated.txt"), "--json"]) == 0
   scores = json.loads(capsys.readouterr().out)
-  assert scores["num_sentences"] == 6 and 0.0 <= scores["bleu"] <= 100.0
+  # It translated as translate does, and scored those lines: sacreBLEU recomputed from them.
+  translations = (tmp_path / "evaluated.txt").read_text().splitlines()
+  assert translations == (tmp_path / "out.txt").read_text().splitlines()
+  references = [t for _, t in pairs]
+  assert scores["num_sentences"] == 6
+  assert scores["bleu"] == pytest.approx(
+      sacrebleu.corpus_bleu(translations, [references]).score, abs=1e-9)
+  assert scores["chrf"] == pytest.approx(
+      sacrebleu.corpus_chrf(translations, [references]).score, abs=1e-9)
+  assert scores["chrf"] > 10.0, scores  # Translations with something of the references.
   assert cli_main(["attention", "--workdir", str(workdir), "--text", sentences[0], "--output",
                    str(tmp_path / "attention.png")]) == 0
   assert (tmp_path / "attention.png").read_bytes().startswith(b"\x89PNG")

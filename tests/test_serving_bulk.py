@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import STORAGE_KINDS, small_program_child_xla_flags, storage_folder
+from conftest import STORAGE_KINDS, listing, small_program_child_xla_flags, storage_folder
 from jax.sharding import Mesh
 from test_serving_translator import WORDS, copy_translator, sentences
 
@@ -251,6 +252,59 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
       "inputs"][0]["mtime_ns"],) * 2)
   assert main(args) == 0 and len(files.read_lines(str(output))) == 40
   assert "Translated 30 sentences in" in capsys.readouterr().err  # Chunk 0 was kept.
+
+
+def _other_params(params, seed: int):
+  """Parameters of the same shapes, drawn from `seed` and scaled as the `workdir` fixture's."""
+  fresh = jax.tree.map(lambda x: np.asarray(jax.random.normal(jax.random.key(seed), x.shape)),
+                       params)
+  return jax.tree.map(lambda x: 0.1 * x, fresh)
+
+
+def test_a_resumed_job_keeps_the_checkpoint_it_started_with(workdir, tmp_path, monkeypatch,
+                                                            capsys):
+  """A job killed after two chunks, then training saves a newer checkpoint: the rerun gives the
+  bytes of an uninterrupted run of the first checkpoint. With the parameters of the checkpoint a
+  job started with overwritten instead, the rerun refuses in one line (ResumeError) and writes
+  nothing."""
+  own = tmp_path / "workdir"
+  shutil.copytree(workdir, own)
+  source = tmp_path / "in.txt"
+  write_input(source, 30)
+  args = lambda output: translate_args(own, source, output, "--chunk_lines", "7")
+  first = tmp_path / "first.txt"  # The uninterrupted run of checkpoint 1.
+  assert main(args(first)) == 0
+  out = tmp_path / "out.txt"
+  crash_after_chunks(monkeypatch, 2)
+  assert main(args(out)) == 1
+  monkeypatch.undo()
+  params, step = workdir_lib.restore_params(own)
+  assert step == 1
+  workdir_lib.save_params(own, 2, _other_params(params, seed=11))
+  newer = tmp_path / "newer.txt"  # What a new job translates now: checkpoint 2.
+  assert main(args(newer)) == 0
+  assert newer.read_bytes() != first.read_bytes()  # The test could tell the two apart.
+  capsys.readouterr()
+  assert main(args(out)) == 0
+  assert "Translated 16 sentences" in capsys.readouterr().err  # Chunks 2-4 only.
+  assert out.read_bytes() == first.read_bytes()
+
+  # A job killed after two chunks (it started with checkpoint 2, the latest), then checkpoint 2
+  # rewritten with other parameters under the same step.
+  again = tmp_path / "again.txt"
+  crash_after_chunks(monkeypatch, 2)
+  assert main(args(again)) == 1
+  monkeypatch.undo()
+  assert bulk.previous_step(str(again)) == 2
+  shutil.rmtree(own / workdir_lib.CHECKPOINT_DIR / "2")
+  workdir_lib.save_params(own, 2, _other_params(params, seed=12))
+  before = listing(tmp_path)
+  capsys.readouterr()
+  assert main(args(again)) == 2
+  error = capsys.readouterr().err
+  assert error.count("\n") == 1 and "checkpoint.params_sha256:" in error, error
+  assert f"remove {again}.partial to start over" in error
+  assert listing(tmp_path) == before  # Nothing written, nothing removed.
 
 
 # ------------------------------------------------------------- devices, processes, kill -9

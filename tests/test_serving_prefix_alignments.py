@@ -1,13 +1,13 @@
 """`Translator` and `translate` with a target prefix and word alignments: prefixes start every
 translation, alignments are the word pairs of the alignment layer's attention (recomputed here
-from `decoding.bridge.hypothesis_alignments` and `data.alignments`), bulk jobs with a prefix
-file and an alignments file resume and write the same bytes, and bad input is one line."""
+from `numpy_reference`'s float64 forward pass, words summed and ranked here), bulk jobs with a
+prefix file and an alignments file resume and write the same bytes, and bad input is one line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 import pytest
 from conftest import STORAGE_KINDS, storage_folder
@@ -23,8 +23,9 @@ from flax_transformer import Translator
 from flax_transformer.cli import main
 from flax_transformer.data import alignments
 from flax_transformer.data.tokenizer import EOS_ID
-from flax_transformer.decoding import bridge
 from flax_transformer.serving import bulk
+
+import numpy_reference as ref
 
 SENTENCES = ["the dog sees the cat", "", "a man runs near the old river", "the boy sleeps"]
 
@@ -43,34 +44,67 @@ def test_every_translation_starts_with_its_prefix(translator, method):
   outputs = translator.translate_nbest(SENTENCES, target_prefix=PREFIXES, method=method)
   for hypotheses, prefix, source in zip(outputs, PREFIXES, SENTENCES, strict=True):
     for text, _ in hypotheses:
-      if source:
-        assert text.startswith(prefix), (text, prefix)
+      if source and prefix:
+        # The prefix's words, word for word; the last may go on as a longer word (the forced
+        # prefix is pieces: a known bug, tests/test_interop_ctranslate2.py's strict xfail).
+        words, given = text.split(), prefix.split()
+        assert words[:len(given) - 1] == given[:-1], (text, prefix)
+        assert words[len(given) - 1].startswith(given[-1]), (text, prefix)
   assert outputs[1] == [("", 0.0)]  # An empty line stays empty.
   plain = translator.translate(SENTENCES, method=method)
   assert not plain[3].startswith(PREFIXES[3])  # The prefix made the difference.
+
+
+def _numpy_alignment(translator, source: str, text: str) -> list[tuple[int, int]]:
+  """The word alignment of `text` as the translation of `source`, computed without the code
+  under test: the alignment layer's cross-attention from `numpy_reference`'s float64 forward
+  pass (its attention weights recorded as it runs), averaged over the alignment heads, summed
+  over each word's pieces (a piece starting with "▁" starts a word), and each target word's
+  most attended source word."""
+  config, vocab = translator.model_config, translator.tokenizer
+  source_ids = vocab.tokenize(source) + [EOS_ID]
+  target_ids = vocab.tokenize_target(text) + [EOS_ID]
+  recorded = []
+  attention = ref.attention
+
+  def recording(q, k, v, mask, keep=None, rate=0.0):
+    scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    recorded.append(ref.softmax(np.where(mask, scores, ref.NEG_INF)))
+    return attention(q, k, v, mask, keep, rate)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(ref, "attention", recording)
+    ref.transformer(jax.device_get(translator.params), config, np.asarray([source_ids]),
+                    np.asarray([target_ids]))
+  layer = config.alignment_layer % config.num_decoder_layers
+  # Calls: the encoder's self-attention, then (self, cross) per decoder layer.
+  cross = recorded[config.num_encoder_layers + 2 * layer + 1][0]  # [n, t, s]
+  weights = cross[:config.alignment_heads or config.num_heads].mean(axis=0)  # [t, s]
+
+  def word_of(ids):
+    starts = [vocab.id_to_piece(i).startswith("\u2581") for i in ids]
+    return [max(sum(starts[:p + 1]) - 1, 0) for p in range(len(ids))]
+
+  source_words, target_words = word_of(source_ids[:-1]), word_of(target_ids[:-1])
+  by_word = np.zeros((len(text.split()), len(source.split())))
+  for t, j in enumerate(target_words):
+    for s, i in enumerate(source_words):
+      by_word[j, i] += weights[t, s]
+  return [(int(np.argmax(row)), j) for j, row in enumerate(by_word)]
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_translate_aligned_gives_the_words_of_the_alignment_attention(translator):
   results = translator.translate_aligned(SENTENCES)
   assert [text for text, _ in results] == translator.translate(SENTENCES)
-  vocab = translator.tokenizer
   for source, (text, pairs) in zip(SENTENCES, results, strict=True):
     if not source:
       assert (text, pairs) == ("", [])
       continue
-    source_ids = vocab.tokenize(source) + [EOS_ID]
-    target_ids = vocab.tokenize_target(text) + [EOS_ID]
-    inputs, targets = jnp.asarray([source_ids]), jnp.asarray([[target_ids]])
-    attention = np.asarray(bridge.hypothesis_alignments(
-        translator.model, {"params": translator.params}, inputs, targets))[0, 0]  # [T, S]
-    words = lambda ids: alignments.word_of_pieces([vocab.id_to_piece(i) for i in ids])
-    expected = alignments.word_alignment(attention, words(source_ids[:-1]),
-                                         words(target_ids[:-1]), len(source.split()),
-                                         len(text.split()))
-    assert pairs == expected
+    assert pairs == _numpy_alignment(translator, source, text)
     assert [j for _, j in pairs] == list(range(len(text.split())))  # Each target word once.
     assert all(0 <= i < len(source.split()) for i, _ in pairs)
+  assert len({i for _, pairs in results for i, _ in pairs}) > 2  # Not one source word for all.
 
 
 def test_bad_prefixes_are_one_line(translator):

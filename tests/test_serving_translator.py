@@ -145,8 +145,9 @@ def test_order_is_restored_and_empty_lines_stay_empty(tokenizer):
     assert output == tokenizer.detokenize(tokenizer.tokenize(line))  # The copy of its own source.
   assert outputs[3] == "" and outputs[17] == ""
   nbest = translator.translate_nbest(lines[4:9], n=3, beam_size=3)
-  assert [len(h) for h in nbest] == [3, 3, 3, 3, 3]
-  assert all(h[0][1] >= h[1][1] >= h[2][1] for h in nbest)
+  # copy_search's beams, as it ranks them: the copy thrice, with scores 0, -1, -2.
+  assert nbest == [[(tokenizer.detokenize(tokenizer.tokenize(line)), -float(rank))
+                    for rank in range(3)] for line in lines[4:9]]
 
 
 def test_long_lines_are_truncated_and_counted(tokenizer):

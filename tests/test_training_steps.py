@@ -1,5 +1,5 @@
-"""The jitted train step: sharded (data parallel, FSDP) equals one device; accumulation equals
-one big step; the loss equals a dense NumPy reference; the schedules have the paper's values."""
+"""The jitted train step: sharded (data parallel, FSDP) equals one device; the loss equals a
+dense NumPy reference; the schedules have the paper's values."""
 
 import jax
 import numpy as np
@@ -97,16 +97,10 @@ def test_data_parallel_replicates_params():
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings.opt_state))
 
 
-@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
-def test_gradient_accumulation_equals_one_step_on_the_whole_batch():
-  batch = _packed_batch(16, seed=1)
-  whole, whole_losses = _run(jax.devices(), fsdp=False, batch=batch, num_steps=1, dropout=0.0)
-  accumulated, accumulated_losses = _run(
-      jax.devices(), fsdp=False, batch=batch, num_steps=1, accum_steps=2, dropout=0.0)
-  np.testing.assert_allclose(accumulated_losses, whole_losses, rtol=1e-6)
-  for got, want in zip(jax.tree.leaves(accumulated.params), jax.tree.leaves(whole.params),
-                       strict=True):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+# Gradient accumulation: tests/test_training_gradients.py reads the gradient each step used
+# (an SGD that records it) and compares it, for 1, 2 and 4 micro-batches, with `jax.grad` of the
+# objective written out; comparing parameters after one Adam step (about lr * sign(g)) would let a
+# wrong gradient scale pass.
 
 
 def test_loss_matches_dense_smoothed_cross_entropy():
