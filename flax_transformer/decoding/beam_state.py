@@ -99,13 +99,15 @@ class StepContext:
   max_lengths: Array  # int32 [B]: most tokens before EOS (L: no cap)
   min_length: int
   prefix_at: Callable[[Array], tuple[Array, Array, Array] | None]
+  after_prefix: Callable[[Array], Array | None]
   forbid: Array | None  # int32 [B, F, P]
   word_continues: Array | None  # bool [V]
 
   @classmethod
   def of(cls, problem: SearchProblem, reorder: ReorderState, ranking: Ranking) -> StepContext:
     return cls(problem.step_fn(), reorder, problem.eos_id, ranking, problem.length_caps(),
-               problem.min_length, problem.prefix_at, problem.phrases("forbid"),
+               problem.min_length, problem.prefix_at, problem.after_prefix,
+               problem.phrases("forbid"),
                None if problem.word_continues is None
                else jnp.asarray(problem.word_continues, bool))
 
@@ -137,6 +139,7 @@ def scored_step(context: StepContext, state: BeamState) -> tuple[Scored, PyTree]
   if context.forbid is not None:  # Scores stay the model's log-probabilities.
     logits = ban_forbidden(logits, state.alive_seqs, state.step, context.forbid,
                            context.word_continues, context.max_lengths, max_len)
+  logits = whole_word_prefix(logits, context.after_prefix(state.step), context.word_continues)
   eos_log_probs, token_log_probs, token_ids = _best_tokens(logits, context.eos_id, beams,
                                                            log_normalizer)
   forced = state.step >= context.max_lengths  # [B]: EOS is the only choice from here on.
@@ -164,6 +167,17 @@ def ban_forbidden(logits: Array, sequences: Array, step: Array, forbid: Array,
   return constraints_lib.ban_forbidden(
       logits, history, jnp.repeat(forbid, per_sentence, axis=0), word_continues,
       jnp.repeat(last_free, per_sentence), jnp.repeat(forced, per_sentence))
+
+
+def whole_word_prefix(logits: Array, after_prefix: Array | None,
+                      word_continues: Array | None) -> Array:
+  """logits [R, V] with -inf at the pieces that would continue the last word of a target
+  prefix, on the rows right after theirs (after_prefix bool [B]): a prefix stands as whole
+  words. Unchanged without a prefix or without `word_continues`."""
+  if after_prefix is None or word_continues is None:
+    return logits
+  rows = jnp.repeat(after_prefix, logits.shape[0] // after_prefix.shape[0])  # [R]
+  return jnp.where(rows[:, None] & word_continues[None, :], -jnp.inf, logits)
 
 
 def _best_tokens(logits: Array, eos_id: int, beams: int, log_normalizer: Array
@@ -330,4 +344,5 @@ def ranked_hypotheses(final: BeamState, ranking: Ranking, alive_met: Array | Non
 
 __all__ = ["BeamState", "Finished", "Scored", "StepContext", "advanced", "ban_forbidden",
            "beam_rows", "best_possible", "demote_second_eos", "finish", "gather_beams",
-           "initial_beam_state", "met_first", "ranked_hypotheses", "repeat_rows", "scored_step"]
+           "initial_beam_state", "met_first", "ranked_hypotheses", "repeat_rows", "scored_step",
+           "whole_word_prefix"]

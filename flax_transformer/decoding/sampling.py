@@ -15,7 +15,7 @@ from jax import lax
 
 from flax_transformer.conventions import PAD_ID
 from flax_transformer.decoding import loop
-from flax_transformer.decoding.beam_state import NEG_INF, ban_forbidden
+from flax_transformer.decoding.beam_state import NEG_INF, ban_forbidden, whole_word_prefix
 from flax_transformer.decoding.loop import LoopOptions
 from flax_transformer.decoding.search import PyTree, SearchProblem, check_step_fn
 from flax_transformer.decoding.topk import top_k as _top_k
@@ -161,6 +161,7 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
     if forbid is not None:
       logits = ban_forbidden(logits, s.sequences, s.step, forbid, word_continues, max_lengths,
                              max_decode_len)
+    logits = whole_word_prefix(logits, problem.after_prefix(s.step), word_continues)
     forced = s.step >= max_lengths  # [B]
     tokens = jnp.where(forced, eos_id, choose(logits, (s.step >= min_length) | forced, s.step))
     forcing = None

@@ -68,7 +68,8 @@ class SearchProblem:
     expand_state, reorder_state: optional, together; replace beam search's repeat and reorder
       of the state's rows (docs, "State protocol").
     target_prefix: optional int32 [B, P], P <= max_decode_len: tokens every hypothesis of the
-      sentence starts with, zeros after.
+      sentence starts with, zeros after; with `word_continues`, the prefix stands as whole
+      words (the token after it starts a word).
     constraints: optional int32 [B, C, P]: phrases every hypothesis must contain as whole
       words, each row's pieces then zeros, a zero row for none (`decoding.constraints`).
       ordered_constraints: met in the given order.
@@ -155,6 +156,14 @@ class SearchProblem:
     token = lax.dynamic_index_in_dim(prefix, column, axis=1, keepdims=False)  # [B]
     lengths = jnp.sum(prefix != PAD_ID, axis=1)  # [B]
     return (step < prefix.shape[1]) & (token != PAD_ID), token, step == lengths
+
+  def after_prefix(self, step: Array) -> Array | None:
+    """bool [B]: the rows whose (nonempty) prefix ended just before `step`, where the next
+    token must start a word (with `word_continues`); None without a prefix."""
+    if self.target_prefix is None:
+      return None
+    lengths = jnp.sum(jnp.asarray(self.target_prefix) != PAD_ID, axis=1)  # [B]
+    return (step == lengths) & (lengths > 0)
 
   def phrases(self, name: str) -> Array | None:
     """`constraints` or `forbid` as int32 [B, C, P], None when absent."""

@@ -609,8 +609,8 @@ class Translator:
     optional = [prefix] + [None if given is None else self._place(
         fill_phrases(step, given.ids, given.count, given.pieces))
         for given in (constraint_ids, forbid_ids)]
-    if constraint_ids is not None or forbid_ids is not None:
-      optional.append(self._replicate(self.word_continues))
+    if constraint_ids is not None or forbid_ids is not None or prefix_ids is not None:
+      optional.append(self._replicate(self.word_continues))  # What a whole word is.
     while optional and optional[-1] is None:
       optional.pop()
     # The length penalty is data: one program per shape serves every alpha.
