@@ -70,7 +70,10 @@ def raising_on_signals(last_words: Callable[[Stopped], None]) -> Iterator[None]:
   try:
     yield
   finally:
-    sys.unraisablehook = previous_hook
+    # A hook installed within the block (workdir.checkpoints drops a failed restore's stray
+    # reads for the rest of the process) wraps this one and stays; only this one is undone.
+    if sys.unraisablehook is unraisable:
+      sys.unraisablehook = previous_hook
     for signum, handler in previous.items():
       signal.signal(signum, handler)
 
