@@ -8,7 +8,7 @@ import argparse
 import importlib.util
 import sys
 
-from flax_transformer.cli import arguments
+from flax_transformer.cli import arguments, stopping
 from flax_transformer.cli.arguments import add_command
 from flax_transformer.errors import InputError
 
@@ -57,8 +57,10 @@ def run_serve(args: argparse.Namespace) -> int:
           f"{service.source_lang}->{service.target_lang}, {settings.precision}, "
           f"{args.batching} batching); SIGTERM or Ctrl-C drains and stops.", flush=True)
 
-  http_server.serve(translator, options, service, announce=announce,
-                    progress=sys.stderr.isatty())
+  if not http_server.serve(translator, options, service, announce=announce,
+                           progress=sys.stderr.isatty()):
+    print("flax-transformer serve: stopped during its warm-up.", file=sys.stderr, flush=True)
+    stopping.exit_now(0)  # The worker thread may be compiling; nothing of it is kept.
   print("flax-transformer serve: stopped; every request taken was answered.", file=sys.stderr,
         flush=True)
   return 0

@@ -135,6 +135,8 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
   """The ASGI app over a started `batcher`: the FastAPI app (its `.app`) inside the guard that
   limits bodies and counts answers."""
   metrics = metrics or Metrics(lambda: batcher.queued, batcher.ready.is_set)
+  if batcher.observe is None:
+    batcher.observe = metrics.observe_batch
   app = fastapi.FastAPI(
       title="flax-transformer", version="1",
       description=f"Translation {service.source_lang} -> {service.target_lang}: "

@@ -98,10 +98,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(translator: Translator, options: ServerOptions, service: Service,
-          announce: Callable[[str], None] | None = None, progress: bool = False) -> None:
+          announce: Callable[[str], None] | None = None, progress: bool = False) -> bool:
   """Serves until SIGTERM or SIGINT, then drains; `announce(address)` once ready (default:
-  one line on stdout). Raises InputError for a socket that cannot be bound, RuntimeError when
-  the warm-up failed."""
+  one line on stdout). Returns whether it got ready (False: stopped during the warm-up, whose
+  thread may still be compiling: the caller ends the process). Raises InputError for a socket
+  that cannot be bound, RuntimeError when the warm-up failed."""
   sock = listen(options.host, options.port)
   host, port = sock.getsockname()[:2]
   address = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
@@ -138,12 +139,15 @@ def serve(translator: Translator, options: ServerOptions, service: Service,
     asyncio.run(main())
   finally:
     sock.close()
-    # The answers are sent; what is left in the queue came from clients that went away.
-    if not batcher.close(timeout=options.drain_seconds):
+    # The answers are sent; what is left in the queue came from clients that went away. A
+    # stop during the warm-up does not wait for the compile under way (it cannot be cut short).
+    drain = options.drain_seconds if batcher.ready.is_set() else 0
+    if not batcher.close(timeout=drain) and drain:
       print("flax-transformer serve: the last search did not end within --drain_seconds.",
             file=sys.stderr)
   if batcher.failed is not None:
     raise RuntimeError("The warm-up failed (its traceback is above).") from batcher.failed
+  return batcher.ready.is_set()
 
 
 __all__ = ["ServerOptions", "listen", "read_api_keys", "serve"]
