@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 
 import httpx
@@ -375,3 +376,31 @@ def test_sampling_keys_are_each_requests_own_line_numbers(translator, sentences)
   batcher.close(10)
   for job, answer in zip(jobs, answers, strict=True):
     assert answer == translator.translate(list(job.sentences), method="sample", seed=5)
+
+
+def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, monkeypatch,
+                                                   capsys):
+  """`flax-transformer serve`: a port in use, an empty --api_keys file and a missing [serve]
+  extra are each one line on stderr and status 2, no traceback."""
+  import socket
+
+  from flax_transformer.cli import main
+
+  taken = socket.socket()
+  taken.bind(("127.0.0.1", 0))
+  taken.listen(1)
+  port = taken.getsockname()[1]
+  empty = tmp_path / "keys.txt"
+  empty.write_text("# no key\n\n")
+  runs = [(["--port", str(port)], f"Cannot listen on 127.0.0.1:{port}: Address already in use."),
+          (["--api_keys", str(empty)], f"--api_keys {empty} holds no key (one a line).")]
+  for flags, words in runs:
+    assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err == f"flax-transformer serve: error: {words}\n"
+  taken.close()
+  monkeypatch.setitem(sys.modules, "uvicorn", None)  # As if the extra were not installed.
+  assert main(["serve", "--workdir", str(trained_workdir)]) == 2
+  assert capsys.readouterr().err == (
+      "flax-transformer serve: error: serve needs the [serve] extra (uvicorn missing): "
+      "pip install 'flax-transformer[serve]'\n")
