@@ -180,7 +180,7 @@ BAD_REQUESTS = [  # (body, what the one-line error says)
      "html format is not supported"),
     (b'{"q": "a", "source": "en", "target": "de", "alternatives": "x"}', "is not a number"),
     (b'{"q": "a", "source": "en", "target": "de", "alternatives": 9}',
-     "10 hypotheses per sentence need"),
+     "alternatives parameter must be <= 3 (the server's beam size minus one)"),
 ]
 BAD_V1_REQUESTS = [
     (b'{"sentences": "a"}', "sentences: Input should be a valid list"),

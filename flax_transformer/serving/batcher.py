@@ -75,7 +75,8 @@ class Job:
     n: hypotheses per sentence, best first (at most the beam size).
     settings: `TranslateConfig` changes, as (name, value) pairs (e.g. (("beam_size", 5),)).
     target_prefix: one prefix per sentence ('' for none), or None.
-    constraints, forbid: one list of phrases per sentence, or None.
+    constraints: one list of phrases per sentence that its output must hold, or None.
+    forbid: one list of phrases per sentence that its output must not hold, or None.
     alignments: also each hypothesis's word alignment.
   """
 

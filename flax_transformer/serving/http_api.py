@@ -49,7 +49,8 @@ class Service:
   """What the app says about itself and how it guards its endpoints.
 
   Attributes:
-    source_lang, target_lang: the workdir's pair (config.json's data group).
+    source_lang: the workdir's source language (config.json's data group).
+    target_lang: its target language.
     api_keys: the keys a translate request must carry (`api_key`); empty: none needed.
     max_body_bytes: the largest request body; a larger one is answered 413.
     step: the checkpoint step served (reported by /v1/translate and /health).
@@ -204,6 +205,11 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       raise ApiError(400, f"{text_format} format is not supported: this server translates "
                      "plain text (format text); strip the markup first.")
     alternatives = _count(fields.get("alternatives", 0), "alternatives")
+    search = batcher.translator.settings.search
+    most = search.beam_size - 1 if search.method == "beam" else 0
+    if alternatives > most:  # LibreTranslate's alternatives_limit, here the beam's size.
+      raise ApiError(400, f"Invalid request: alternatives parameter must be <= {most} (the "
+                     "server's beam size minus one)")
     lines = [line for text in texts for line in text.split("\n")]
     answers = await translated(Job(tuple(lines), n=alternatives + 1))
     results, alternates, truncated, at = [], [], 0, 0
