@@ -2,7 +2,8 @@
 sentences and against the anchor: CTranslate2 translating each request on its own behind the
 same HTTP stack (FastAPI under uvicorn) on the same exported weights.
 
-The load generator is an asyncio client of httpx (closed loop): C clients each send one sentence
+The load generator is an asyncio client of httpx (closed loop; `--client aiohttp` for aiohttp's,
+which costs less CPU at many connections, encode/httpx#3215): C clients each send one sentence
 per request (LibreTranslate's POST /translate) and the next as soon as the answer comes, until
 --requests answers (at most --max_seconds per level); C = 1, 8, 32, 128. Each level reports
 sentences/s (answers / wall time) and the p50 and p99 latency. Bulk: `Translator.translate` of
@@ -53,16 +54,43 @@ def read_lines(path: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ load generator
+class _Aiohttp:
+  """aiohttp's client behind httpx's `post(path, json=)` -> object with `status_code`."""
+
+  def __init__(self, address: str, clients: int):
+    import aiohttp
+
+    self.address = address
+    self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
+                                         timeout=aiohttp.ClientTimeout(total=300))
+
+  async def post(self, path: str, json: dict):
+    async with self.session.post(self.address + path, json=json) as answer:
+      await answer.read()
+      answer.status_code = answer.status
+      return answer
+
+  async def __aenter__(self):
+    return self
+
+  async def __aexit__(self, *exc):
+    await self.session.close()
+
+
 async def load(address: str, lines: list[str], clients: int, requests: int,
-               max_seconds: float, target: str, rss=None) -> dict:
+               max_seconds: float, target: str, rss=None, client_kind: str = "httpx") -> dict:
   """C closed-loop clients until `requests` answers or `max_seconds`: throughput, latency."""
   latencies: list[float] = []
   errors = 0
   sent = 0
   deadline = time.monotonic() + max_seconds
-  limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
   samples = []
-  async with httpx.AsyncClient(base_url=address, limits=limits, timeout=300) as client:
+  if client_kind == "aiohttp":
+    session = _Aiohttp(address, clients)
+  else:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    session = httpx.AsyncClient(base_url=address, limits=limits, timeout=300)
+  async with session as client:
     async def worker() -> None:
       nonlocal sent, errors
       while sent < requests and time.monotonic() < deadline:
@@ -180,6 +208,9 @@ def main() -> None:
   parser.add_argument("--skip_anchor", action="store_true")
   parser.add_argument("--skip_bulk", action="store_true")
   parser.add_argument("--memory_requests", type=int, default=0)
+  parser.add_argument("--client", default="httpx", choices=("httpx", "aiohttp"),
+                      help="The load generator's HTTP client (httpx's pool costs CPU at many "
+                      "connections, encode/httpx#3215; aiohttp's less).")
   parser.add_argument("--anchor_server", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.anchor_server:
@@ -189,7 +220,7 @@ def main() -> None:
   config = json.loads((Path(args.workdir) / "config.json").read_text())
   target = config["data"].get("target_lang") or "de"
   common = dict(benchmark="server_throughput", input=os.path.basename(args.input),
-                batching=args.batching, precision=args.precision, **SETTINGS,
+                client=args.client, batching=args.batching, precision=args.precision, **SETTINGS,
                 date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
   results = []
   if not args.skip_bulk:
@@ -203,7 +234,8 @@ def main() -> None:
                             "--batch_tokens", str(args.batch_tokens), "--max_queue", "100000",
                             "--precision", args.precision, *flags])
   for clients in args.clients:
-    record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds, target))
+    record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds, target,
+                              client_kind=args.client))
     results.append({"system": f"serve ({args.batching})", **record})
     print(json.dumps({**common, **results[-1]}), flush=True)
   if args.memory_requests:
@@ -211,7 +243,7 @@ def main() -> None:
 
     server = psutil.Process(process.pid)
     record = asyncio.run(load(address, lines, 32, args.memory_requests, 10**6, target,
-                              rss=lambda: server.memory_info().rss))
+                              rss=lambda: server.memory_info().rss, client_kind=args.client))
     print(json.dumps({**common, "system": "serve memory", **record}), flush=True)
   print(json.dumps({"serve_exit_status": stop(process)}), flush=True)
 
@@ -224,7 +256,8 @@ def main() -> None:
                               "--anchor_server", str(model_dir),
                               "--ct2_threads", str(args.ct2_threads)])
     for clients in args.clients:
-      record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds, target))
+      record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds, target,
+                              client_kind=args.client))
       results.append({"system": "CTranslate2 int8, one request per call", **record})
       print(json.dumps({**common, **results[-1]}), flush=True)
     stop(process)
