@@ -64,14 +64,14 @@ KINDS = [{}, {"method": "sample", "seed": 7}, {"method": "sample", "seed": 11},
 
 
 def test_concurrent_requests_get_translates_answers(translator, sentences):
-  """Three hundred concurrent requests of 1-6 random sentences (blank ones too), random
+  """Two hundred concurrent requests of 1-6 random sentences (blank ones too), random
   settings, n-best and target prefixes: each answer equals `translate_nbest` of its own lines
   and settings, text and score, byte for byte; every request is answered once; requests were
   merged (fewer searches than requests)."""
   batcher, app = _serve(translator, max_wait_ms=20)
   rng = random.Random(0)
   requests = []
-  for _ in range(300):
+  for _ in range(200):
     lines = [rng.choice(sentences) if rng.random() > 0.05 else "" for _ in range(rng.randint(1, 6))]
     settings = dict(rng.choice(KINDS))
     beams = settings.get("beam_size", 4) if settings.get("method") != "sample" else 1
