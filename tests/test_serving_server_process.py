@@ -1,10 +1,12 @@
 """`flax-transformer serve` as a process, the way production runs it: its ready line, then
-SIGTERM under load on 127.0.0.1: every request it took is answered (translate's translation),
-a new connection is refused, and it exits 0 within its drain deadline."""
+SIGTERM under load on 127.0.0.1 (and clients that reset their connections mid-request): every
+request it took is answered (translate's translation), a new connection is refused, and it
+exits 0 within its drain deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -62,7 +64,17 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(trained_workdir):
         except httpx.HTTPError as error:
           return error
 
+      async def gone(line: str) -> None:  # Sends a whole request, then hangs up at once.
+        body = json.dumps({"q": line, "source": "en", "target": "de"}).encode()
+        host, port = address.removeprefix("http://").split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.transport.abort()  # A reset, not a polite close.
+
       tasks = [asyncio.create_task(one(line)) for line in lines]
+      await asyncio.gather(*[gone(line) for line in lines[:10]])
       while sum(task.done() for task in tasks) < REQUESTS // 4:
         await asyncio.sleep(0.01)
       process.send_signal(signal.SIGTERM)
