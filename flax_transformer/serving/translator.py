@@ -410,11 +410,21 @@ class Translator:
                  params: Any = None, target_prefix: Sequence[str] | None = None,
                  constraints: Sequence[Sequence[str]] | None = None,
                  forbid: Sequence[Sequence[str]] | None = None,
-                 alignments: bool = False, **settings: Any) -> Iterator[Translated]:
+                 alignments: bool = False, plan: Sequence[batching.Batch] | None = None,
+                 line_numbers: Sequence[int] | None = None,
+                 **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
     sampling derives each sentence's key. `target_prefix`: one prefix per sentence ('' for
     none). `alignments`: also the word alignment of each hypothesis yielded.
+
+    `plan`: the device batches to search (`batching.Batch`: indices into `sentences`, none of
+    them blank, padded to a shape `plan_batches` makes), instead of planning them here;
+    `line_numbers`: each sentence's own line number (default: first_index + its position),
+    from which sampling derives its key. Together they let a caller search sentences of
+    several calls in one batch (the HTTP server's batcher, `serving.batcher`), each exactly as
+    its own call would: a sentence's output depends on its batch's shape, never on the other
+    rows of it.
 
     `constraints`: one list of phrases per sentence ([] for none) that every hypothesis must
     contain, as target pieces (`serving.phrases`: how a phrase is tokenized and matched),
@@ -437,14 +447,19 @@ class Translator:
                                                       ("forbid", forbid)))
     phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1,
                             word_continues=self.word_continues)
-    real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
-    batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
-                           self.model_config.max_len)
-    batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
+    if plan is None:
+      real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
+      batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
+                             self.model_config.max_len)
+      batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
+    else:
+      batches = list(plan)
+    numbers = (first_index + np.arange(len(sentences)) if line_numbers is None
+               else np.asarray(line_numbers, np.int64))
     steps = group_steps(batches, self.num_devices)
     beams = options.search.beam_size if options.search.method == "beam" else 1
     take = min(n or beams, beams)
-    call = lambda step: self._search_step(params, step, token_ids, first_index, options,
+    call = lambda step: self._search_step(params, step, token_ids, numbers, options,
                                           prefix_ids, take if alignments else 0,
                                           constraint_ids, forbid_ids)
     for step, outputs in self._pipelined(steps, call):
@@ -591,18 +606,19 @@ class Translator:
     return token_ids, cut
 
   def _search_step(self, params: Any, step: Step, token_ids: Sequence[Sequence[int]],
-                   first_index: int, options: TranslateConfig,
+                   line_numbers: np.ndarray, options: TranslateConfig,
                    prefix_ids: Sequence[Sequence[int]] | None = None, align: int = 0,
                    constraint_ids: phrases.PhraseIds | None = None,
                    forbid_ids: phrases.PhraseIds | None = None) -> tuple[Array, ...]:
     """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]
-    (and with `align`, the attention [D * rows, align, L, S])."""
+    (and with `align`, the attention [D * rows, align, L, S]). `line_numbers`: int [sentences],
+    each sentence's line number (its sampling key)."""
     inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
     rng = jax.random.key(options.seed)
     if options.search.method == "sample":
-      line_numbers = np.zeros(len(inputs), np.uint32)
-      line_numbers[step.row_positions()] = first_index + step.indices
-      rng = _row_keys_jit(rng, self._place(line_numbers))
+      row_lines = np.zeros(len(inputs), np.uint32)  # Padding rows: line 0, never read.
+      row_lines[step.row_positions()] = line_numbers[step.indices]
+      rng = _row_keys_jit(rng, self._place(row_lines))
     decode_len = decode_length(options.search, step.length, self.model_config.max_len)
     prefix = None if prefix_ids is None else self._place(fill_rows(step, prefix_ids, decode_len))
     # Only the options asked for are passed: a search_fn of the plain signature still serves.
@@ -649,8 +665,8 @@ class Translator:
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
     for rows, length in shapes:
       empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
-      jax.block_until_ready(self._search_step(params, empty, [], 0, options,
-                                              [] if prefixed else None, align))
+      jax.block_until_ready(self._search_step(params, empty, [], np.zeros(0, np.int64),
+                                              options, [] if prefixed else None, align))
       bar.advance(1)
     bar.close("Compiled")
     return len(shapes)
