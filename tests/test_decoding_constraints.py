@@ -114,7 +114,8 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
     ranked = [c for c in sorted(candidates, key=lambda c: -candidates[c])
               if np.isfinite(candidates[c])]
     rank = {c: sum(1 for d in ranked[:ranked.index(c)] if banks[d] == banks[c]) for c in ranked}
-    rounds = sorted(ranked, key=lambda c: (rank[c], -banks[c]))
+    top = max(banks[c] for c in ranked) if ranked else 0
+    rounds = sorted(ranked, key=lambda c: (rank[c], banks[c] != top))  # Then by score.
     for seq, t in rounds[:beams]:
       if t == EOS:
         finished.append((candidates[(seq, t)] / _divisor(len(seq) + 1, alpha), (*seq, EOS),

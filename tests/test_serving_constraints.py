@@ -321,8 +321,8 @@ def test_a_term_the_translation_already_holds_leaves_it_unchanged(trained_workdi
   middle or last word as its term. Where the plain translation holds the term as a word, the
   constrained one is the same text (with the same score where the model spelled the term in the
   term's own pieces); everywhere it holds its term. (BLEU is not asserted: on this shrunk model,
-  BLEU about 23, last-word terms lower it, 23.3 -> 20.4, where dynamic beam allocation prunes the
-  natural translation.)"""
+  BLEU about 23, last-word terms gave 23.3 -> 20.4 when DBA's rounds took the banks from the
+  highest down and pruned the natural translation, 23.3 -> 23.1 with `bank_order`'s rounds.)"""
   translator = Translator.from_workdir(trained_workdir)
   pairs = synthetic.generate_splits(11, {"held_out": 48})["held_out"]
   sources, references = [s for s, _ in pairs], [t for _, t in pairs]

@@ -31,14 +31,14 @@ Constraints: phrases every hypothesis must contain (vectorized dynamic beam allo
         phrase's first piece;
     (c) each beam's best token except EOS;
     (d) each beam's EOS, only where it meets every phrase (or the length cap forces EOS).
-  Each candidate is counted once. Candidates fall into banks by the bank of the hypothesis
-  they make; within a bank they rank by score. The step then takes them in rounds (Hu et al.'s
-  vectorized DBA, fairseq's `LexicallyConstrainedBeamSearch`): the best of the highest bank,
-  the best of the next bank, ..., the best of bank 0, then the second best of each bank from
-  the highest, and so on (`bank_order`), so hypotheses that make progress are not crowded
-  out. EOS candidates among the first K so taken finish their hypotheses; the first K others
-  stay alive. `decoding.constrained_beam` says when the search stops and how its answer relates
-  to plain beam search's.
+  Each candidate is counted once. Candidates fall into banks by the bank of the hypothesis they
+  make; within a bank they rank by score. The step then takes them in rounds (Hu et al.'s
+  vectorized DBA, fairseq's `LexicallyConstrainedBeamSearch`): the best of the highest bank, then
+  the best of every other bank by score, then the second best of each bank in the same way, and so
+  on (`bank_order`): the hypothesis that made the most progress is not crowded out, and with more
+  banks than beams the natural translation keeps its beam. EOS candidates among the first K so
+  taken finish their hypotheses; the first K others stay alive. `decoding.constrained_beam` says
+  when the search stops and how its answer relates to plain beam search's.
 
 Forbidden phrases: phrases no hypothesis may contain as whole words
   Where a hypothesis ends with every piece of a forbidden phrase, every token that would end
@@ -236,21 +236,31 @@ def num_banks(phrases: Array) -> int:
 
 def bank_order(scores: Array, banks: Array, banks_count: int) -> Array:
   """int32 [B, N]: each candidate's place in DBA's rounds (smaller first; `NEVER` for a
-  candidate scored -inf): rank r within its bank (by score, ties by position) and bank b give
-  r * banks_count + (banks_count - 1 - b), so round r takes the r-th best of every bank, the
-  highest bank first.
+  candidate scored -inf). Round r takes the r-th best (by score, ties by position) of every
+  bank: first that of the highest bank any candidate reaches, then the others by score (ties
+  by position). With more banks than beams, the first round thus keeps the hypothesis that
+  made the most progress and then the best ones, wherever they stand, so the natural
+  translation is not pruned for hypotheses that only started a phrase.
 
   Args:
     scores: float32 [B, N]. banks: int32 [B, N], each in [0, banks_count).
   """
+  del banks_count  # Every bank is its own; the order needs no count.
   n = scores.shape[-1]
   exists = scores > -jnp.inf
+  position = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), scores.shape)
   ahead = ((scores[:, None, :] > scores[:, :, None])
            | ((scores[:, None, :] == scores[:, :, None])
               & (jnp.arange(n)[None, :] < jnp.arange(n)[:, None])))  # [B, N(i), N(j)]: j before i
   same_bank = banks[:, None, :] == banks[:, :, None]
   rank = jnp.sum(ahead & same_bank & exists[:, None, :], axis=-1, dtype=jnp.int32)
-  return jnp.where(exists, rank * banks_count + (banks_count - 1 - banks), NEVER)
+  top = jnp.max(jnp.where(exists, banks, -1), axis=-1, keepdims=True)  # [B, 1]
+  rank = jnp.where(exists, rank, n)
+  keys = (rank, (banks != top).astype(jnp.int32), -scores, position)
+  permutation = lax.sort(keys, dimension=-1, num_keys=4)[-1]  # [B, N]: candidates in order
+  order = jnp.zeros_like(position).at[
+      jnp.arange(scores.shape[0])[:, None], permutation].set(position)
+  return jnp.where(exists, order, NEVER)
 
 
 def satisfied(tokens: Sequence[int], phrases: Sequence[Sequence[int]], ordered: bool,
