@@ -229,12 +229,7 @@ def all_met(met: Array, phrases: Array) -> Array:
   return jnp.all(met | (phrase_lengths(phrases)[:, None] == 0), axis=-1)
 
 
-def num_banks(phrases: Array) -> int:
-  """How many banks there can be: C * P + 1 (static)."""
-  return phrases.shape[-2] * phrases.shape[-1] + 1
-
-
-def bank_order(scores: Array, banks: Array, banks_count: int) -> Array:
+def bank_order(scores: Array, banks: Array) -> Array:
   """int32 [B, N]: each candidate's place in DBA's rounds (smaller first; `NEVER` for a
   candidate scored -inf). Round r takes the r-th best (by score, ties by position) of every
   bank: first that of the highest bank any candidate reaches, then the others by score (ties
@@ -243,9 +238,8 @@ def bank_order(scores: Array, banks: Array, banks_count: int) -> Array:
   translation is not pruned for hypotheses that only started a phrase.
 
   Args:
-    scores: float32 [B, N]. banks: int32 [B, N], each in [0, banks_count).
+    scores: float32 [B, N]. banks: int32 [B, N], each >= 0.
   """
-  del banks_count  # Every bank is its own; the order needs no count.
   n = scores.shape[-1]
   exists = scores > -jnp.inf
   position = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), scores.shape)
@@ -285,5 +279,5 @@ def satisfied(tokens: Sequence[int], phrases: Sequence[Sequence[int]], ordered: 
 
 
 __all__ = ["NEVER", "advance", "advancing_tokens", "all_met", "ban_forbidden", "bank_order",
-           "first_unmet", "holds_every_phrase", "match_lengths", "may_meet", "num_banks",
+           "first_unmet", "holds_every_phrase", "match_lengths", "may_meet",
            "phrase_lengths", "progress", "satisfied", "tail", "word_boundary"]
