@@ -18,7 +18,7 @@ normalization), our output cap max_len_a * n + max_len_b within the model's max_
 gets the same cap per sentence). One JSON line per (system, clients), then a summary line.
 
   python benchmarks/speed/server_throughput.py --workdir W \\
-      --input /work/shared/data/multi30k/test_2016_flickr.en.gz [--requests 1000] \\
+      --input ../shared/data/multi30k/test_2016_flickr.en.gz [--requests 1000] \\
       [--clients 1 8 32 128] [--batching exact] [--precision float32] [--skip_anchor] \\
       [--client aiohttp] [--rounds 3]
 
@@ -206,7 +206,7 @@ def bulk(translator, lines: list[str]) -> dict:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--input", default="/work/shared/data/multi30k/test_2016_flickr.en.gz")
+  parser.add_argument("--input", default="../shared/data/multi30k/test_2016_flickr.en.gz")
   parser.add_argument("--requests", type=int, default=1000, help="Answers per level.")
   parser.add_argument("--max_seconds", type=float, default=120, help="Per level, at most.")
   parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
