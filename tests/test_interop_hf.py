@@ -304,3 +304,22 @@ def test_cli_translate_with_language_codes(imported, sentences, tmp_path, capsys
   want = imported.translator.translate(sentences[:3], target_lang="de", method="greedy",
                                        beam_size=1)
   assert output.read_text().splitlines() == want
+
+
+def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
+  ctranslate2 = pytest.importorskip("ctranslate2")
+  exported = tmp_path / "ct2"
+  assert cli_main(["export", "--workdir", str(imported.workdir), "--format", "ctranslate2",
+                   "--output", str(exported)]) == 0
+  ct2 = ctranslate2.Translator(str(exported), device="cpu", intra_threads=1)
+  tokenizer = imported.translator.tokenizer
+  target_lang = imported.codes[2]
+  # CTranslate2 appends EOS itself (add_source_eos); the language tokens are the caller's.
+  source = [[tokenizer.codes[imported.codes[0]], *(tokenizer.id_to_piece(i) for i in
+                                                   tokenizer.tokenize(s))] for s in sentences]
+  results = ct2.translate_batch(source, target_prefix=[[tokenizer.codes[target_lang]]] * len(
+      sentences), beam_size=1, max_decoding_length=N - 1, min_decoding_length=0)
+  theirs = [tokenizer.detokenize([tokenizer._ids[p] for p in r.hypotheses[0]]) for r in results]
+  ours = [h[0][0] for h in imported.translator.translate_nbest(
+      sentences, 1, target_lang=target_lang, method="greedy", max_len_a=0.0, max_len_b=N - 1)]
+  assert ours == theirs
