@@ -93,6 +93,10 @@ class DataConfig:
   test_split: str = "test"
   source_lang: str = "en"
   target_lang: str = "de"
+  # A many-language model's codes (import-hf: NLLB eng_Latn, M2M-100 en, mBART-50 en_XX) when
+  # fine-tuning it: their tokens begin every source and target; '' for a one-pair vocabulary.
+  source_code: str = ""
+  target_code: str = ""
   synthetic_num_train: int = checked_field(50_000, POSITIVE)
   synthetic_num_eval: int = checked_field(500, POSITIVE)
   synthetic_num_test: int = checked_field(1000, POSITIVE)

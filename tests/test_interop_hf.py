@@ -323,3 +323,39 @@ def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
   ours = [h[0][0] for h in imported.translator.translate_nbest(
       sentences, 1, target_lang=target_lang, method="greedy", max_len_a=0.0, max_len_b=N - 1)]
   assert ours == theirs
+
+
+def test_fine_tuning_an_import_puts_the_language_tokens_in_the_pairs(imported, sentences,
+                                                                     tmp_path):
+  if imported.family != "nllb":
+    pytest.skip("one family is enough")
+  from conftest import REPO, shrunk_settings
+
+  from flax_transformer.experiment_flags import load_config_file
+  from flax_transformer.training import trainer
+  from flax_transformer.workdir import restore_params
+
+  config = load_config_file(REPO / "configs" / "default.py")
+  settings = shrunk_settings(tmp_path / "tfds", train__init_from=str(imported.workdir),
+                             train__num_train_steps=6, checkpoint__save_every_steps=6,
+                             checkpoint__async_save=False, data__source_code=imported.codes[0],
+                             data__target_code=imported.codes[1])
+  for key, value in settings.items():
+    group, name = key.split(".")
+    if group != "model":  # The model is the import's.
+      config[group][name] = value
+  trainer.train_and_evaluate(config, str(tmp_path / "ft"))
+  before, _ = restore_params(imported.workdir)
+  after, step = restore_params(tmp_path / "ft")
+  assert step == 6
+  assert not np.array_equal(before["decoder"]["final_norm"]["scale"],
+                            after["decoder"]["final_norm"]["scale"])
+  assert (tmp_path / "ft" / "languages.json").is_file()
+  finetuned = Translator.from_workdir(tmp_path / "ft", source_lang=imported.codes[0])
+  assert finetuned.translate(sentences[:1], target_lang=imported.codes[1], beam_size=1,
+                             method="greedy")[0]
+  pairs = [("a big dog", "x")]
+  bound = finetuned.tokenizer.with_languages(imported.codes[0], imported.codes[1])
+  assert bound.tokenize(pairs[0][0])[0] == finetuned.tokenizer.language_id(imported.codes[0])
+  assert bound.tokenize_target(pairs[0][1])[0] == finetuned.tokenizer.language_id(
+      imported.codes[1])

@@ -27,6 +27,7 @@ special token, the language tokens included (`decode(..., skip_special_tokens=Tr
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import os
@@ -39,6 +40,7 @@ from flax_transformer.data.marian_tokenizer import (
   VOCAB_JSON_FILE,
   MarianTokenizer,
 )
+from flax_transformer.data.tokenizer import TextTokenizer
 from flax_transformer.errors import InputError
 from flax_transformer.files import atomic_write, to_path
 
@@ -76,6 +78,32 @@ class MultilingualTokenizer(MarianTokenizer):
     our_id = {piece: i for i, piece in enumerate(self._pieces)}
     self._skipped = self._skipped | {our_id[piece] for piece in self.special}
     self._language_ids = {code: our_id[token] for code, token in self.codes.items()}
+    self._leads: tuple[list[int], list[int]] = ([], [])  # `with_languages`.
+
+  def with_languages(self, source_lang: str, target_lang: str) -> MultilingualTokenizer:
+    """A copy whose `tokenize*` put `source_lang`'s token first and `tokenize_target*` put
+    `target_lang`'s first, as the family's tokenizer builds training pairs (fine-tuning:
+    config.data.source_code, target_code). Serving takes the unbound tokenizer: the
+    `Translator` places the tokens itself."""
+    bound = copy.copy(self)
+    bound._leads = ([self.language_id(source_lang)], [self.language_id(target_lang)])
+    return bound
+
+  def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Our ids of each source sentence, without EOS (after the bound source token)."""
+    return [[*self._leads[0], *ids] for ids in super().tokenize_batch(texts)]
+
+  def tokenize(self, text: str) -> list[int]:
+    """Our ids of a source sentence, without EOS (after the bound source token)."""
+    return self.tokenize_batch([text])[0]
+
+  def tokenize_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Our ids of each target sentence, without EOS (after the bound target token)."""
+    return [[*self._leads[1], *ids] for ids in super().tokenize_target_batch(texts)]
+
+  def tokenize_target(self, text: str) -> list[int]:
+    """Our ids of a target sentence, without EOS (after the bound target token)."""
+    return self.tokenize_target_batch([text])[0]
 
   @classmethod
   def from_files(cls, contents: Mapping[str, bytes],
@@ -126,21 +154,39 @@ class MultilingualTokenizer(MarianTokenizer):
   def source_ids(self, text: str, source_lang: str) -> list[int]:
     """[source language token] + the pieces' ids of `text` (no EOS), as the family's tokenizer
     places them."""
-    return [self.language_id(source_lang), *self.tokenize(text)]
+    return [self.language_id(source_lang), *MarianTokenizer.tokenize(self, text)]
 
   def __getstate__(self):
     return {"model": self._protos[0], "vocab": self.vocab, "family": self.family,
-            "codes": self.codes, "special": self.special, "path": self.path}
+            "codes": self.codes, "special": self.special, "path": self.path,
+            "leads": self._leads}
 
   def __setstate__(self, state):
     self.__init__(state["model"], state["vocab"], family=state["family"], codes=state["codes"],
                   special=state["special"], path=state["path"])
+    self._leads = state["leads"]
 
 
-def languages_of(tokenizer: object) -> list[str]:
-  """The language codes of a workdir's vocabulary; [] for a one-pair vocabulary."""
-  return tokenizer.languages if isinstance(tokenizer, MultilingualTokenizer) else []
+def for_training(tokenizer: TextTokenizer, source_code: str,
+                 target_code: str) -> TextTokenizer:
+  """The tokenizer a training run's pipeline tokenizes with: a many-language vocabulary bound
+  to config.data.source_code and target_code (`with_languages`), any other as it is.
+
+  Raises:
+    InputError: codes for a one-pair vocabulary, or a many-language one without them.
+  """
+  codes = [f"config.data.{name}" for name, code in (("source_code", source_code),
+                                                    ("target_code", target_code)) if code]
+  if not isinstance(tokenizer, MultilingualTokenizer):
+    if codes:
+      raise InputError(f"{' and '.join(codes)}: this vocabulary has no language codes (only "
+                       "an import-hf model's has).")
+    return tokenizer
+  if len(codes) < 2:
+    raise InputError(f"This vocabulary has {len(tokenizer.codes)} language codes: set "
+                     "config.data.source_code and config.data.target_code (e.g. "
+                     f"{tokenizer.languages[0]!r}), whose tokens begin the sources and targets.")
+  return tokenizer.with_languages(source_code, target_code)
 
 
-__all__ = ["FAMILIES", "FILES", "LANGUAGES_FILE", "MultilingualTokenizer",
-           "languages_of"]
+__all__ = ["FAMILIES", "FILES", "LANGUAGES_FILE", "MultilingualTokenizer", "for_training"]
