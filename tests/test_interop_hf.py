@@ -359,3 +359,20 @@ def test_fine_tuning_an_import_puts_the_language_tokens_in_the_pairs(imported, s
   assert bound.tokenize(pairs[0][0])[0] == finetuned.tokenizer.language_id(imported.codes[0])
   assert bound.tokenize_target(pairs[0][1])[0] == finetuned.tokenizer.language_id(
       imported.codes[1])
+
+
+def test_a_target_prefix_follows_the_language_token(imported, sentences):
+  if imported.family != "mbart50":
+    pytest.skip("one family is enough")
+  settings = dict(target_lang=imported.codes[1], method="greedy", max_len_a=0.0,
+                  max_len_b=N - 1)
+  free = [h[0][0] for h in imported.translator.translate_nbest(sentences[:4], 1, **settings)]
+  first = [text.split()[0] if text.split() else "" for text in free]
+  again = [h[0][0] for h in imported.translator.translate_nbest(
+      sentences[:4], 1, target_prefix=first, **settings)]
+  assert again == free  # Its own first word as a prefix changes nothing.
+  other = [h[0][0] for h in imported.translator.translate_nbest(
+      sentences[:4], 1, target_prefix=["zum"] * 4, **settings)]
+  assert all(text.split()[0] == "zum" for text in other)
+  scores = imported.translator.score(sentences[:2], free[:2], target_lang=imported.codes[1])
+  assert all(np.isfinite(scores))

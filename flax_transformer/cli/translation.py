@@ -116,7 +116,8 @@ def add_commands(commands) -> None:
       "flax-transformer score --workdir workdirs/default --src test.src --tgt test.ref "
       "--output scores.txt")
   arguments.add_checkpoint_arguments(score, ensemble=True)
-  arguments.add_settings_arguments(score, "batch_tokens", "precision")
+  arguments.add_settings_arguments(score, "batch_tokens", "precision", "source_lang",
+                                   "target_lang")
   score.add_argument("--src", required=True, help="Source sentences, one a line.")
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
   score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
