@@ -85,7 +85,8 @@ def _projection_s(config: ModelConfig, params: Any, rows: int, repeats: int) -> 
 def _ct2(config: ModelConfig, params: Any, kind: str, source: list[list[str]],
          options: dict[str, Any], args: argparse.Namespace) -> tuple[int, float, float]:
   """(model.bin bytes, load seconds, sentences/s) of CTranslate2 at `kind` on our weights."""
-  spec = build_spec(config, {"params": params})
+  # A copy: the spec holds some of the arrays it is given, and quantizing rewrites them.
+  spec = build_spec(config, {"params": jax.tree.map(np.array, params)})
   spec.validate()
   spec.optimize(quantization=CT2_TYPES[kind])
   with tempfile.TemporaryDirectory(prefix="ct2_") as directory:
