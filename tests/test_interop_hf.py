@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 
 import hf_fixture
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -325,8 +326,8 @@ def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
   assert ours == theirs
 
 
-def test_fine_tuning_an_import_puts_the_language_tokens_in_the_pairs(imported, sentences,
-                                                                     tmp_path):
+def test_fine_tuning_an_import_with_its_language_tokens_resumes_exactly(imported, sentences,
+                                                                         tmp_path):
   if imported.family != "nllb":
     pytest.skip("one family is enough")
   from conftest import REPO, shrunk_settings
@@ -335,19 +336,28 @@ def test_fine_tuning_an_import_puts_the_language_tokens_in_the_pairs(imported, s
   from flax_transformer.training import trainer
   from flax_transformer.workdir import restore_params
 
-  config = load_config_file(REPO / "configs" / "default.py")
-  settings = shrunk_settings(tmp_path / "tfds", train__init_from=str(imported.workdir),
-                             train__num_train_steps=6, checkpoint__save_every_steps=6,
-                             checkpoint__async_save=False, data__source_code=imported.codes[0],
-                             data__target_code=imported.codes[1])
-  for key, value in settings.items():
-    group, name = key.split(".")
-    if group != "model":  # The model is the import's.
-      config[group][name] = value
-  trainer.train_and_evaluate(config, str(tmp_path / "ft"))
+  def train(workdir: Path, steps: int) -> None:
+    config = load_config_file(REPO / "configs" / "default.py")
+    settings = shrunk_settings(tmp_path / "tfds", train__init_from=str(imported.workdir),
+                               train__num_train_steps=steps, train__warmup_steps=2,
+                               checkpoint__save_every_steps=2,
+                               checkpoint__async_save=False,
+                               data__source_code=imported.codes[0],
+                               data__target_code=imported.codes[1])
+    for key, value in settings.items():
+      group, name = key.split(".")
+      if group != "model":  # The model is the import's.
+        config[group][name] = value
+    trainer.train_and_evaluate(config, str(workdir))
+
+  train(tmp_path / "ft", 4)
+  train(tmp_path / "resumed", 2)  # Stopped at step 2, then the same run to step 4.
+  train(tmp_path / "resumed", 4)
   before, _ = restore_params(imported.workdir)
   after, step = restore_params(tmp_path / "ft")
-  assert step == 6
+  resumed, _ = restore_params(tmp_path / "resumed", 4)
+  assert step == 4
+  assert all(jax.tree.leaves(jax.tree.map(np.array_equal, after, resumed)))  # Exactly.
   assert not np.array_equal(before["decoder"]["final_norm"]["scale"],
                             after["decoder"]["final_norm"]["scale"])
   assert (tmp_path / "ft" / "languages.json").is_file()
