@@ -343,16 +343,7 @@ def export_hf(workdir: str | os.PathLike, output: str | os.PathLike, *, step: in
                         "export --format hf writes models import-hf read.")
   check_exportable(model_config)
   params, _ = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
-  params = marian._numpy(params)
-  state = {}
-  inverse = np.argsort(tokenizer.marian_ids)
-  for path, key, kind in marian_params.entries(model_config):
-    value = params
-    for name in path:
-      value = value[name]
-    state[key] = np.ascontiguousarray(
-        marian_params._TO_MARIAN[kind](np.asarray(value, np.float32), model_config, inverse),
-        dtype=np.float32)
+  state = marian_params.state_from_params(params, model_config, tokenizer.marian_ids)
   for side in ("encoder", "decoder"):
     state[f"model.{side}.embed_tokens.weight"] = state["model.shared.weight"]
   if model_config.tie_output_projection:

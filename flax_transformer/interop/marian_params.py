@@ -164,18 +164,26 @@ def marian_from_params(params: Params, config: ModelConfig,
   model has none, which computes the same function). A shared table with an untied output
   projection is also written as each side's table: transformers 5 ties nothing when
   tie_word_embeddings is false."""
-  inverse = np.argsort(marian_ids)  # Our id of each Marian id.
-  full = _with_zero_biases(params, config)
+  state = state_from_params(_with_zero_biases(params, config), full_config(config),
+                            marian_ids)
+  if config.share_embeddings and not config.tie_output_projection:
+    for side in ("encoder", "decoder"):
+      state[f"model.{side}.embed_tokens.weight"] = state["model.shared.weight"].copy()
+  return state
+
+
+def state_from_params(params: Params, config: ModelConfig,
+                      marian_ids: np.ndarray) -> dict[str, np.ndarray]:
+  """The Hugging Face state dict of every entry of `config` (`entries`), float32, rows in
+  Hugging Face's id order; the inverse of `params_from_marian`."""
+  inverse = np.argsort(marian_ids)  # Our id of each Hugging Face id.
   state = {}
-  for path, key, kind in entries(full_config(config)):
-    value = full
+  for path, key, kind in entries(config):
+    value = params
     for name in path:
       value = value[name]
     state[key] = np.ascontiguousarray(_TO_MARIAN[kind](np.asarray(value, np.float32), config,
                                                        inverse), dtype=np.float32)
-  if config.share_embeddings and not config.tie_output_projection:
-    for side in ("encoder", "decoder"):
-      state[f"model.{side}.embed_tokens.weight"] = state["model.shared.weight"].copy()
   return state
 
 

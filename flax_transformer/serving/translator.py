@@ -6,6 +6,8 @@
     tr.translate(sentences, params=other_params)               # other weights, same shapes
     tr.translate(["A man is riding a bike."], target_prefix=["Ein Mann"])  # forced opening
     tr.translate_aligned(["A man is riding a bike."])        # -> [(text, [(0, 0), (1, 1), ...])]
+    nllb = Translator.from_workdir("runs/nllb600m", source_lang="eng_Latn")  # import-hf
+    nllb.translate(["A man is riding a bike."], target_lang="deu_Latn")
     ens = Translator.from_checkpoints(["w1/checkpoints/600", "w2/averaged/step_600_last_4"])
 
 A `Translator` is immutable: every call takes its settings (and optionally its params) as
@@ -19,6 +21,11 @@ one device batch per device of the mesh's 'data' axis; a device batch's shape ne
 the number of devices, so the output does not either. Sampling draws each sentence's noise from
 `fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
 (files of any size, several processes, resuming) are `flax_transformer.serving.bulk`.
+
+A many-language model (NLLB-200, M2M-100, mBART-50: `data.multilingual_tokenizer`) takes
+`source_lang` and `target_lang` settings: the source language token starts every source, and the
+target language token is forced as the first output token through the target prefix (before a
+user's own prefix; `forced_tokens` exempts it from the prefix's whole-word rule).
 
 A target prefix (one per sentence, '' for none) is searched in the same program as any other:
 its tokens are an array [rows, L] of the bucket's shape, so prefixes of any length share one
