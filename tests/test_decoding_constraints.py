@@ -111,6 +111,9 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
         if all(reference_state((*seq, EOS), phrases, ordered, cont)[0]):  # (d)
           candidates[(seq, EOS)] = total + rows[seq][EOS]
     banks = {c: reference_state((*c[0], c[1]), phrases, ordered, cont)[1] for c in candidates}
+    pieces = sum(len(phrase) for phrase in phrases)
+    if pieces + 1 > beams:  # More banks than beams: K banks, bank b to floor(b (K - 1) / T).
+      banks = {c: bank * (beams - 1) // pieces for c, bank in banks.items()}
     ranked = [c for c in sorted(candidates, key=lambda c: -candidates[c])
               if np.isfinite(candidates[c])]
     rank = {c: sum(1 for d in ranked[:ranked.index(c)] if banks[d] == banks[c]) for c in ranked}

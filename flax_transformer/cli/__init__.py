@@ -1,11 +1,11 @@
 """The `flax-transformer` command: `main` parses the command line and runs one command.
 
 Each command's parser, help and call sit together in one module: `translation` (translate,
-score, evaluate), `workdirs` (average, split, attention, curves, import-marian, export) and
-`configs` (plan, prepare); `arguments` holds the flag groups they share, `stopping` the signal
-handling. They turn flags into calls of the rooms below (serving, workdir, interop, planning,
-runtime) and import those when they run, so `--help` or a bad flag answers before JAX or orbax
-loads.
+score, evaluate), `serving` (serve, over HTTP), `workdirs` (average, split, attention, curves,
+import-marian, export) and `configs` (plan, prepare); `arguments` holds the flag groups they
+share, `stopping` the signal handling. They turn flags into calls of the rooms below (serving,
+workdir, interop, planning, runtime) and import those when they run, so `--help` or a bad flag
+answers before JAX or orbax loads.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from flax_transformer.cli import configs, stopping, translation, workdirs
+from flax_transformer.cli import configs, serving, stopping, translation, workdirs
 from flax_transformer.cli.arguments import Parser
 from flax_transformer.errors import Error, bug_report
 
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   parser.command_parsers = commands.choices
   translation.add_commands(commands)
+  serving.add_commands(commands)
   workdirs.add_commands(commands)
   configs.add_commands(commands)
   for command in commands.choices.values():

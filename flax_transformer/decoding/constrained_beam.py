@@ -159,6 +159,7 @@ def _constrained_step(context: StepContext, phrases: Array, ordered: bool, state
             & ~state.done[:, None] & (eos_sums > NEG_INF))
   sums = jnp.concatenate([natural.reshape(batch, -1), advancing_sums.reshape(batch, -1),
                           jnp.where(eos_ok, eos_sums, NEG_INF)], axis=1)  # [B, N]
+  banks = constraints_lib.allocation_banks(banks, phrases, beams)
   order = constraints_lib.bank_order(sums, banks, constraints_lib.num_banks(phrases))  # [B, N]
 
   first, eos_order, finishes, alive_log_probs, pick = _take_rounds(order, sums, eos_ok)

@@ -31,14 +31,17 @@ Constraints: phrases every hypothesis must contain (vectorized dynamic beam allo
         phrase's first piece;
     (c) each beam's best token except EOS;
     (d) each beam's EOS, only where it meets every phrase (or the length cap forces EOS).
-  Each candidate is counted once. Candidates fall into banks by the bank of the hypothesis
-  they make; within a bank they rank by score. The step then takes them in rounds (Hu et al.'s
-  vectorized DBA, fairseq's `LexicallyConstrainedBeamSearch`): the best of the highest bank,
-  the best of the next bank, ..., the best of bank 0, then the second best of each bank from
-  the highest, and so on (`bank_order`), so hypotheses that make progress are not crowded
-  out. EOS candidates among the first K so taken finish their hypotheses; the first K others
-  stay alive. `decoding.constrained_beam` says when the search stops and how its answer relates
-  to plain beam search's.
+  Each candidate is counted once. Candidates fall into banks by the bank of the hypothesis they
+  make; within a bank they rank by score. The step then takes them in rounds (Hu et al.'s
+  vectorized DBA, fairseq's `LexicallyConstrainedBeamSearch`): the best of the highest bank, the
+  best of the next bank, ..., the best of bank 0, then the second best of each bank from the
+  highest, and so on (`bank_order`), so hypotheses that make progress are not crowded out.
+  Where a sentence's T constraint pieces make more banks than the K beams, bank b is taken as
+  floor(b (K - 1) / T) (`allocation_banks`): otherwise the higher banks take every beam in the
+  first round and bank 0, the natural translation, is pruned while a long term is spelled. EOS
+  candidates among the first K so taken finish their hypotheses; the first K others stay alive.
+  `decoding.constrained_beam` says when the search stops and how its answer relates to plain beam
+  search's.
 
 Forbidden phrases: phrases no hypothesis may contain as whole words
   Where a hypothesis ends with every piece of a forbidden phrase, every token that would end
@@ -234,6 +237,16 @@ def num_banks(phrases: Array) -> int:
   return phrases.shape[-2] * phrases.shape[-1] + 1
 
 
+def allocation_banks(banks: Array, phrases: Array, beam_size: int) -> Array:
+  """int32 [B, N]: the banks DBA's rounds allocate by (banks [B, N] of `advance`, phrases
+  [B, C, P]): where a sentence's T constraint pieces make more banks (T + 1) than beams (K),
+  bank b becomes floor(b (K - 1) / T), so there are at most K and each gets a beam in the first
+  round; bank K - 1 holds exactly the hypotheses that meet every phrase. Else unchanged."""
+  total = jnp.sum(phrase_lengths(phrases), axis=-1)[:, None]  # [B, 1]
+  squeezed = banks * (beam_size - 1) // jnp.maximum(total, 1)
+  return jnp.where(total + 1 > beam_size, squeezed, banks)
+
+
 def bank_order(scores: Array, banks: Array, banks_count: int) -> Array:
   """int32 [B, N]: each candidate's place in DBA's rounds (smaller first; `NEVER` for a
   candidate scored -inf): rank r within its bank (by score, ties by position) and bank b give
@@ -274,6 +287,6 @@ def satisfied(tokens: Sequence[int], phrases: Sequence[Sequence[int]], ordered: 
   return True
 
 
-__all__ = ["NEVER", "advance", "advancing_tokens", "all_met", "ban_forbidden", "bank_order",
-           "first_unmet", "holds_every_phrase", "match_lengths", "may_meet", "num_banks",
-           "phrase_lengths", "progress", "satisfied", "tail", "word_boundary"]
+__all__ = ["NEVER", "advance", "advancing_tokens", "all_met", "allocation_banks", "ban_forbidden",
+           "bank_order", "first_unmet", "holds_every_phrase", "match_lengths", "may_meet",
+           "num_banks", "phrase_lengths", "progress", "satisfied", "tail", "word_boundary"]

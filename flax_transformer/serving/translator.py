@@ -126,11 +126,13 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
   return sequences, scores, attention
 
 
-def source_ids(tokenizer: TextTokenizer, sentence: str, max_len: int) -> list[int]:
-  """The ids a Translator searches for `sentence`: its pieces cut to max_len - 1, then EOS;
-  [] for a blank one (not searched)."""
+def source_ids(tokenizer: TextTokenizer, sentence: str, max_len: int,
+               lead: Sequence[int] = ()) -> list[int]:
+  """The ids a Translator searches for `sentence`: `lead` (a source language token,
+  `Translator.language_tokens`), its pieces cut to fit max_len with EOS, then EOS; [] for a
+  blank one (not searched)."""
   ids = tokenizer.tokenize(sentence) if sentence.strip() else []
-  return ids[:max_len - 1] + [EOS_ID] if ids else []
+  return [*lead, *ids[:max_len - 1 - len(lead)], EOS_ID] if ids else []
 
 
 def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
@@ -422,11 +424,21 @@ class Translator:
                  params: Any = None, target_prefix: Sequence[str] | None = None,
                  constraints: Sequence[Sequence[str]] | None = None,
                  forbid: Sequence[Sequence[str]] | None = None,
-                 alignments: bool = False, **settings: Any) -> Iterator[Translated]:
+                 alignments: bool = False, plan: Sequence[batching.Batch] | None = None,
+                 line_numbers: Sequence[int] | None = None,
+                 **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
     sampling derives each sentence's key. `target_prefix`: one prefix per sentence ('' for
     none). `alignments`: also the word alignment of each hypothesis yielded.
+
+    `plan`: the device batches to search (`batching.Batch`: indices into `sentences`, none of
+    them blank, padded to a shape `plan_batches` makes), instead of planning them here;
+    `line_numbers`: each sentence's own line number (default: first_index + its position),
+    from which sampling derives its key. Together they let a caller search sentences of
+    several calls in one batch (the HTTP server's batcher, `serving.batcher`), each exactly as
+    its own call would: a sentence's output depends on its batch's shape, never on the other
+    rows of it.
 
     `constraints`: one list of phrases per sentence ([] for none) that every hypothesis must
     contain, as target pieces (`serving.phrases`: how a phrase is tokenized and matched),
@@ -441,7 +453,7 @@ class Translator:
     """
     options = self._options(settings)
     params = self._params(params)
-    source_lead, target_lead = self._language_tokens(options)
+    source_lead, target_lead = self.language_tokens(options)
     token_ids, cut = self._tokenize(sentences, lead=source_lead)
     prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index,
                                   target_lead)
@@ -451,14 +463,19 @@ class Translator:
                                                       ("forbid", forbid)))
     phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1,
                             word_continues=self.word_continues)
-    real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
-    batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
-                           self.model_config.max_len)
-    batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
+    if plan is None:
+      real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
+      batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
+                             self.model_config.max_len)
+      batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
+    else:
+      batches = list(plan)
+    numbers = (first_index + np.arange(len(sentences)) if line_numbers is None
+               else np.asarray(line_numbers, np.int64))
     steps = group_steps(batches, self.num_devices)
     beams = options.search.beam_size if options.search.method == "beam" else 1
     take = min(n or beams, beams)
-    call = lambda step: self._search_step(params, step, token_ids, first_index, options,
+    call = lambda step: self._search_step(params, step, token_ids, numbers, options,
                                           prefix_ids, take if alignments else 0,
                                           constraint_ids, forbid_ids)
     for step, outputs in self._pipelined(steps, call):
@@ -553,7 +570,7 @@ class Translator:
     """Yields the scores of `score` step by step, in plan order."""
     files.check_line_aligned({"sources": len(sources), "targets": len(targets)})
     params = self._params(params)
-    source_lead, target_lead = self._language_tokens(self._options(settings))
+    source_lead, target_lead = self.language_tokens(self._options(settings))
     source_ids, source_cut = self._tokenize(sources, keep_empty=True, lead=source_lead)
     target_ids, target_cut = self._tokenize(targets, keep_empty=True, side="target",
                                             lead=target_lead)
@@ -569,7 +586,7 @@ class Translator:
       yield Scored(step.indices, log_probs[step.row_positions()], lengths,
                    int(cut[step.indices].sum()))
 
-  def _language_tokens(self, options: TranslateConfig) -> tuple[list[int], list[int]]:
+  def language_tokens(self, options: TranslateConfig) -> tuple[list[int], list[int]]:
     """(the source's first tokens, the output's forced first tokens): a many-language model's
     language tokens (`data.multilingual_tokenizer`), ([], []) for a one-pair model."""
     languages = getattr(self.tokenizer, "languages", None)
@@ -628,18 +645,19 @@ class Translator:
     return token_ids, cut
 
   def _search_step(self, params: Any, step: Step, token_ids: Sequence[Sequence[int]],
-                   first_index: int, options: TranslateConfig,
+                   line_numbers: np.ndarray, options: TranslateConfig,
                    prefix_ids: Sequence[Sequence[int]] | None = None, align: int = 0,
                    constraint_ids: phrases.PhraseIds | None = None,
                    forbid_ids: phrases.PhraseIds | None = None) -> tuple[Array, ...]:
     """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]
-    (and with `align`, the attention [D * rows, align, L, S])."""
+    (and with `align`, the attention [D * rows, align, L, S]). `line_numbers`: int [sentences],
+    each sentence's line number (its sampling key)."""
     inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
     rng = jax.random.key(options.seed)
     if options.search.method == "sample":
-      line_numbers = np.zeros(len(inputs), np.uint32)
-      line_numbers[step.row_positions()] = first_index + step.indices
-      rng = _row_keys_jit(rng, self._place(line_numbers))
+      row_lines = np.zeros(len(inputs), np.uint32)  # Padding rows: line 0, never read.
+      row_lines[step.row_positions()] = line_numbers[step.indices]
+      rng = _row_keys_jit(rng, self._place(row_lines))
     decode_len = decode_length(options.search, step.length, self.model_config.max_len)
     prefix = None if prefix_ids is None else self._place(fill_rows(step, prefix_ids, decode_len))
     # Only the options asked for are passed: a search_fn of the plain signature still serves.
@@ -653,7 +671,7 @@ class Translator:
     # The length penalty is data: one program per shape serves every alpha.
     length_penalty = self._replicate(np.float32(options.search.length_penalty))
     settings = options.search.replace(length_penalty=0.0)
-    forced = len(self._language_tokens(options)[1])  # The target language token.
+    forced = len(self.language_tokens(options)[1])  # The target language token.
     static = {**({"align": align} if align else {}),
               **({"forced_tokens": forced} if forced else {})}
     shape = (self.search_fn, settings, len(inputs), step.length, decode_len,
@@ -688,9 +706,10 @@ class Translator:
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
     for rows, length in shapes:
       empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
-      forced = bool(self._language_tokens(options)[1])  # A language token is a prefix.
-      jax.block_until_ready(self._search_step(params, empty, [], 0, options,
-                                              [] if prefixed or forced else None, align))
+      forced = bool(self.language_tokens(options)[1])  # A language token is a prefix.
+      jax.block_until_ready(self._search_step(params, empty, [], np.zeros(0, np.int64),
+                                              options, [] if prefixed or forced else None,
+                                              align))
       bar.advance(1)
     bar.close("Compiled")
     return len(shapes)

@@ -1,0 +1,295 @@
+"""`flax-transformer serve` under load on 127.0.0.1, against bulk `translate` of the same
+sentences and against the anchor: CTranslate2 translating each request on its own behind the
+same HTTP stack (FastAPI under uvicorn) on the same exported weights.
+
+The load generator is an asyncio client of httpx (closed loop; `--client aiohttp` for aiohttp's,
+which costs less CPU at many connections, encode/httpx#3215): C clients each send one sentence
+per request (LibreTranslate's POST /translate) and the next as soon as the answer comes, until
+--requests answers (at most --max_seconds per level); C = 1, 8, 32, 128. Each level reports
+sentences/s (answers / wall time) and the p50 and p99 latency. Bulk: `Translator.translate` of
+the same sentences in this process after `compile()` (the CLI's `translate --warmup`), the
+same settings. The anchor: `flax-transformer export --format ctranslate2 --quantization int8`,
+served by this script itself (`--anchor_server`, a process of its own) with a FastAPI handler
+that tokenizes, calls `translate_batch([one sentence])` and detokenizes, as users wrap
+CTranslate2 today (a sync handler: uvicorn's thread pool, one CTranslate2 translator).
+
+Both searches: beam 4, fairseq length normalization, alpha 1.0 (CTranslate2's only
+normalization), our output cap max_len_a * n + max_len_b within the model's max_len (CTranslate2
+gets the same cap per sentence). One JSON line per (system, clients), then a summary line.
+
+  python benchmarks/speed/server_throughput.py --workdir W \\
+      --input /work/shared/data/multi30k/test_2016_flickr.en.gz [--requests 1000] \\
+      [--clients 1 8 32 128] [--batching exact] [--precision float32] [--skip_anchor] \\
+      [--client aiohttp] [--rounds 3]
+
+On a shared machine the speed drifts: `--rounds N` alternates bulk and the server's levels N
+times and the summary compares their medians.
+
+Memory over many requests: --memory_requests 10000 sends that many requests at 32 clients to
+our server after the levels and reports its RSS (psutil) every 1,000 answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gzip
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = {"beam_size": 4, "length_normalization": "fairseq", "length_penalty": 1.0}
+
+
+def read_lines(path: str) -> list[str]:
+  data = Path(path).read_bytes()
+  text = (gzip.decompress(data) if path.endswith(".gz") else data).decode("utf-8")
+  return [line for line in text.splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------ load generator
+class _Aiohttp:
+  """aiohttp's client behind httpx's `post(path, json=)` -> object with `status_code`."""
+
+  def __init__(self, address: str, clients: int):
+    import aiohttp
+
+    self.address = address
+    self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients),
+                                         timeout=aiohttp.ClientTimeout(total=300))
+
+  async def post(self, path: str, json: dict):
+    async with self.session.post(self.address + path, json=json) as answer:
+      await answer.read()
+      answer.status_code = answer.status
+      return answer
+
+  async def __aenter__(self):
+    return self
+
+  async def __aexit__(self, *exc):
+    await self.session.close()
+
+
+async def load(address: str, lines: list[str], clients: int, requests: int,
+               max_seconds: float, target: str, rss=None, client_kind: str = "httpx") -> dict:
+  """C closed-loop clients until `requests` answers or `max_seconds`: throughput, latency."""
+  latencies: list[float] = []
+  errors = 0
+  sent = 0
+  deadline = time.monotonic() + max_seconds
+  samples = []
+  if client_kind == "aiohttp":
+    session = _Aiohttp(address, clients)
+  else:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    session = httpx.AsyncClient(base_url=address, limits=limits, timeout=300)
+  async with session as client:
+    async def worker() -> None:
+      nonlocal sent, errors
+      while sent < requests and time.monotonic() < deadline:
+        line = lines[sent % len(lines)]
+        sent += 1
+        start = time.perf_counter()
+        answer = await client.post("/translate", json={"q": line, "source": "auto",
+                                                       "target": target})
+        latencies.append(time.perf_counter() - start)
+        if answer.status_code != 200:
+          errors += 1
+        if rss and len(latencies) % 1000 == 0:
+          samples.append((len(latencies), rss()))
+
+    start = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(clients)])
+    wall = time.perf_counter() - start
+  latencies.sort()
+  record = dict(clients=clients, answers=len(latencies), errors=errors, wall_s=round(wall, 2),
+                sentences_per_s=round(len(latencies) / wall, 1),
+                p50_ms=round(1000 * latencies[len(latencies) // 2], 1),
+                p99_ms=round(1000 * latencies[min(len(latencies) - 1,
+                                                  int(len(latencies) * 0.99))], 1))
+  if samples:
+    record["rss_mb_by_answers"] = [(n, round(b / 2**20, 1)) for n, b in samples]
+  return record
+
+
+def start(command: list[str], env: dict | None = None) -> tuple[subprocess.Popen, str]:
+  """A server process and its address, from its ready line ('... ready at http://...')."""
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, **(env or {})})
+  line = process.stdout.readline()
+  match = re.search(r"ready at (http://[\d.]+:\d+)", line)
+  if not match:
+    process.kill()
+    raise SystemExit(f"the server did not start: {line!r}")
+  return process, match[1]
+
+
+def stop(process: subprocess.Popen) -> int:
+  process.send_signal(signal.SIGTERM)
+  return process.wait(timeout=120)
+
+
+# ------------------------------------------------------------------------------------- anchor
+def anchor_server(args: argparse.Namespace) -> None:
+  """CTranslate2 behind FastAPI + uvicorn, one request's sentence per translate_batch call."""
+  import ctranslate2
+  import fastapi
+  import uvicorn
+
+  from flax_transformer.serving import http_server
+  from flax_transformer.workdir import open_workdir
+
+  opened = open_workdir(args.workdir)
+  tokenizer, max_len = opened.tokenizer, opened.model_config.max_len
+  piece_ids = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+  translator = ctranslate2.Translator(args.anchor_server, device="cpu", compute_type="int8",
+                                      intra_threads=args.ct2_threads)
+  app = fastapi.FastAPI()
+
+  @app.post("/translate")
+  def translate(body: dict) -> dict:  # A sync handler: uvicorn's thread pool runs it.
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.tokenize(body["q"])][:max_len - 1]
+    result = translator.translate_batch(
+        [pieces], beam_size=SETTINGS["beam_size"], length_penalty=SETTINGS["length_penalty"],
+        max_decoding_length=min(max_len, len(pieces) + 1 + 50))[0]
+    return {"translatedText": tokenizer.detokenize([piece_ids[p]
+                                                    for p in result.hypotheses[0]])}
+
+  sock = http_server.listen("127.0.0.1", 0)
+  server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+
+  async def announce() -> None:
+    while not server.started:
+      await asyncio.sleep(0.01)
+    print(f"anchor: ready at http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+
+  async def main() -> None:
+    task = asyncio.create_task(announce())
+    await server.serve(sockets=[sock])
+    task.cancel()
+
+  asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------- main
+def bulk_translator(args: argparse.Namespace):
+  """The bulk side's Translator, every search shape compiled (`translate --warmup`)."""
+  from flax_transformer.serving import Translator
+
+  translator = Translator.from_workdir(args.workdir, batch_tokens=args.batch_tokens,
+                                       precision=args.precision, **SETTINGS)
+  translator.compile(progress=False)
+  return translator
+
+
+def bulk(translator, lines: list[str]) -> dict:
+  """Bulk `translate` of `lines`, timed."""
+  start_time = time.perf_counter()
+  translator.translate(lines)
+  seconds = time.perf_counter() - start_time
+  return dict(system="bulk translate", sentences=len(lines), wall_s=round(seconds, 2),
+              sentences_per_s=round(len(lines) / seconds, 1))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--input", default="/work/shared/data/multi30k/test_2016_flickr.en.gz")
+  parser.add_argument("--requests", type=int, default=1000, help="Answers per level.")
+  parser.add_argument("--max_seconds", type=float, default=120, help="Per level, at most.")
+  parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
+  parser.add_argument("--batching", default="exact", choices=("exact", "fill"))
+  parser.add_argument("--max_wait_ms", type=float, default=5.0)
+  parser.add_argument("--batch_tokens", type=int, default=4096)
+  parser.add_argument("--precision", default="float32")
+  parser.add_argument("--ct2_threads", type=int, default=0, help="0: CTranslate2's default.")
+  parser.add_argument("--skip_anchor", action="store_true")
+  parser.add_argument("--skip_bulk", action="store_true")
+  parser.add_argument("--rounds", type=int, default=1, help="Rounds of bulk + the server's "
+                      "levels, alternating; the summary takes each one's median.")
+  parser.add_argument("--memory_requests", type=int, default=0)
+  parser.add_argument("--client", default="httpx", choices=("httpx", "aiohttp"),
+                      help="The load generator's HTTP client (httpx's pool costs CPU at many "
+                      "connections, encode/httpx#3215; aiohttp's less).")
+  parser.add_argument("--anchor_server", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.anchor_server:
+    anchor_server(args)
+    return
+  lines = read_lines(args.input)
+  config = json.loads((Path(args.workdir) / "config.json").read_text())
+  target = config["data"].get("target_lang") or "de"
+  common = dict(benchmark="server_throughput", input=os.path.basename(args.input),
+                client=args.client, batching=args.batching, precision=args.precision, **SETTINGS,
+                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+  results = []
+  translator = None if args.skip_bulk else bulk_translator(args)
+  flags = [f"--{k}={v}" for k, v in SETTINGS.items()]
+  process, address = start([sys.executable, "-m", "flax_transformer.cli", "serve",
+                            "--workdir", args.workdir, "--port", "0", "--warmup",
+                            "--batching", args.batching, "--max_wait_ms", str(args.max_wait_ms),
+                            "--batch_tokens", str(args.batch_tokens), "--max_queue", "100000",
+                            "--precision", args.precision, *flags])
+  # Rounds alternate bulk and the server's levels, so that the machine's drift hits both.
+  for _ in range(args.rounds):
+    if translator is not None:
+      results.append(bulk(translator, lines[:args.requests]))
+      print(json.dumps({**common, **results[-1]}), flush=True)
+    for clients in args.clients:
+      record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds,
+                                target, client_kind=args.client))
+      results.append({"system": f"serve ({args.batching})", **record})
+      print(json.dumps({**common, **results[-1]}), flush=True)
+  if args.memory_requests:
+    import psutil
+
+    server = psutil.Process(process.pid)
+    record = asyncio.run(load(address, lines, 32, args.memory_requests, 10**6, target,
+                              rss=lambda: server.memory_info().rss, client_kind=args.client))
+    print(json.dumps({**common, "system": "serve memory", **record}), flush=True)
+  print(json.dumps({"serve_exit_status": stop(process)}), flush=True)
+
+  if not args.skip_anchor:
+    from flax_transformer.interop import export_ctranslate2
+
+    model_dir = Path(tempfile.mkdtemp(prefix="server_anchor_")) / "ct2"
+    export_ctranslate2(args.workdir, model_dir, quantization="int8")
+    process, address = start([sys.executable, __file__, "--workdir", args.workdir,
+                              "--anchor_server", str(model_dir),
+                              "--ct2_threads", str(args.ct2_threads)])
+    for clients in args.clients:
+      record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds,
+                                target, client_kind=args.client))
+      results.append({"system": "CTranslate2 int8, one request per call", **record})
+      print(json.dumps({**common, **results[-1]}), flush=True)
+    stop(process)
+  by: dict[tuple[str, int | None], list[float]] = {}
+  for r in results:
+    by.setdefault((r["system"], r.get("clients")), []).append(r["sentences_per_s"])
+  median = {key: statistics.median(values) for key, values in by.items()}
+  summary = {}
+  for clients in args.clients:
+    ours = median.get((f"serve ({args.batching})", clients))
+    if ours and not args.skip_bulk:
+      summary[f"serve_over_bulk_at_{clients}"] = round(
+          ours / median[("bulk translate", None)], 2)
+    anchor = median.get(("CTranslate2 int8, one request per call", clients))
+    if ours and anchor:
+      summary[f"serve_over_anchor_at_{clients}"] = round(ours / anchor, 2)
+  print(json.dumps({**common, "summary": summary}), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,106 @@
+"""`serve`: translations over HTTP (LibreTranslate's API and our own), its parser and what it
+runs (`serving.http_server`). It needs the [serve] extra (FastAPI, uvicorn, prometheus-client);
+without it the command says how to install it, in one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+from flax_transformer.cli import arguments, stopping
+from flax_transformer.cli.arguments import add_command
+from flax_transformer.errors import InputError
+
+SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+SERVE_INSTALL = "pip install 'flax-transformer[serve]'"
+
+
+def check_serve_extra() -> None:
+  """InputError naming the install command when a module of the [serve] extra is missing."""
+  missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
+  if missing:
+    raise InputError(f"serve needs the [serve] extra ({', '.join(missing)} missing): "
+                     f"{SERVE_INSTALL}")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+  """`serve`: restores the model, binds, compiles (--warmup), prints its address, serves until
+  SIGTERM or SIGINT and drains."""
+  check_serve_extra()
+  if args.max_wait_ms < 0 or args.max_queue < 1 or args.max_body_bytes < 1:
+    raise InputError("--max_wait_ms must be >= 0, --max_queue and --max_body_bytes >= 1.")
+  if args.drain_seconds <= 0:
+    raise InputError(f"--drain_seconds must be > 0, got {args.drain_seconds}.")
+  from flax_transformer.serving import Service, commands, http_server
+
+  keys = http_server.read_api_keys(args.api_keys) if args.api_keys else frozenset()
+
+  checkpoints = list(args.checkpoint or ())
+  if len(checkpoints) == 1 and checkpoints[0].isdigit() and args.step is None:
+    args.step, checkpoints = int(checkpoints[0]), []  # --checkpoint N: the step N.
+  parameters = arguments.parameters(args)
+  opened, settings, checkpoint = commands.open_job(parameters.workdir, parameters.step,
+                                                   tuple(checkpoints), **parameters.settings)
+  checkpoint = commands.restore_point(opened, checkpoint)
+  translator = commands.translator(opened, settings, checkpoint)
+  data = opened.config.get("data", {})
+  # A many-language model serves the pair of --source_lang/--target_lang.
+  service = Service(source_lang=settings.source_lang or data.get("source_lang") or "en",
+                    target_lang=settings.target_lang or data.get("target_lang") or "de",
+                    api_keys=keys,
+                    max_body_bytes=args.max_body_bytes, step=translator.step)
+  options = http_server.ServerOptions(
+      host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+      batching_mode=args.batching, warmup=args.warmup, drain_seconds=args.drain_seconds)
+
+  def announce(address: str) -> None:
+    print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
+          f"{service.source_lang}->{service.target_lang}, {settings.precision}, "
+          f"{args.batching} batching); SIGTERM or Ctrl-C drains and stops.", flush=True)
+
+  if not http_server.serve(translator, options, service, announce=announce,
+                           progress=sys.stderr.isatty()):
+    print("flax-transformer serve: stopped during its warm-up.", file=sys.stderr, flush=True)
+    stopping.exit_now(0)  # The worker thread may be compiling; nothing of it is kept.
+  print("flax-transformer serve: stopped; every request taken was answered.", file=sys.stderr,
+        flush=True)
+  return 0
+
+
+def add_commands(commands) -> None:
+  """The parser of serve."""
+  serve = add_command(
+      commands, "serve", "Serve translations over HTTP (LibreTranslate's API and /v1).",
+      "Serves a checkpoint over HTTP: LibreTranslate's POST /translate and GET /languages (its "
+      "clients work unchanged), POST /v1/translate with every search option, GET /health, "
+      "GET /metrics (Prometheus) and a web page at /. Sentences of concurrent requests are "
+      "searched together in the length-bucket batches translate uses, each with translate's "
+      "result. Needs the [serve] extra: " + SERVE_INSTALL + ".",
+      "flax-transformer serve --workdir workdirs/default --warmup")
+  arguments.add_checkpoint_arguments(serve, ensemble=True)
+  arguments.add_settings_arguments(serve)
+  serve.add_argument("--host", default="127.0.0.1", help="Address to listen on (default "
+                     "127.0.0.1, this machine only; 0.0.0.0 for every interface, behind a "
+                     "reverse proxy).")
+  serve.add_argument("--port", type=int, default=5000,
+                     help="Port (default 5000, LibreTranslate's; 0: a free one).")
+  serve.add_argument("--max_batch_tokens", type=int, dest="batch_tokens", default=None,
+                     help="Padded source tokens per batch and device (the same as "
+                     "--batch_tokens; default: the workdir's config, else 4096).")
+  serve.add_argument("--max_wait_ms", type=float, default=5.0,
+                     help="How long a queued sentence waits for its batch to fill (default 5).")
+  serve.add_argument("--max_queue", type=int, default=2048, help="Most sentences waiting; a "
+                     "request that does not fit is answered 429 at once (default 2048).")
+  serve.add_argument("--batching", choices=("exact", "fill"), default="exact",
+                     help="exact: merge requests whose sentences translate would search in the "
+                     "same batch shape (answers equal translate's, byte for byte); fill: fill "
+                     "each bucket's largest batch (more sentences per search; scores may "
+                     "differ from translate's in their last bits). Default exact.")
+  serve.add_argument("--api_keys", default=None, help="A file of API keys, one a line: "
+                     "every translate request must carry one (api_key), else 403.")
+  serve.add_argument("--max_body_bytes", type=int, default=1 << 20,
+                     help="Largest request body; larger is answered 413 (default 1 MiB).")
+  serve.add_argument("--drain_seconds", type=float, default=30.0, help="On SIGTERM or Ctrl-C, "
+                     "how long to wait for the requests in flight (default 30).")
+  serve.set_defaults(run=run_serve, kept=lambda args: "")

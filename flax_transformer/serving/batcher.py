@@ -1,0 +1,468 @@
+"""The HTTP server's dynamic batcher: the sentences of concurrent requests searched together in
+the `Translator`'s length-bucket batches, by one worker thread that owns the device.
+
+    batcher = Batcher(translator, max_wait_ms=5, max_queue=2048)
+    batcher.start(warmup=True)            # compiles in the worker; batcher.ready is then set
+    future = batcher.submit(Job(("A man is riding a bike.",), n=1))
+    future.result()                       # -> [Sentence([("Ein Mann fährt Fahrrad.", -1.3)])]
+    batcher.close()                       # answers what is queued, then stops the worker
+
+A request (a `Job`) is planned as `translate` would plan its lines alone (`batching.plan_batches`
+with the translator's token budget): each of its device batches is a *piece* of `rows` x
+`length` holding k <= rows of its sentences. The worker merges pieces of one kind into one
+device batch, first come first served, waiting at most `max_wait_ms` after the oldest piece
+came for the batch to fill:
+
+* exact (default): pieces of the same search settings and the same shape, never split, up to
+  `rows` sentences. A sentence is thus searched in the very [rows, length] shape that
+  `translate` of its request gives it, with its own line number as its sampling key
+  (`Translator.iter_nbest(plan=, line_numbers=)`), and XLA's output for a row depends on the
+  program's shape, not on the other rows: the answer is `translate`'s, byte for byte.
+  (On XLA:CPU another row count changes a score's last bits, 1e-6, and could flip a near tie:
+  that is why a lone sentence's piece of 8 rows is not merged into a batch of 64.)
+* fill: sentences of the same settings and length bucket fill a batch of up to the bucket's
+  capacity (`batch_tokens // length` rows) whatever their requests' own shapes; the most
+  sentences per search, with texts equal to `translate`'s but scores that may differ in their
+  last bits (the note above).
+
+Requests with constraints, forbidden phrases or alignments are searched alone (their phrase
+arrays are shaped by the request's own phrases), in their turn, by `Translator.iter_nbest` as
+`translate` calls it. A search that raises fails the requests of its batch only (their futures
+raise `BatchFailed`; the traceback is logged once) and the worker goes on. The queue is bounded
+in sentences: `submit` raises `QueueFull` at once when a request does not fit.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from flax_transformer.errors import Error, InputError
+from flax_transformer.serving import batching
+from flax_transformer.serving.translator import Translator, decode_length, source_ids
+
+_log = logging.getLogger(__name__)
+BATCHING_MODES = ("exact", "fill")
+
+
+class QueueFull(Error):
+  """The batcher's queue has no room for a request's sentences (HTTP 429)."""
+
+
+class Closed(Error):
+  """The batcher is draining or stopped and takes no new request (HTTP 503)."""
+
+
+class BatchFailed(Exception):
+  """The search of a request's batch raised (HTTP 500); the traceback is in the server's log."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One request's sentences and how to search them (`Translator.iter_nbest`'s arguments).
+
+  Attributes:
+    sentences: one sentence per line; a blank one is not searched and gives "".
+    n: hypotheses per sentence, best first (at most the beam size).
+    settings: `TranslateConfig` changes, as (name, value) pairs (e.g. (("beam_size", 5),)).
+    target_prefix: one prefix per sentence ('' for none), or None.
+    constraints: one list of phrases per sentence that its output must hold, or None.
+    forbid: one list of phrases per sentence that its output must not hold, or None.
+    alignments: also each hypothesis's word alignment.
+  """
+
+  sentences: tuple[str, ...]
+  n: int = 1
+  settings: tuple[tuple[str, Any], ...] = ()
+  target_prefix: tuple[str, ...] | None = None
+  constraints: tuple[tuple[str, ...], ...] | None = None
+  forbid: tuple[tuple[str, ...], ...] | None = None
+  alignments: bool = False
+
+  @property
+  def alone(self) -> bool:
+    """Whether this job is searched in batches of its own (phrases or alignments)."""
+    return self.constraints is not None or self.forbid is not None or self.alignments
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+  """One sentence's answer: its n best (text, score), best first, and what the call found."""
+
+  hypotheses: list[tuple[str, float]]
+  truncated: bool = False  # The source was cut to the model's max_len.
+  alignments: list[list[tuple[int, int]]] | None = None  # [n] word pairs, when asked for.
+  constraints_met: list[bool] | None = None  # [n], when constraints were given.
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchReport:
+  """What one search did, for the metrics: its sentences, padded rows and tokens, time."""
+
+  sentences: int
+  requests: int
+  rows: int
+  length: int
+  target_tokens: int
+  seconds: float
+  failed: bool = False
+
+
+class _Request:
+  """A submitted job, its answers as they come and its future (the batcher's lock guards it)."""
+
+  def __init__(self, job: Job, future: concurrent.futures.Future, token_counts: list[int],
+               truncated: list[bool], pieces: int):
+    self.job = job
+    self.future = future
+    self.token_counts = token_counts
+    self.truncated = truncated
+    self.answers: list[Sentence | None] = [
+        Sentence([("", 0.0)]) if not count else None for count in token_counts]
+    self.pieces_left = pieces
+    self.started = False
+    self.dropped = False  # Cancelled before its search, or failed: its answers are not used.
+
+
+@dataclasses.dataclass
+class _Piece:
+  """Some sentences of one request that are searched together (a device batch of `translate`'s
+  plan, or one sentence in fill mode)."""
+
+  request: _Request
+  indices: np.ndarray  # int [k]: positions in the request's sentences
+  key: tuple[Any, ...]  # What pieces must share to be merged.
+  rows: int  # Rows of its batch (the bucket's capacity in fill mode).
+  length: int  # Source bucket.
+  arrived: float
+
+
+class Batcher:
+  """Merges the sentences of concurrent jobs into the translator's batches and searches them
+  in one worker thread (module docstring).
+
+  Args:
+    translator: what searches; only the worker thread calls it once started.
+    max_wait_ms: how long the oldest queued piece waits for its batch to fill.
+    max_queue: most sentences queued (not yet searched); `submit` raises `QueueFull` beyond.
+    batching_mode: "exact" or "fill" (module docstring).
+    observe: called with a `BatchReport` after each search, in the worker thread.
+  """
+
+  def __init__(self, translator: Translator, *, max_wait_ms: float = 5.0,
+               max_queue: int = 2048, batching_mode: str = "exact",
+               observe: Callable[[BatchReport], None] | None = None):
+    if batching_mode not in BATCHING_MODES:
+      raise InputError(f"batching_mode must be one of {', '.join(BATCHING_MODES)}, got "
+                       f"{batching_mode!r}.")
+    if max_wait_ms < 0 or max_queue < 1:
+      raise InputError(f"max_wait_ms must be >= 0 and max_queue >= 1, got {max_wait_ms} and "
+                       f"{max_queue}.")
+    self.translator = translator
+    self.max_wait = max_wait_ms / 1000
+    self.max_queue = max_queue
+    self.batching_mode = batching_mode
+    self.observe = observe
+    self.ready = threading.Event()  # Set once the warm-up is done.
+    self.failed: BaseException | None = None  # The warm-up's error, if it raised.
+    self._pending: collections.deque[_Piece] = collections.deque()
+    self._queued = 0  # Sentences in _pending.
+    self._lock = threading.Condition()
+    self._closing = False
+    self._thread: threading.Thread | None = None
+    self._alone_keys = itertools.count()
+
+  @property
+  def queued(self) -> int:
+    """Sentences waiting for their search."""
+    return self._queued
+
+  def start(self, warmup: bool = False, progress: bool = False) -> None:
+    """Starts the worker thread; with `warmup`, it first compiles every search shape of the
+    translator's settings (`Translator.compile`) and sets `ready` after."""
+    self._thread = threading.Thread(target=self._work, args=(warmup, progress),
+                                    name="flax-transformer-batcher", daemon=True)
+    self._thread.start()
+
+  def submit(self, job: Job) -> concurrent.futures.Future:
+    """Queues `job`; its future gives one `Sentence` per line. Raises `InputError` for bad
+    settings or a target prefix that does not fit, `QueueFull` when its sentences do not fit in
+    the queue, `Closed` once `close` was called. Called from any thread."""
+    options = self.translator.settings.replace(**dict(job.settings))
+    if options.precision != self.translator.settings.precision:
+      raise InputError("precision is chosen when the server starts (--precision).")
+    beams = options.search.beam_size if options.search.method == "beam" else 1
+    if not 1 <= job.n <= beams:
+      raise InputError(f"{job.n} hypotheses per sentence need method 'beam' with beam_size >= "
+                       f"{job.n} (this search gives {beams}).")
+    max_len = self.translator.model_config.max_len
+    tokenizer = self.translator.tokenizer
+    source_lead, target_lead = self.translator.language_tokens(options)  # Many languages.
+    token_counts, truncated = [], []
+    for sentence in job.sentences:
+      ids = tokenizer.tokenize(sentence) if sentence.strip() else []
+      truncated.append(len(ids) > max_len - 1 - len(source_lead))
+      token_counts.append(len(source_ids(tokenizer, sentence, max_len, source_lead)))
+    if job.target_prefix is not None:
+      self._check_prefixes(job, token_counts, options, len(target_lead))
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    request = _Request(job, future, token_counts, truncated, 0)
+    pieces = self._pieces(request, options)
+    request.pieces_left = len(pieces)
+    searched = sum(len(piece.indices) for piece in pieces)
+    with self._lock:
+      if self._closing:
+        raise Closed("The server is shutting down and takes no new requests.")
+      if self._queued + searched > self.max_queue:
+        raise QueueFull(f"The queue holds {self._queued} of at most {self.max_queue} "
+                        f"sentences; this request has {searched}.")
+      if not pieces:
+        future.set_running_or_notify_cancel()
+        future.set_result(list(request.answers))
+        return future
+      self._pending.extend(pieces)
+      self._queued += searched
+      self._lock.notify_all()
+    return future
+
+  def close(self, timeout: float | None = None) -> bool:
+    """Takes no new job, searches every queued one at once (no more waiting for batches to
+    fill) and stops the worker: whether it stopped within `timeout` seconds."""
+    with self._lock:
+      self._closing = True
+      self._lock.notify_all()
+    if self._thread is None:
+      return True
+    self._thread.join(timeout)
+    return not self._thread.is_alive()
+
+  def _check_prefixes(self, job: Job, token_counts: list[int], options: Any,
+                      forced: int = 0) -> None:
+    """InputError unless each target prefix (after `forced` language tokens) leaves room for
+    EOS in its output (as `translate` checks it)."""
+    if len(job.target_prefix) != len(job.sentences):
+      raise InputError(f"{len(job.target_prefix)} target prefixes for {len(job.sentences)} "
+                       "sentences; give one per sentence ('' for none).")
+    max_len = self.translator.model_config.max_len
+    for i, (prefix, count) in enumerate(zip(job.target_prefix, token_counts, strict=True)):
+      pieces = forced + (len(self.translator.tokenizer.tokenize_target(prefix))
+                         if prefix.strip() else 0)
+      room = decode_length(options.search, count, max_len) - 1
+      if pieces > room:
+        raise InputError(f"The target prefix of text {i + 1} has {pieces} tokens, but its "
+                         f"output holds at most {room} before EOS.")
+
+  def _pieces(self, request: _Request, options: Any) -> list[_Piece]:
+    """The request's pieces (module docstring), in plan order."""
+    job = request.job
+    real = np.asarray([i for i, count in enumerate(request.token_counts) if count], np.int64)
+    if not len(real):
+      return []
+    now = time.monotonic()
+    max_len = self.translator.model_config.max_len
+    if job.alone:
+      return [_Piece(request, real, ("alone", next(self._alone_keys)), 0, 0, now)]
+    kind = (job.settings, job.target_prefix is not None)
+    lengths = [request.token_counts[i] for i in real]
+    if self.batching_mode == "fill":
+      return [_Piece(request, real[i:i + 1], (kind, length), capacity, length, now)
+              for i, (capacity, length) in enumerate(
+                  _capacity(count, options.batch_tokens, max_len) for count in lengths)]
+    return [_Piece(request, real[b.indices], (kind, b.rows, b.length), b.rows, b.length, now)
+            for b in batching.plan_batches(lengths, options.batch_tokens, max_len)]
+
+  # --------------------------------------------------------------------------- the worker
+  def _work(self, warmup: bool, progress: bool) -> None:
+    """The worker thread: the warm-up, then batches until closed and drained."""
+    try:
+      if warmup:
+        self.translator.compile(progress=progress)
+    except BaseException as error:  # The server reports it and stops.
+      self.failed = error
+      _log.exception("The warm-up failed.")
+      self.ready.set()
+      return
+    self.ready.set()
+    while True:
+      batch = self._next_batch()
+      if batch is None:
+        return
+      try:
+        self._search(batch)
+      except Exception as error:  # A bug outside the search: fail its batch, keep serving.
+        _log.exception("Answering a batch failed; its requests are answered 500.")
+        self._fail([piece.request for pieces in batch for piece in pieces],
+                   BatchFailed(f"answering its batch failed ({error!r})"))
+
+  def _next_batch(self) -> list[list[_Piece]] | None:
+    """The next device batches to search (lists of pieces of one key, each list one device
+    batch), taken off the queue; None once closed and drained."""
+    devices = self.translator.num_devices
+    with self._lock:
+      while True:
+        if not self._pending:
+          if self._closing:
+            return None
+          self._lock.wait()
+          continue
+        oldest = self._pending[0]
+        same = [piece for piece in self._pending if piece.key == oldest.key]
+        limit = 1 if oldest.key[0] == "alone" else devices * oldest.rows
+        waited = time.monotonic() - oldest.arrived
+        if (sum(len(p.indices) for p in same) < limit and waited < self.max_wait
+            and not self._closing):
+          self._lock.wait(self.max_wait - waited)
+          continue
+        batches = self._pack(same, 1 if oldest.key[0] == "alone" else oldest.rows, devices)
+        taken = {id(piece) for batch in batches for piece in batch}
+        self._pending = collections.deque(p for p in self._pending if id(p) not in taken)
+        self._queued -= sum(len(piece.indices) for batch in batches for piece in batch)
+        return batches
+
+  @staticmethod
+  def _pack(pieces: Sequence[_Piece], rows: int, devices: int) -> list[list[_Piece]]:
+    """First fit, in arrival order: up to `devices` batches of at most `rows` sentences (a
+    request's piece never split); the oldest piece always goes in."""
+    batches: list[list[_Piece]] = []
+    used: list[int] = []
+    for piece in pieces:
+      size = len(piece.indices)
+      for b, count in enumerate(used):
+        if count + size <= rows:
+          batches[b].append(piece)
+          used[b] += size
+          break
+      else:
+        if len(batches) == devices:
+          continue
+        batches.append([piece])
+        used.append(size)
+    return batches
+
+  def _search(self, batches: list[list[_Piece]]) -> None:
+    """Searches the batches and answers their requests (or fails them)."""
+    live = []
+    for batch in batches:
+      kept = [piece for piece in batch if self._start(piece.request)]
+      if kept:
+        live.append(kept)
+    if not live:
+      return
+    requests = {id(piece.request): piece.request for batch in live for piece in batch}
+    start = time.perf_counter()
+    try:
+      if live[0][0].key[0] == "alone":
+        answers, report = self._search_alone(live[0][0])
+      else:
+        answers, report = self._search_merged(live)
+    except InputError as error:  # A request of its own (phrases): the user's mistake.
+      self._fail(requests.values(), error)
+      return
+    except Exception as error:
+      _log.exception("The search of a batch of %d requests failed; they are answered 500.",
+                     len(requests))
+      self._fail(requests.values(), BatchFailed(f"the search of its batch failed ({error!r})"))
+      if self.observe:
+        self.observe(BatchReport(sum(len(p.indices) for b in live for p in b), len(requests),
+                                 0, 0, 0, time.perf_counter() - start, failed=True))
+      return
+    with self._lock:
+      for (request, index), answer in answers:
+        request.answers[index] = answer
+      finished = []
+      for batch in live:
+        for piece in batch:
+          piece.request.pieces_left -= 1
+          if piece.request.pieces_left == 0 and not piece.request.dropped:
+            finished.append(piece.request)
+    for request in finished:
+      request.future.set_result(list(request.answers))
+    if self.observe:
+      self.observe(dataclasses.replace(report, requests=len(requests),
+                                       seconds=time.perf_counter() - start))
+
+  def _start(self, request: _Request) -> bool:
+    """Whether the request is still wanted: its future is marked running at its first search
+    (a client that went away before that cancelled it, and its sentences are skipped)."""
+    with self._lock:
+      if not request.started:
+        request.started = True
+        if not request.future.set_running_or_notify_cancel():
+          request.dropped = True
+      return not request.dropped
+
+  def _fail(self, requests: Any, error: BaseException) -> None:
+    with self._lock:
+      failing = [r for r in requests if not r.dropped]
+      for request in failing:
+        request.dropped = True
+    for request in failing:
+      request.future.set_exception(error)
+
+  def _search_merged(self, batches: list[list[_Piece]]
+                     ) -> tuple[list[tuple[tuple[_Request, int], Sentence]], BatchReport]:
+    """One step of same-shape device batches holding pieces of several requests."""
+    first = batches[0][0]
+    job = first.request.job
+    sentences, prefixes, numbers, owners, plan = [], [], [], [], []
+    for batch in batches:
+      begin = len(sentences)
+      for piece in batch:
+        for index in piece.indices:
+          sentences.append(piece.request.job.sentences[index])
+          numbers.append(int(index))  # Its line number in its own request: its sampling key.
+          owners.append((piece.request, int(index)))
+          if job.target_prefix is not None:
+            prefixes.append(piece.request.job.target_prefix[index])
+      count = len(sentences) - begin
+      rows = (first.rows if self.batching_mode == "exact"
+              else batching.rows_for(count, first.rows))
+      plan.append(batching.Batch(np.arange(begin, len(sentences)), rows, first.length))
+    answers, tokens = [], 0
+    for step in self.translator.iter_nbest(
+        sentences, None, plan=plan, line_numbers=numbers,
+        target_prefix=prefixes if job.target_prefix is not None else None, **dict(job.settings)):
+      tokens += step.target_tokens
+      for index, hypotheses in zip(step.indices, step.hypotheses, strict=True):
+        request, line = owners[index]
+        answers.append(((request, line), Sentence(hypotheses[:request.job.n],
+                                                  request.truncated[line])))
+    report = BatchReport(len(sentences), 0, sum(b.rows for b in plan), first.length, tokens, 0)
+    return answers, report
+
+  def _search_alone(self, piece: _Piece
+                    ) -> tuple[list[tuple[tuple[_Request, int], Sentence]], BatchReport]:
+    """A request with phrases or alignments: `translate`'s own call."""
+    request, job = piece.request, piece.request.job
+    answers, tokens, rows = [], 0, 0
+    for step in self.translator.iter_nbest(
+        list(job.sentences), job.n, target_prefix=job.target_prefix,
+        constraints=job.constraints, forbid=job.forbid, alignments=job.alignments,
+        **dict(job.settings)):
+      tokens += step.target_tokens
+      rows += len(step.indices)
+      for k, index in enumerate(step.indices):
+        answers.append(((request, int(index)), Sentence(
+            step.hypotheses[k], request.truncated[index],
+            step.alignments[k] if step.alignments is not None else None,
+            step.constraints_met[k] if step.constraints_met is not None else None)))
+    return answers, BatchReport(len(piece.indices), 1, rows, 0, tokens, 0)
+
+
+def _capacity(count: int, batch_tokens: int, max_len: int) -> tuple[int, int]:
+  """(rows, length) of the largest batch of the bucket of `count` source tokens."""
+  length = batching.bucket_length(count, max_len)
+  return 1 << (max(1, batch_tokens // length).bit_length() - 1), length
+
+
+__all__ = ["BATCHING_MODES", "BatchFailed", "BatchReport", "Batcher", "Closed", "Job",
+           "QueueFull", "Sentence"]

@@ -1,0 +1,406 @@
+"""The HTTP server in process (`serving.batcher`, `serving.http_api`), on conftest's trained
+workdir, through httpx's ASGI transport (no socket): every answer against `Translator`'s own for
+the same lines and settings, LibreTranslate's shapes, and each fault answered in one line.
+
+The server as a process (its command, SIGTERM under load): test_serving_server_process.py; the
+web page in a browser: test_serving_server_page.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sys
+import time
+
+import httpx
+import pytest
+
+from flax_transformer.data import synthetic
+from flax_transformer.serving import Batcher, Job, Service, Translator
+from flax_transformer.serving.http_api import make_app
+
+pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
+
+BATCH_TOKENS = 512  # Buckets of 8, 16, 32, 48 tokens hold 64, 32, 16, 8 rows: few programs.
+
+
+@pytest.fixture(scope="module")
+def translator(trained_workdir) -> Translator:
+  return Translator.from_workdir(trained_workdir, batch_tokens=BATCH_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+  """Synthetic English sentences (the buckets of 8 and 16 tokens: two shapes per search)."""
+  rng = random.Random(60)
+  return [synthetic.sample_pair(rng)[0] for _ in range(120)]
+
+
+def _client(app) -> httpx.AsyncClient:
+  return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://server",
+                           timeout=120)
+
+
+def _serve(translator, **options) -> tuple[Batcher, object]:
+  """A started batcher (ready at once: no warm-up) and its app."""
+  service = options.pop("service", Service("en", "de", step=translator.step))
+  batcher = Batcher(translator, **options)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  return batcher, make_app(batcher, service)
+
+
+def _libre(q, **fields) -> dict:
+  return {"q": q, "source": "en", "target": "de", **fields}
+
+
+# Search settings of the random mix: two programs per bucket (beam search and sampling; the
+# seed and the length penalty are data, not a program's constant), and a third with a target
+# prefix.
+KINDS = [{}, {"method": "sample", "seed": 7}, {"method": "sample", "seed": 11},
+         {"length_penalty": 1.0}]
+
+
+def test_concurrent_requests_get_translates_answers(translator, sentences):
+  """Two hundred concurrent requests of 1-6 random sentences (blank ones too), random
+  settings, n-best and target prefixes: each answer equals `translate_nbest` of its own lines
+  and settings, text and score, byte for byte; every request is answered once; requests were
+  merged (fewer searches than requests)."""
+  batcher, app = _serve(translator, max_wait_ms=20)
+  rng = random.Random(0)
+  requests = []
+  for _ in range(200):
+    lines = [rng.choice(sentences) if rng.random() > 0.05 else "" for _ in range(rng.randint(1, 6))]
+    settings = dict(rng.choice(KINDS))
+    beams = settings.get("beam_size", 4) if settings.get("method") != "sample" else 1
+    n = rng.randint(1, beams)
+    prefix = ([rng.choice(["li", "", "sem"]) for _ in lines] if rng.random() < 0.15
+              and not settings else None)
+    requests.append((lines, settings, n, prefix))
+
+  async def run() -> list[httpx.Response]:
+    async with _client(app) as client:
+      return await asyncio.gather(*[client.post("/v1/translate", json={
+          "sentences": lines, "n": n, "target_prefix": prefix, **settings})
+          for lines, settings, n, prefix in requests])
+
+  answers = asyncio.run(run())
+  batcher.close(10)
+  assert [answer.status_code for answer in answers] == [200] * len(requests)
+  for (lines, settings, n, prefix), answer in zip(requests, answers, strict=True):
+    expected = translator.translate_nbest(lines, n, target_prefix=prefix, **settings)
+    got = [[(h["text"], h["score"]) for h in t["hypotheses"]]
+           for t in answer.json()["translations"]]
+    assert got == [[(text, float(score)) for text, score in hyps] for hyps in expected], (
+        lines, settings, n, prefix)
+  metrics = asyncio.run(_get(app, "/metrics")).text
+  searches = _metric(metrics, "flax_transformer_batches_total", 'outcome="ok"')
+  assert 0 < searches < len(requests)  # Merged.
+  assert _metric(metrics, "flax_transformer_requests_total",
+                 'endpoint="/v1/translate",status="200"') == len(requests)
+
+
+def test_fill_batching_gives_translates_texts(translator, sentences):
+  """--batching fill: one-sentence requests fill a bucket's batch; the texts are translate's
+  (scores equal to float32 rounding, the row count being another)."""
+  batcher, app = _serve(translator, max_wait_ms=50, batching_mode="fill")
+  lines = sentences[:24]
+
+  async def run():
+    async with _client(app) as client:
+      return await asyncio.gather(*[client.post("/v1/translate", json={"sentences": [line]})
+                                    for line in lines])
+
+  answers = asyncio.run(run())
+  batcher.close(10)
+  expected = translator.translate_nbest(lines, 1)
+  for answer, hyps in zip(answers, expected, strict=True):
+    best = answer.json()["translations"][0]["hypotheses"][0]
+    assert best["text"] == hyps[0][0]
+    assert best["score"] == pytest.approx(hyps[0][1], abs=1e-4)
+
+
+async def _get(app, path: str) -> httpx.Response:
+  async with _client(app) as client:
+    return await client.get(path)
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+  prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+  return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_libretranslate_shapes(translator, sentences):
+  """/translate as LibreTranslate answers it: a string for a string, a list for a list,
+  alternatives (the other hypotheses, each once, without the translation), detectedLanguage
+  for source auto, a form body as well as JSON; /languages the workdir's pair."""
+  batcher, app = _serve(translator)
+  one, many = sentences[0], sentences[1:4]
+
+  async def run():
+    async with _client(app) as client:
+      return await asyncio.gather(
+          client.post("/translate", json=_libre(one)),
+          client.post("/translate", json=_libre(many)),
+          client.post("/translate", json=_libre(one, alternatives=2)),
+          client.post("/translate", json=_libre(many, source="auto")),
+          client.post("/translate", data=_libre(one)),
+          client.post("/translate", json=_libre(f"{one}\n{many[0]}")),
+          client.get("/languages"))
+
+  single, listed, alternatives, auto, form, two_lines, languages = asyncio.run(run())
+  batcher.close(10)
+  best = translator.translate([one, *many])
+  assert single.json() == {"translatedText": best[0]}
+  assert listed.json() == {"translatedText": best[1:]}
+  nbest = [text for text, _ in translator.translate_nbest([one], 3)[0]]
+  assert alternatives.json() == {"translatedText": nbest[0], "alternatives": [
+      text for text in dict.fromkeys(nbest[1:]) if text != nbest[0]]}
+  assert auto.json() == {"translatedText": best[1:], "detectedLanguage": [
+      {"confidence": 100.0, "language": "en"}] * 3}
+  assert form.json() == single.json()
+  assert two_lines.json() == {"translatedText": f"{best[0]}\n{best[1]}"}
+  assert languages.json() == [{"code": "en", "name": "English", "targets": ["de"]}]
+
+
+BAD_REQUESTS = [  # (body, what the one-line error says)
+    (b"{", "Invalid JSON format"),
+    (b'["a"]', "Invalid JSON format"),
+    (b'{"source": "en", "target": "de"}', "missing q parameter"),
+    (b'{"q": "", "source": "en", "target": "de"}', "missing q parameter"),
+    (b'{"q": 3, "source": "en", "target": "de"}', "q must be a string or a list of strings"),
+    (b'{"q": ["a", 3], "source": "en", "target": "de"}', "q must be a string or a list"),
+    (b'{"q": [], "source": "en", "target": "de"}', "missing q parameter (an empty list)"),
+    (b'{"q": "a\\u0000b", "source": "en", "target": "de"}', "holds a NUL character"),
+    (b'{"q": "a", "target": "de"}', "missing source parameter"),
+    (b'{"q": "a", "source": "en", "target": "fr"}', "fr is not supported"),
+    (b'{"q": "a", "source": "en", "target": "de", "format": "html"}',
+     "html format is not supported"),
+    (b'{"q": "a", "source": "en", "target": "de", "alternatives": "x"}', "is not a number"),
+    (b'{"q": "a", "source": "en", "target": "de", "alternatives": 9}',
+     "alternatives parameter must be <= 3 (the server's beam size minus one)"),
+]
+BAD_V1_REQUESTS = [
+    (b'{"sentences": "a"}', "sentences: Input should be a valid list"),
+    (b'{"sentences": []}', "sentences: List should have at least 1 item"),
+    (b'{"sentences": ["a\\nb"]}', "holds a line break"),
+    (b'{"sentences": ["a"], "beam_size": 0}', "beam_size: Input should be greater than or"),
+    (b'{"sentences": ["a"], "bogus": 1}', "bogus: Extra inputs are not permitted"),
+    (b'{"sentences": ["a", "b"], "target_prefix": ["x"]}', "1 target_prefix for 2 sentences"),
+    (b'{"sentences": ["a"], "method": "sample", "constraints": [["x"]]}', "Invalid request: "),
+    (b'{"sentences": ["a"], "n": 9}', "9 hypotheses per sentence need"),
+]
+
+
+def test_each_bad_request_is_one_line_400(translator):
+  batcher, app = _serve(translator)
+
+  async def run(path, bodies):
+    async with _client(app) as client:
+      return [await client.post(path, content=body, headers={"content-type": "application/json"})
+              for body, _ in bodies]
+
+  for path, bodies in (("/translate", BAD_REQUESTS), ("/v1/translate", BAD_V1_REQUESTS)):
+    for (body, words), answer in zip(bodies, asyncio.run(run(path, bodies)), strict=True):
+      assert answer.status_code == 400, (body, answer.text)
+      error = answer.json()["error"]
+      assert words in error and "\n" not in error and list(answer.json()) == ["error"], (body,
+                                                                                       error)
+  batcher.close(10)
+
+
+def test_body_over_the_limit_is_413_and_api_keys_403(translator):
+  service = Service("en", "de", api_keys=frozenset({"k1"}), max_body_bytes=2000)
+  batcher, app = _serve(translator, service=service)
+
+  async def run():
+    async with _client(app) as client:
+      return await asyncio.gather(
+          client.post("/translate", json=_libre("x" * 3000, api_key="k1")),
+          client.post("/translate", content=b"x" * 3000,  # No Content-Length: streamed.
+                      headers={"content-type": "application/json",
+                               "transfer-encoding": "chunked"}),
+          client.post("/translate", json=_libre("the king sleeps")),
+          client.post("/translate", json=_libre("the king sleeps", api_key="wrong")),
+          client.post("/v1/translate", json={"sentences": ["the king sleeps"]}),
+          client.post("/translate", json=_libre("the king sleeps", api_key="k1")),
+          client.post("/v1/translate", json={"sentences": ["the king sleeps"], "api_key": "k1"}))
+
+  big, streamed, missing, wrong, v1_missing, good, v1_good = asyncio.run(run())
+  batcher.close(10)
+  assert big.status_code == streamed.status_code == 413
+  assert "over the limit of 2000 bytes" in big.json()["error"]
+  assert [a.status_code for a in (missing, wrong, v1_missing)] == [403] * 3
+  assert wrong.json() == {"error": "Invalid API key"}
+  assert good.status_code == v1_good.status_code == 200
+
+
+def test_full_queue_answers_429_at_once(translator):
+  """With the worker busy (not started yet), a request that does not fit in the queue is
+  answered 429 with Retry-After at once; the queued one is answered once the worker runs."""
+  batcher = Batcher(translator, max_queue=4, max_wait_ms=0)
+  batcher.ready.set()  # Taking requests, its worker not yet started: nothing leaves the queue.
+  app = make_app(batcher, Service("en", "de"))
+
+  async def run():
+    async with _client(app) as client:
+      first = asyncio.create_task(client.post("/translate", json=_libre(
+          ["the king sleeps", "a dog runs", "the cat sings", "the old man waits"])))
+      while batcher.queued < 4:
+        await asyncio.sleep(0.01)
+      start = time.perf_counter()
+      full = await client.post("/translate", json=_libre("the queen sleeps"))
+      seconds = time.perf_counter() - start
+      batcher.start()
+      return await first, full, seconds
+
+  first, full, seconds = asyncio.run(run())
+  batcher.close(10)
+  assert full.status_code == 429 and full.headers["retry-after"] == "1"
+  assert full.json()["error"].startswith("Slowdown: The queue holds 4 of at most 4 sentences")
+  assert seconds < 1
+  assert first.status_code == 200 and len(first.json()["translatedText"]) == 4
+
+
+def test_health_is_503_until_compiled():
+  class Compiling:
+    settings = None
+
+  batcher = Batcher(Compiling())  # Never started: its warm-up never ends.
+  app = make_app(batcher, Service("en", "de"))
+  health = asyncio.run(_get(app, "/health"))
+  assert health.status_code == 503 and health.json()["status"] == "compiling"
+  batcher.ready.set()
+  assert asyncio.run(_get(app, "/health")).json()["status"] == "ok"
+
+
+def test_a_line_over_max_len_is_translated_and_flagged(translator, sentences):
+  batcher, app = _serve(translator)
+  long_line = " ".join(sentences[:12])  # Far over the model's max_len of 48 pieces.
+  assert len(translator.tokenizer.tokenize(long_line)) > translator.model_config.max_len
+
+  async def run():
+    async with _client(app) as client:
+      return await asyncio.gather(
+          client.post("/v1/translate", json={"sentences": [sentences[0], long_line]}),
+          client.post("/translate", json=_libre([sentences[0], long_line])))
+
+  v1, libre = asyncio.run(run())
+  batcher.close(10)
+  expected = translator.translate([sentences[0], long_line])
+  assert [t["truncated"] for t in v1.json()["translations"]] == [False, True]
+  assert [t["hypotheses"][0]["text"] for t in v1.json()["translations"]] == expected
+  assert libre.json() == {"translatedText": expected}
+  assert libre.headers["x-truncated-lines"] == "1"
+
+
+class _Exploding:
+  """A translator whose search raises for a batch holding the word 'explode'."""
+
+  def __init__(self, translator: Translator):
+    self.inner = translator
+
+  def __getattr__(self, name):
+    return getattr(self.inner, name)
+
+  def iter_nbest(self, sentences, *args, **kwargs):
+    if any("explode" in sentence for sentence in sentences):
+      raise RuntimeError("a search that fails")
+    return self.inner.iter_nbest(sentences, *args, **kwargs)
+
+
+def test_a_failing_batch_answers_500_to_its_requests_only(translator, sentences, caplog):
+  """The batch with the bad sentence answers 500 to its requests (one traceback logged), the
+  others get translate's answers, and the server keeps serving."""
+  batcher, app = _serve(_Exploding(translator), max_wait_ms=30)
+  good = sentences[:40]
+
+  async def run():
+    async with _client(app) as client:
+      answers = await asyncio.gather(
+          client.post("/translate", json=_libre("the king will explode")),
+          *[client.post("/translate", json=_libre(line)) for line in good])
+      after = await client.post("/translate", json=_libre(good[0]))
+      return answers, after
+
+  with caplog.at_level(logging.ERROR, logger="flax_transformer.serving.batcher"):
+    (bad, *others), after = asyncio.run(run())
+  batcher.close(10)
+  assert bad.status_code == 500 and bad.json()["error"].startswith("Cannot translate text")
+  failed = [a for a in others if a.status_code == 500]
+  assert len(failed) < 8  # Only its batch-mates: one batch of 8 rows at most.
+  expected = translator.translate(good)
+  for answer, text in zip(others, expected, strict=True):
+    assert answer.status_code == 500 or answer.json() == {"translatedText": text}
+  assert len([r for r in caplog.records if r.exc_info]) == 1
+  assert after.json() == {"translatedText": expected[0]}
+
+
+def test_clients_that_go_away_do_not_change_other_answers(translator, sentences):
+  """Requests cancelled while queued or searched (the client went away) leave the others'
+  answers as translate gives them, and the queue empty."""
+  batcher, app = _serve(translator, max_wait_ms=20)
+  lines = sentences[:30]
+
+  async def run():
+    async with _client(app) as client:
+      tasks = [asyncio.create_task(client.post("/translate", json=_libre(line)))
+               for line in lines]
+      await asyncio.sleep(0.02)
+      for task in tasks[::3]:
+        task.cancel()
+      return await asyncio.gather(*tasks, return_exceptions=True)
+
+  answers = asyncio.run(run())
+  expected = translator.translate(lines)
+  kept = [(a, e) for i, (a, e) in enumerate(zip(answers, expected, strict=True)) if i % 3]
+  assert all(a.json() == {"translatedText": e} for a, e in kept)
+  deadline = time.monotonic() + 10
+  while batcher.queued and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert batcher.queued == 0
+  assert batcher.close(10)
+
+
+def test_sampling_keys_are_each_requests_own_line_numbers(translator, sentences):
+  """Sampling with a seed: a sentence draws from fold_in(key(seed), its line in its request),
+  so a request's samples are translate's whatever shares its batch (the batcher's Job API)."""
+  batcher = Batcher(translator, max_wait_ms=50)
+  batcher.start()
+  jobs = [Job(tuple(sentences[i:i + 3]), settings=(("method", "sample"), ("seed", 5)))
+          for i in range(0, 24, 3)]
+  futures = [batcher.submit(job) for job in jobs]
+  answers = [[s.hypotheses[0][0] for s in f.result(60)] for f in futures]
+  batcher.close(10)
+  for job, answer in zip(jobs, answers, strict=True):
+    assert answer == translator.translate(list(job.sentences), method="sample", seed=5)
+
+
+def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, monkeypatch,
+                                                   capsys):
+  """`flax-transformer serve`: a port in use, an empty --api_keys file and a missing [serve]
+  extra are each one line on stderr and status 2, no traceback."""
+  import socket
+
+  from flax_transformer.cli import main
+
+  taken = socket.socket()
+  taken.bind(("127.0.0.1", 0))
+  taken.listen(1)
+  port = taken.getsockname()[1]
+  empty = tmp_path / "keys.txt"
+  empty.write_text("# no key\n\n")
+  runs = [(["--port", str(port)], f"Cannot listen on 127.0.0.1:{port}: Address already in use."),
+          (["--api_keys", str(empty)], f"--api_keys {empty} holds no key (one a line).")]
+  for flags, words in runs:
+    assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err == f"flax-transformer serve: error: {words}\n"
+  taken.close()
+  monkeypatch.setitem(sys.modules, "uvicorn", None)  # As if the extra were not installed.
+  assert main(["serve", "--workdir", str(trained_workdir)]) == 2
+  assert capsys.readouterr().err == (
+      "flax-transformer serve: error: serve needs the [serve] extra (uvicorn missing): "
+      "pip install 'flax-transformer[serve]'\n")
