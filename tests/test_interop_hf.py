@@ -386,3 +386,33 @@ def test_a_target_prefix_follows_the_language_token(imported, sentences):
   assert all(text.split()[0] == "zum" for text in other)
   scores = imported.translator.score(sentences[:2], free[:2], target_lang=imported.codes[1])
   assert all(np.isfinite(scores))
+
+
+def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, sentences):
+  if imported.family != "mbart50":
+    pytest.skip("one family is enough")
+  httpx = pytest.importorskip("httpx", reason="needs the [serve] extra")
+  pytest.importorskip("fastapi", reason="needs the [serve] extra")
+  import asyncio
+
+  from flax_transformer.serving import Batcher, Service
+  from flax_transformer.serving.http_api import make_app
+
+  source, target = imported.codes[0], imported.codes[1]
+  settings = dict(method="greedy", max_len_a=0.0, max_len_b=N - 1)
+  translator = Translator.from_workdir(imported.workdir, grow_cache="no", source_lang=source,
+                                       target_lang=target, **settings)
+  batcher = Batcher(translator, max_wait_ms=20)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  app = make_app(batcher, Service(source, target, step=translator.step))
+
+  async def run():
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://server", timeout=120) as client:
+      return await asyncio.gather(*[client.post("/translate", json={
+          "q": line, "source": source, "target": target}) for line in sentences[:4]])
+
+  answers = asyncio.run(run())
+  batcher.close(10)
+  assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
