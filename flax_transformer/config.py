@@ -93,6 +93,10 @@ class DataConfig:
   test_split: str = "test"
   source_lang: str = "en"
   target_lang: str = "de"
+  # A many-language model's codes (import-hf: NLLB eng_Latn, M2M-100 en, mBART-50 en_XX) when
+  # fine-tuning it: their tokens begin every source and target; '' for a one-pair vocabulary.
+  source_code: str = ""
+  target_code: str = ""
   synthetic_num_train: int = checked_field(50_000, POSITIVE)
   synthetic_num_eval: int = checked_field(500, POSITIVE)
   synthetic_num_test: int = checked_field(1000, POSITIVE)
@@ -308,6 +312,13 @@ class TranslateConfig:
   precision: Literal["float32", "bfloat16", "int8"] = checked_field(
       "float32", doc="Serving precision: float32 (the model as trained), bfloat16 (weights and "
       "compute) or int8 (w8a8 projections, `model.precision`); checkpoints stay as trained.")
+  source_lang: str = checked_field(
+      "", doc="A many-language model's source language code (NLLB eng_Latn, M2M-100 en, "
+      "mBART-50 en_XX): its token starts the source.")
+  target_lang: str = checked_field(
+      "", doc="A many-language model's target language code: its token is forced as the first "
+      "output token (before any target prefix). evaluate: also BLEU on lc.norm.tok text for a "
+      "two-letter code (de, de_DE; default: the workdir's data.target_lang).")
 
   def __post_init__(self):
     check_fields(self)

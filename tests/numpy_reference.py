@@ -30,6 +30,11 @@ def sinusoids(max_len: int, dim: int, layout: str = "interleaved") -> np.ndarray
   """
   table = np.zeros((max_len, dim))
   for pos in range(max_len):
+    if layout == "fairseq":  # fairseq / M2M-100: w_i = 10000^(-i / (d/2 - 1)), i < d/2.
+      half = dim // 2
+      angles = [pos * math.exp(-i * math.log(10000) / (half - 1)) for i in range(half)]
+      table[pos, :2 * half] = [math.sin(a) for a in angles] + [math.cos(a) for a in angles]
+      continue
     if layout == "halves":
       angles = [pos / 10000 ** (2 * (j // 2) / dim) for j in range(dim)]
       table[pos] = [math.sin(a) for a in angles[0::2]] + [math.cos(a) for a in angles[1::2]]
@@ -135,10 +140,16 @@ def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray)
   source_table = p["embedder"]["embedding"]
   target_table = source_table if cfg.share_embeddings else p["target_embedder"]["embedding"]
 
+  offset = cfg.position_offset  # Position p reads table row p + offset.
+
   def positions(module: dict, length: int) -> np.ndarray:
     if cfg.positional_encoding == "learned":
-      return module["positional_encoding"]["position_embedding"][:length]
-    return sinusoids(length, d, cfg.sinusoid_layout)
+      return module["positional_encoding"]["position_embedding"][offset:offset + length]
+    return sinusoids(offset + length, d, cfg.sinusoid_layout)[offset:]
+
+  def embed(module: dict, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    x = table[ids] * scale + positions(module, ids.shape[1])
+    return layer_norm(module["embedding_norm"], x, eps) if cfg.embedding_norm else x
 
   def stack(module: dict, count: int, fn, x):
     for depth in range(count):
@@ -148,16 +159,17 @@ def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray)
 
   src_valid, tgt_valid = inputs > 0, targets > 0
   enc_mask = (src_valid[:, None, :, None] & src_valid[:, None, None, :])
-  x = source_table[inputs] * scale + positions(p["encoder"], inputs.shape[1])
+  x = embed(p["encoder"], source_table, inputs)
   memory = stack(p["encoder"], cfg.num_encoder_layers,
                  lambda lp, h: encoder_layer(lp, h, enc_mask, pre_norm, act, eps), x)
 
   t = targets.shape[1]
-  decoder_in = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+  start = np.full_like(targets[:, :1], cfg.decoder_start_id)  # The decoder's first token.
+  decoder_in = np.concatenate([start, targets[:, :-1]], axis=1)
   causal = np.tril(np.ones((t, t), bool))[None, None]
   self_mask = tgt_valid[:, None, :, None] & tgt_valid[:, None, None, :] & causal
   cross_mask = tgt_valid[:, None, :, None] & src_valid[:, None, None, :]
-  y = target_table[decoder_in] * scale + positions(p["decoder"], t)
+  y = embed(p["decoder"], target_table, decoder_in)
   y = stack(p["decoder"], cfg.num_decoder_layers,
             lambda lp, h: decoder_layer(lp, h, memory, self_mask, cross_mask, pre_norm, act, eps),
             y)

@@ -30,6 +30,12 @@ RTOL = 1e-5  # Relative error bar for float32 against the float64 reference.
 # Every option a Hugging Face Marian (OPUS-MT) checkpoint needs, at once.
 MARIAN_OPTIONS = dict(attention_bias=True, activation="swish", sinusoid_layout="halves",
                       logits_bias=True, layer_norm_epsilon=1e-5)
+# What import-hf makes of NLLB-200 / M2M-100 and of mBART-50 (interop/hf.py).
+NLLB_OPTIONS = dict(norm_placement="pre", sinusoid_layout="fairseq", position_offset=2,
+                    attention_bias=True, layer_norm_epsilon=1e-5, decoder_start_id=1)
+MBART_OPTIONS = dict(norm_placement="pre", positional_encoding="learned", position_offset=2,
+                     embedding_norm=True, attention_bias=True, activation="gelu",
+                     logits_bias=True, layer_norm_epsilon=1e-5, decoder_start_id=1)
 
 
 def make_config(**overrides) -> ModelConfig:
@@ -192,9 +198,11 @@ def test_one_encoder_and_one_decoder_layer_match_numpy(norm):
     dict(logits_bias=True, tie_output_projection=False),
     MARIAN_OPTIONS,
     dict(MARIAN_OPTIONS, norm_placement="pre", share_embeddings=False),
+    NLLB_OPTIONS,
+    MBART_OPTIONS,
 ], ids=["paper", "pre-norm", "untied", "separate-tied", "learned-positions", "shared-layers",
         "attention-bias", "gelu", "swish", "halves", "unscaled", "logits-bias",
-        "logits-bias-untied", "marian", "marian-pre-norm-separate"])
+        "logits-bias-untied", "marian", "marian-pre-norm-separate", "nllb", "mbart"])
 def test_full_model_matches_numpy(overrides):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -282,8 +290,10 @@ def test_packed_rows_equal_examples_run_separately():
 @pytest.mark.parametrize("overrides", [dict(), dict(norm_placement="pre"),
                                        dict(share_layer_weights=True, tie_output_projection=False,
                                             share_embeddings=False),
-                                       dict(MARIAN_OPTIONS, scale_embeddings=False)],
-                         ids=["post-norm", "pre-norm", "shared-layers-untied", "marian"])
+                                       dict(MARIAN_OPTIONS, scale_embeddings=False),
+                                       MBART_OPTIONS],
+                         ids=["post-norm", "pre-norm", "shared-layers-untied", "marian",
+                              "mbart"])
 def test_cached_decoding_matches_the_full_forward_pass(overrides):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -299,7 +309,7 @@ def assert_cached_decoding_matches_the_full_forward_pass(config: ModelConfig, va
   encoded = model.apply(variables, inputs, method=Transformer.encode)
   cross = model.apply(variables, encoded, inputs, method=Transformer.precompute_cross_attention)
   cache = model.apply(variables, B, T, method=Transformer.init_cache)
-  ids = jnp.zeros((B, 1), jnp.int32)
+  ids = jnp.full((B, 1), config.decoder_start_id, jnp.int32)  # The decoder's first token.
   step = jax.jit(lambda ids, cache: model.apply(variables, ids, cache, cross,
                                                 method=Transformer.decode_step))
   real = np.asarray(targets) > 0
@@ -515,7 +525,9 @@ def test_dropout_only_in_training():
     (dict(norm_placement="middle"), "norm_placement must be one of ('post', 'pre')"),
     (dict(dtype="int8"), "dtype must be one of"),
     (dict(activation="tanh"), "config.model.activation must be one of ('relu', 'gelu', 'swish')"),
-    (dict(sinusoid_layout="split"), "sinusoid_layout must be one of ('interleaved', 'halves')"),
+    (dict(sinusoid_layout="split"),
+     "sinusoid_layout must be one of ('interleaved', 'halves', 'fairseq')"),
+    (dict(position_offset=-1), "config.model.position_offset must be >= 0"),
     (dict(attention_bias=1), "config.model.attention_bias must be of type bool, got 1"),
 ])
 def test_invalid_config_names_the_field(overrides, message):

@@ -75,7 +75,7 @@ def _displayed_pngs(notebook) -> list[bytes]:
           for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "pretrained.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "pretrained.ipynb", "many_languages.ipynb"])
 def test_committed_notebooks_are_clean_nbformat4(name):
   assert notebook_runner.is_clean(REPO / "notebooks" / name)
 

@@ -45,8 +45,10 @@ def run_serve(args: argparse.Namespace) -> int:
   checkpoint = commands.restore_point(opened, checkpoint)
   translator = commands.translator(opened, settings, checkpoint)
   data = opened.config.get("data", {})
-  service = Service(source_lang=data.get("source_lang") or "en",
-                    target_lang=data.get("target_lang") or "de", api_keys=keys,
+  # A many-language model serves the pair of --source_lang/--target_lang.
+  service = Service(source_lang=settings.source_lang or data.get("source_lang") or "en",
+                    target_lang=settings.target_lang or data.get("target_lang") or "de",
+                    api_keys=keys,
                     max_body_bytes=args.max_body_bytes, step=translator.step)
   options = http_server.ServerOptions(
       host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,

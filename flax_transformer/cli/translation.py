@@ -47,12 +47,20 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
   scores = commands.evaluate(arguments.parameters(args), src=args.src, ref=args.ref,
                              output=args.output, warmup=args.warmup,
-                             target_lang=args.target_lang, constraints=args.constraints,
+                             target_lang=_moses_language(args.target_lang),
+                             constraints=args.constraints,
                              forbid=args.forbid)
   arguments.report_truncated("evaluate", scores["truncated"], args.src)
   arguments.report_unmet("evaluate", scores.get("unmet", 0), args.constraints)
   print(json.dumps(scores, indent=2) if args.json else summary(scores))
   return 0
+
+
+def _moses_language(code: str | None) -> str | None:
+  """The two-letter language of a --target_lang code ("de", mBART's "de_DE") for BLEU on
+  lc.norm.tok text; None for others (NLLB's "deu_Latn", M2M-100's three-letter codes)."""
+  language = (code or "").split("_")[0]
+  return language if len(language) == 2 else None
 
 
 def kept_by_bulk_job(args: argparse.Namespace) -> str:
@@ -108,7 +116,8 @@ def add_commands(commands) -> None:
       "flax-transformer score --workdir workdirs/default --src test.src --tgt test.ref "
       "--output scores.txt")
   arguments.add_checkpoint_arguments(score, ensemble=True)
-  arguments.add_settings_arguments(score, "batch_tokens", "precision")
+  arguments.add_settings_arguments(score, "batch_tokens", "precision", "source_lang",
+                                   "target_lang")
   score.add_argument("--src", required=True, help="Source sentences, one a line.")
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
   score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
@@ -128,7 +137,4 @@ def add_commands(commands) -> None:
   evaluate.add_argument("--output", default=None, help="Also write the translations here.")
   evaluate.add_argument("--json", action="store_true", help="Print the scores as JSON.")
   arguments.add_phrase_arguments(evaluate)
-  evaluate.add_argument("--target_lang", default=None, help="The references' language, for BLEU "
-                        "on lowercased, normalized, Moses-tokenized text (lc.norm.tok) beside "
-                        "the cased sacreBLEU (default: the workdir's data.target_lang).")
   evaluate.set_defaults(run=run_evaluate, kept=lambda args: "; nothing was written: rerun it")

@@ -1,6 +1,6 @@
 """The commands on a workdir's checkpoints, data and logs: `average`, `split`, `attention`,
-`curves`, and a model in or out, `import-marian` and `export`: each command's parser and what it
-runs."""
+`curves`, and a model in or out, `import-hf`, `import-marian` and `export`: each command's
+parser and what it runs."""
 
 from __future__ import annotations
 
@@ -97,6 +97,20 @@ def add_commands(commands) -> None:
   curves.set_defaults(run=call("flax_transformer.visualize:plot_training_curves", "workdir",
                                "output"))
 
+  hf = add_command(
+      commands, "import-hf", "Import a Hugging Face NLLB-200, M2M-100, mBART-50 or Marian model "
+      "as a workdir.",
+      "Makes a workdir of a Hugging Face translation model (a local folder, or a Hub id "
+      "downloaded with huggingface_hub): M2M100ForConditionalGeneration (NLLB-200 dense, "
+      "M2M-100), MBartForConditionalGeneration (mBART-50) or MarianMTModel (the import-marian "
+      "case). translate and evaluate then take --source_lang and --target_lang.",
+      "flax-transformer import-hf facebook/nllb-200-distilled-600M --workdir workdirs/nllb")
+  hf.add_argument("source", help="A model folder (config.json, model.safetensors, "
+                  "sentencepiece.bpe.model and the tokenizer's files) or a Hub id.")
+  hf.add_argument("--workdir", required=True, help="The new workdir (must not exist).")
+  hf.set_defaults(run=call("flax_transformer.interop.hf:import_hf", "source", "workdir"),
+                  kept=_nothing_written)
+
   imported = add_command(
       commands, "import-marian", "Import a Hugging Face Marian (OPUS-MT) model as a workdir.",
       "Makes a workdir of a Hugging Face Marian (OPUS-MT) model folder, so that translate, "
@@ -110,12 +124,13 @@ def add_commands(commands) -> None:
                                  "workdir"), kept=_nothing_written)
 
   export = add_command(
-      commands, "export", "Export a checkpoint to CTranslate2 or Marian.",
+      commands, "export", "Export a checkpoint to CTranslate2, Marian or Hugging Face.",
       "Writes a checkpoint as a model folder of another engine: CTranslate2 (optionally "
-      "quantized) or Hugging Face Marian.",
+      "quantized), Hugging Face Marian, or (hf) the Hugging Face M2M-100/NLLB or mBART folder "
+      "of a model import-hf read.",
       "flax-transformer export --workdir workdirs/default --format ctranslate2 --output ct2")
   arguments.add_checkpoint_arguments(export)
-  export.add_argument("--format", required=True, choices=("ctranslate2", "marian"),
+  export.add_argument("--format", required=True, choices=("ctranslate2", "marian", "hf"),
                       help="The engine whose model folder to write.")
   export.add_argument("--output", required=True, help="The new model folder (must not exist).")
   export.add_argument("--quantization", default="none", choices=(

@@ -1,5 +1,6 @@
 """Input pipeline: TFDS sources (WMT by name, local parallel text, the synthetic pair),
-the shared SentencePiece vocabulary, and grain pipelines of packed train and padded eval batches.
+the shared SentencePiece vocabulary (or an imported model's: Marian's, or a many-language
+model's with its language codes), and grain pipelines of packed train and padded eval batches.
 For example::
 
   data = flax_transformer.config.load(config).data      # a validated DataConfig
@@ -22,12 +23,14 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "Tokenizer": "tokenizer:Tokenizer",
     "UNK_ID": "tokenizer:UNK_ID",
     "MarianTokenizer": "marian_tokenizer:MarianTokenizer",
+    "MultilingualTokenizer": "multilingual_tokenizer:MultilingualTokenizer",
     "TRAIN_KEYS": "pipeline:TRAIN_KEYS",
     "alignments": "alignments",
     "builders": "builders",
     "eval_batches": "pipeline:eval_batches",
     "format_alignment": "alignments:format_alignment",
     "marian_tokenizer": "marian_tokenizer",
+    "multilingual_tokenizer": "multilingual_tokenizer",
     "parse_alignment": "alignments:parse_alignment",
     "pipeline": "pipeline",
     "prepare_data": "pipeline:prepare_data",

@@ -160,7 +160,7 @@ def prepare_search(
     max_len_a: float = 0.0, max_len_b: int | None = None, min_length: int = 0,
     grow_cache: bool = False, target_prefix: Array | None = None, ensemble: bool = False,
     constraints: Array | None = None, ordered_constraints: bool = False,
-    forbid: Array | None = None, word_continues: Array | None = None,
+    forbid: Array | None = None, word_continues: Array | None = None, forced_tokens: int = 0,
 ) -> search.SearchProblem:
   """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
   decoder step, an empty self-attention cache of one slot per sentence (K slots in beam
@@ -182,6 +182,7 @@ def prepare_search(
     constraints, ordered_constraints, forbid: optional int32 [B, C, P] phrases every hypothesis
       must contain as whole words (in the given order), or must not (`decoding.constraints`).
     word_continues: optional bool [V], the target pieces that continue the word before them.
+    forced_tokens: the prefix's first tokens that are no text (`SearchProblem.forced_tokens`).
   """
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
@@ -202,9 +203,9 @@ def prepare_search(
   return search.SearchProblem(
       tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
       constraints=constraints, ordered_constraints=ordered_constraints, forbid=forbid,
-      word_continues=word_continues, batch_size=batch_size, max_decode_len=max_decode_len,
-      eos_id=EOS_ID,
-      bos_id=PAD_ID, shared_state=cross,
+      word_continues=word_continues, forced_tokens=forced_tokens, batch_size=batch_size,
+      max_decode_len=max_decode_len, eos_id=EOS_ID, bos_id=model.config.decoder_start_id,
+      shared_state=cross,
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
       resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,
       reorder_state=reorder_cache)

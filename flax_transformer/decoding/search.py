@@ -76,6 +76,8 @@ class SearchProblem:
     forbid: optional int32 [B, F, P]: phrases no hypothesis may contain as whole words.
     word_continues: optional bool [V]: the pieces that continue the word before them (no
       word boundary before them); None: every piece starts a word, so phrases match as pieces.
+    forced_tokens: the prefix's first tokens that are no text (a target language token): a
+      prefix of only these is not held to whole words (the token after it is free).
   """
 
   tokens_to_logits: TokensToLogits | TokensToLogitsWithShared
@@ -95,6 +97,7 @@ class SearchProblem:
   ordered_constraints: bool = False
   forbid: Array | None = None
   word_continues: Array | None = None
+  forced_tokens: int = 0
 
   def __post_init__(self):
     if (self.expand_state is None) != (self.reorder_state is None):
@@ -163,7 +166,7 @@ class SearchProblem:
     if self.target_prefix is None:
       return None
     lengths = jnp.sum(jnp.asarray(self.target_prefix) != PAD_ID, axis=1)  # [B]
-    return (step == lengths) & (lengths > 0)
+    return (step == lengths) & (lengths > self.forced_tokens)
 
   def phrases(self, name: str) -> Array | None:
     """`constraints` or `forbid` as int32 [B, C, P], None when absent."""

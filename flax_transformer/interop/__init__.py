@@ -1,7 +1,10 @@
-"""Interoperability: Hugging Face Marian (OPUS-MT) checkpoints in, CTranslate2 and Marian out.
+"""Interoperability: Hugging Face checkpoints in (Marian/OPUS-MT, NLLB-200, M2M-100,
+mBART-50), CTranslate2, Marian and Hugging Face out.
 
+- `hf.py`: a Hugging Face NLLB/M2M-100/mBART-50 folder or Hub id <-> a workdir (`import-hf`,
+  whose Marian case is `marian.py`)
 - `marian.py`: a Hugging Face Marian folder <-> a workdir (config, vocabulary, params)
-- `marian_params.py`: the weight mapping of both directions, from one table
+- `marian_params.py`: the weight mapping of both directions, from one table (the BART family's)
 - `ctranslate2.py`: a workdir -> a CTranslate2 model folder (TransformerSpec), quantized or not
 
 Optional dependencies are imported inside the functions that need them: reading
@@ -16,7 +19,7 @@ import os
 from flax_transformer.errors import InputError
 from flax_transformer.exports import lazy_exports
 
-FORMATS = ("ctranslate2", "marian")
+FORMATS = ("ctranslate2", "marian", "hf")
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")  # CTranslate2's.
 
 
@@ -25,16 +28,21 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *, for
                    checkpoint: str | os.PathLike | None = None) -> os.PathLike:
   """A workdir's checkpoint (`step`, default the latest, or an averaged `checkpoint`) written as
   a model folder of another engine: `format` "ctranslate2" (weights stored as `quantization`)
-  or "marian" (a Hugging Face Marian folder); returns the folder."""
+  or "marian" (a Hugging Face Marian folder) or "hf" (the Hugging Face NLLB/M2M-100/mBART
+  folder of a model `import_hf` read); returns the folder."""
   if format == "ctranslate2":
     from flax_transformer.interop.ctranslate2 import export_ctranslate2
 
     return export_ctranslate2(workdir, output, quantization=quantization, step=step,
                               checkpoint=checkpoint)
-  if format != "marian":
+  if format not in FORMATS:
     raise InputError(f"Unknown export format {format!r}; choose one of {', '.join(FORMATS)}.")
   if quantization != "none":
     raise InputError("quantization applies to the ctranslate2 format only.")
+  if format == "hf":
+    from flax_transformer.interop.hf import export_hf
+
+    return export_hf(workdir, output, step=step, checkpoint=checkpoint)
   from flax_transformer.interop.marian import export_marian
 
   return export_marian(workdir, output, step=step, checkpoint=checkpoint)
@@ -44,7 +52,10 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "MarianFormatError": "marian:MarianFormatError",
     "ctranslate2": "ctranslate2",
     "export_ctranslate2": "ctranslate2:export_ctranslate2",
+    "export_hf": "hf:export_hf",
     "export_marian": "marian:export_marian",
+    "hf": "hf",
+    "import_hf": "hf:import_hf",
     "import_marian": "marian:import_marian",
     "marian": "marian",
 }

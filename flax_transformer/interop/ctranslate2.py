@@ -25,6 +25,9 @@ itself (`add_source_eos`):
 The position table covers the model's max_len (config.json's model group) and no more, as
 ours does: keep `max_decoding_length` (default 256) and the source length within it.
 
+For a many-language model (import-hf: NLLB-200, M2M-100, mBART-50), the caller puts the source
+language token first (`["eng_Latn", *pieces]`) and passes the target language token as
+`target_prefix=[["deu_Latn"]]`, and drops it from the output, as CTranslate2's NLLB guide does.
 For a model imported from Marian, `translate`'s text is that decode with "<unk>" pieces dropped,
 any "▁" left turned into a space and the ends stripped (`data.marian_tokenizer`); a leading
 language code (">>deu<<") must be split off as its own token before SentencePiece.
@@ -98,9 +101,14 @@ def _set_feed_forward(spec: Any, params: Params, norm: Params) -> None:
 
 
 def _position_table(config: ModelConfig, params: Params, stack: str) -> np.ndarray:
+  """[max_len, D]: the row position p reads (`position_offset` rows skipped)."""
+  offset = config.position_offset
   if config.positional_encoding == "learned":
-    return np.asarray(params[stack]["positional_encoding"]["position_embedding"], np.float32)
-  return sinusoidal_positions(config.max_len, config.emb_dim, config.sinusoid_layout)
+    table = params[stack]["positional_encoding"]["position_embedding"]
+  else:
+    table = sinusoidal_positions(config.max_len + offset, config.emb_dim,
+                                 config.sinusoid_layout)
+  return np.ascontiguousarray(np.asarray(table, np.float32)[offset:])
 
 
 def _layer(params: Params, config: ModelConfig, stack: str, depth: int) -> Params:
@@ -125,6 +133,7 @@ def build_spec(config: ModelConfig, params: Params, tokens: list[str]) -> Any:
   spec = transformer_spec.TransformerSpec.from_config(
       (config.num_encoder_layers, config.num_decoder_layers), config.num_heads,
       pre_norm=config.pre_norm, activation=activation,
+      layernorm_embedding=config.embedding_norm,
       # Its `return_attention` then gives our word alignments' attention (model/alignment.py).
       alignment_layer=config.alignment_layer, alignment_heads=config.alignment_heads)
   _set_embeddings(spec, config, params)
@@ -140,6 +149,9 @@ def build_spec(config: ModelConfig, params: Params, tokens: list[str]) -> Any:
     _set_attention(layer.attention, ours["cross_attention"], ours["cross_attention_norm"],
                    self_attention=False)
     _set_feed_forward(layer.ffn, ours["feed_forward"], ours["feed_forward_norm"])
+  if config.embedding_norm:  # mBART's LayerNorm of embeddings + positions.
+    _set_norm(spec.encoder.layernorm_embedding, params["encoder"]["embedding_norm"])
+    _set_norm(spec.decoder.layernorm_embedding, params["decoder"]["embedding_norm"])
   if config.pre_norm:  # The final LayerNorm of each stack.
     _set_norm(spec.encoder.layer_norm, params["encoder"]["final_norm"])
     _set_norm(spec.decoder.layer_norm, params["decoder"]["final_norm"])
@@ -170,9 +182,11 @@ def _set_config(spec_config: Any, config: ModelConfig, tokens: list[str]) -> Non
   # Without it CTranslate2 uses 1e-5 for LayerNorms with a bias (src/layers/common.cc).
   spec_config.layer_norm_epsilon = config.layer_norm_epsilon
   spec_config.unk_token, spec_config.eos_token = tokens[UNK_ID], tokens[EOS_ID]
-  # The decoder's first input is our id 0; no "<s>" exists. bos_token is only used to add a
-  # source BOS (off), but it is set to an existing token too.
-  spec_config.bos_token = spec_config.decoder_start_token = tokens[PAD_ID]
+  # The decoder's first input is our id 0 (imported NLLB, M2M-100, mBART: EOS,
+  # `decoder_start_id`). bos_token is only used to add a source BOS (off), but it is set to an
+  # existing token too.
+  spec_config.bos_token = tokens[PAD_ID]
+  spec_config.decoder_start_token = tokens[config.decoder_start_id]  # "</s>" in NLLB, mBART.
   spec_config.add_source_eos = True  # Our sources end with EOS; callers pass pieces only.
 
 

@@ -14,6 +14,14 @@ the output axis (`view(..., N, H)`); ours are kernels [in, out] with the heads a
   lm_head.weight [V, D]       <->  decoder output_projection kernel [D, V] (untied models only)
   final_logits_bias [1, V]    <->  decoder logits_bias [V]
 
+The rest of the BART family (M2M-100, NLLB, mBART; `interop.hf`) adds, where its config has them:
+
+  {encoder,decoder}.layer_norm          <->  {encoder,decoder}/final_norm (pre-norm)
+  {encoder,decoder}.layernorm_embedding <->  {encoder,decoder}/embedding_norm
+  {encoder,decoder}.embed_positions.weight [max_len + offset, D]
+                                        <->  {encoder,decoder}/positional_encoding/
+                                             position_embedding (learned positions)
+
 Rows (and logits-bias entries) are reordered by the vocabulary's permutation
 (`MarianTokenizer.marian_ids`: row i of ours is Marian's row marian_ids[i]).
 `permute_model_dim` reorders every D axis of a parameter tree, which maps a model with
@@ -61,6 +69,11 @@ def _layer_entries(ours: tuple[str, ...], theirs: str, decoder: bool) -> Iterato
     yield (*ours, "feed_forward", dense, "bias"), f"{theirs}.{hf_dense}.bias", "vector"
 
 
+def _norm_entries(ours: tuple[str, ...], theirs: str) -> list[Entry]:
+  return [((*ours, "scale"), f"{theirs}.weight", "vector"),
+          ((*ours, "bias"), f"{theirs}.bias", "vector")]
+
+
 def entries(config: ModelConfig) -> list[Entry]:
   """Every parameter of a Marian-compatible `config`, with its Hugging Face key and kind."""
   table: list[Entry] = []
@@ -75,6 +88,14 @@ def entries(config: ModelConfig) -> list[Entry]:
     for i in range(count):
       table += _layer_entries((stack, f"layers_{i}"), f"model.{stack}.layers.{i}",
                               stack == "decoder")
+  for stack in ("encoder", "decoder"):
+    if config.pre_norm:
+      table += _norm_entries((stack, "final_norm"), f"model.{stack}.layer_norm")
+    if config.embedding_norm:
+      table += _norm_entries((stack, "embedding_norm"), f"model.{stack}.layernorm_embedding")
+    if config.positional_encoding == "learned":
+      table.append(((stack, "positional_encoding", "position_embedding"),
+                    f"model.{stack}.embed_positions.weight", "vector"))
   if not config.tie_output_projection:
     table.append((("decoder", "output_projection", "kernel"), "lm_head.weight", "lm_head"))
   if config.logits_bias:
@@ -143,18 +164,26 @@ def marian_from_params(params: Params, config: ModelConfig,
   model has none, which computes the same function). A shared table with an untied output
   projection is also written as each side's table: transformers 5 ties nothing when
   tie_word_embeddings is false."""
-  inverse = np.argsort(marian_ids)  # Our id of each Marian id.
-  full = _with_zero_biases(params, config)
+  state = state_from_params(_with_zero_biases(params, config), full_config(config),
+                            marian_ids)
+  if config.share_embeddings and not config.tie_output_projection:
+    for side in ("encoder", "decoder"):
+      state[f"model.{side}.embed_tokens.weight"] = state["model.shared.weight"].copy()
+  return state
+
+
+def state_from_params(params: Params, config: ModelConfig,
+                      marian_ids: np.ndarray) -> dict[str, np.ndarray]:
+  """The Hugging Face state dict of every entry of `config` (`entries`), float32, rows in
+  Hugging Face's id order; the inverse of `params_from_marian`."""
+  inverse = np.argsort(marian_ids)  # Our id of each Hugging Face id.
   state = {}
-  for path, key, kind in entries(full_config(config)):
-    value = full
+  for path, key, kind in entries(config):
+    value = params
     for name in path:
       value = value[name]
     state[key] = np.ascontiguousarray(_TO_MARIAN[kind](np.asarray(value, np.float32), config,
                                                        inverse), dtype=np.float32)
-  if config.share_embeddings and not config.tie_output_projection:
-    for side in ("encoder", "decoder"):
-      state[f"model.{side}.embed_tokens.weight"] = state["model.shared.weight"].copy()
   return state
 
 

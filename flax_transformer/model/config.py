@@ -55,13 +55,23 @@ class ModelConfig:
   attention_bias: bool = False  # Biases on the attention's Q, K, V and output projections.
   activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN; gelu is exact (erf), swish = SiLU.
   # Sinusoid features: "interleaved" sin/cos (the paper) or "halves" [sin..., cos...] (t2t,
-  # fairseq, Marian); the same values, permuted.
-  sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
+  # Marian); the same values, permuted. "fairseq": [sin..., cos...] with the frequencies
+  # 10000^(-i / (D/2 - 1)) (fairseq's, so M2M-100's and NLLB's): other values.
+  sinusoid_layout: Literal["interleaved", "halves", "fairseq"] = "interleaved"
+  # Position p reads row p + position_offset of the position table (fixed or learned), which
+  # has max_len + position_offset rows. fairseq numbers positions from padding_idx + 1: 2 in
+  # M2M-100, NLLB and mBART (Hugging Face's "offset 2"); 0 in the paper.
+  position_offset: int = checked_field(0, NON_NEGATIVE)
+  # A LayerNorm of token embeddings + positions, before dropout (mBART's layernorm_embedding).
+  embedding_norm: bool = False
   scale_embeddings: bool = True  # Token embeddings times sqrt(D), as in the paper.
   logits_bias: bool = False  # A learned bias [V] added to the logits (Marian's final_logits_bias).
   share_embeddings: bool = True  # One embedding table for source and target tokens.
   tie_output_projection: bool = True  # Logits = decoder output @ target embedding^T.
   share_layer_weights: bool = False  # One layer's weights reused at every depth (Universal T.).
+  # The decoder's first input token: 0, padding, here and in Marian; EOS (1) in M2M-100, NLLB
+  # and mBART, whose decoder starts with "</s>" (Hugging Face's decoder_start_token_id).
+  decoder_start_id: int = checked_field(0, NON_NEGATIVE)
   dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Compute dtype.
   param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # Master weights.
   # "int8": int8 projections and embeddings, for serving only (`model.precision`, the

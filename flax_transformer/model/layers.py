@@ -26,13 +26,17 @@ def sinusoidal_positions(max_len: int, dim: int, layout: str = "interleaved") ->
 
   Positions start at 0. `layout` "interleaved" is the paper's (sines at even features, cosines
   at odd ones); "halves" puts the same values as [sin..., cos...], the ceil(D/2) sines first:
-  tensor2tensor's, fairseq's and Marian's layout (Hugging Face's
-  `MarianSinusoidalPositionalEmbedding`). The two are one fixed permutation of the features
-  apart (`sinusoid_permutation`).
+  tensor2tensor's and Marian's layout (Hugging Face's `MarianSinusoidalPositionalEmbedding`).
+  The two are one fixed permutation of the features apart (`sinusoid_permutation`).
+  "fairseq" is [sin(p w_i)..., cos(p w_i)...] with w_i = 10000^(-i / (D/2 - 1)), i < D/2, and a
+  zero feature last for odd D: fairseq's table (Hugging Face's
+  `M2M100SinusoidalPositionalEmbedding`, computed in float32 as there).
 
   Returns:
     float32 [max_len, D].
   """
+  if layout == "fairseq":
+    return _fairseq_sinusoids(max_len, dim)
   positions = np.arange(max_len, dtype=np.float64)[:, None]  # [max_len, 1]
   even_features = np.arange(0, dim, 2, dtype=np.float64)  # 2i
   angles = positions / np.power(10000.0, even_features / dim)  # [max_len, ceil(D/2)]
@@ -42,7 +46,19 @@ def sinusoidal_positions(max_len: int, dim: int, layout: str = "interleaved") ->
   if layout == "halves":
     table = table[:, sinusoid_permutation(dim)]
   elif layout != "interleaved":
-    raise ValueError(f"sinusoid layout must be 'interleaved' or 'halves', got {layout!r}.")
+    raise ValueError(f"sinusoid layout must be 'interleaved', 'halves' or 'fairseq', got "
+                     f"{layout!r}.")
+  return table.astype(np.float32)
+
+
+def _fairseq_sinusoids(max_len: int, dim: int) -> np.ndarray:
+  half = dim // 2
+  step = np.float32(math.log(10000) / (half - 1))
+  frequencies = np.exp(np.arange(half, dtype=np.float32) * -step)  # [D/2]
+  angles = np.arange(max_len, dtype=np.float32)[:, None] * frequencies[None]  # [max_len, D/2]
+  table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+  if dim % 2:
+    table = np.concatenate([table, np.zeros((max_len, 1), np.float32)], axis=1)
   return table.astype(np.float32)
 
 
@@ -164,17 +180,21 @@ class PositionalEncoding(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   sinusoid_layout: str = "interleaved"  # See `sinusoidal_positions`.
+  offset: int = 0  # Position p reads row p + offset of a table of max_len + offset rows.
 
   @nn.compact
   def __call__(self, positions: Array) -> Array:
     """int [B, T] positions -> [B, T, D] encodings."""
+    rows = self.max_len + self.offset
     if self.kind == "sinusoidal":
-      table = jnp.asarray(sinusoidal_positions(self.max_len, self.emb_dim, self.sinusoid_layout))
+      table = jnp.asarray(sinusoidal_positions(rows, self.emb_dim, self.sinusoid_layout))
     else:
       table = self.param(
           "position_embedding",
           nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
-          (self.max_len, self.emb_dim), self.param_dtype)
+          (rows, self.emb_dim), self.param_dtype)
+    if self.offset:
+      positions = positions + self.offset
     return jnp.take(table, positions, axis=0).astype(self.dtype)
 
 

@@ -78,21 +78,23 @@ class CrossAttentionCache:
   source_mask: Array  # bool [B, S], True at real source tokens
 
 
-def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
-  """The decoder's inputs: targets moved one step right, `PAD_ID` first.
+def shift_right(targets: Array, segment_ids: Array | None = None,
+                start_id: int = PAD_ID) -> Array:
+  """The decoder's inputs: targets moved one step right, `start_id` first (`PAD_ID`, or
+  `ModelConfig.decoder_start_id`).
 
   With packed rows every example restarts: targets [a b c d] with segments [1 1 2 2] become
   [0 a 0 c].
 
   Args:
-    targets: int [B, T]; segment_ids: int [B, T] or None.
+    targets: int [B, T]; segment_ids: int [B, T] or None; start_id: the first input token.
   Returns:
     int [B, T].
   """
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=start_id)[:, :-1]
   if segment_ids is not None:
     previous = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
-    shifted = jnp.where(segment_ids != previous, PAD_ID, shifted)
+    shifted = jnp.where(segment_ids != previous, start_id, shifted)
   return shifted
 
 
@@ -252,8 +254,9 @@ class DecoderLayer(nn.Module):
 class _Stack(nn.Module):
   """What the encoder and the decoder share: the embedding, the layers and the final norm.
 
-  Scaled token embeddings + positions, then dropout; `depth` layers of `layer_type` (one module
-  reused at every depth with `share_layer_weights`); for pre-norm a final LayerNorm, since the
+  Scaled token embeddings + positions (then a LayerNorm with `embedding_norm`), dropout;
+  `depth` layers of `layer_type` (one module reused at every depth with
+  `share_layer_weights`); for pre-norm a final LayerNorm, since the
   last residual sum is not normalised otherwise. Parameters sit under the subclass's name, e.g.
   `encoder/layers_0/...` and `decoder/final_norm/...`.
   """
@@ -271,7 +274,8 @@ class _Stack(nn.Module):
     c = self.config
     self.positional_encoding = PositionalEncoding(
         c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype,
-        sinusoid_layout=c.sinusoid_layout)
+        sinusoid_layout=c.sinusoid_layout, offset=c.position_offset)
+    self.embedding_norm = layer_norm(c) if c.embedding_norm else None
     self.dropout = Dropout(c.dropout_rate)
     self.layers = [self.layer_type(c) for _ in range(1 if c.share_layer_weights else self.depth)]
     self.final_norm = layer_norm(c) if c.pre_norm else None
@@ -279,6 +283,8 @@ class _Stack(nn.Module):
   def embed(self, ids: Array, positions: Array, *, train: bool = False) -> Array:
     """ids int [B, T], positions int [B, T] -> [B, T, D]."""
     x = self.embedder(ids) + self.positional_encoding(positions)
+    if self.embedding_norm is not None:  # mBART's layernorm_embedding.
+      x = self.embedding_norm(x)
     return batch_split(self.dropout(x, deterministic=not train))
 
   def layer(self, depth: int) -> EncoderLayer | DecoderLayer:
@@ -443,7 +449,7 @@ class Transformer(nn.Module):
         padding_mask(target_valid, source_valid),
         segment_mask(targets_segment_ids, inputs_segment_ids) if packed else None)
     positions = _default_positions(targets) if targets_positions is None else targets_positions
-    decoder_inputs = shift_right(targets, targets_segment_ids)
+    decoder_inputs = shift_right(targets, targets_segment_ids, self.config.decoder_start_id)
     return self.decoder(decoder_inputs, positions, encoded, self_mask, cross_mask, train=train)
 
   def precompute_cross_attention(self, encoded: Array, inputs: Array) -> CrossAttentionCache:

@@ -206,13 +206,14 @@ class Batcher:
                        f"{job.n} (this search gives {beams}).")
     max_len = self.translator.model_config.max_len
     tokenizer = self.translator.tokenizer
+    source_lead, target_lead = self.translator.language_tokens(options)  # Many languages.
     token_counts, truncated = [], []
     for sentence in job.sentences:
       ids = tokenizer.tokenize(sentence) if sentence.strip() else []
-      truncated.append(len(ids) > max_len - 1)
-      token_counts.append(len(source_ids(tokenizer, sentence, max_len)))
+      truncated.append(len(ids) > max_len - 1 - len(source_lead))
+      token_counts.append(len(source_ids(tokenizer, sentence, max_len, source_lead)))
     if job.target_prefix is not None:
-      self._check_prefixes(job, token_counts, options)
+      self._check_prefixes(job, token_counts, options, len(target_lead))
     future: concurrent.futures.Future = concurrent.futures.Future()
     request = _Request(job, future, token_counts, truncated, 0)
     pieces = self._pieces(request, options)
@@ -244,15 +245,17 @@ class Batcher:
     self._thread.join(timeout)
     return not self._thread.is_alive()
 
-  def _check_prefixes(self, job: Job, token_counts: list[int], options: Any) -> None:
-    """InputError unless each target prefix leaves room for EOS in its output (as `translate`
-    checks it)."""
+  def _check_prefixes(self, job: Job, token_counts: list[int], options: Any,
+                      forced: int = 0) -> None:
+    """InputError unless each target prefix (after `forced` language tokens) leaves room for
+    EOS in its output (as `translate` checks it)."""
     if len(job.target_prefix) != len(job.sentences):
       raise InputError(f"{len(job.target_prefix)} target prefixes for {len(job.sentences)} "
                        "sentences; give one per sentence ('' for none).")
     max_len = self.translator.model_config.max_len
     for i, (prefix, count) in enumerate(zip(job.target_prefix, token_counts, strict=True)):
-      pieces = len(self.translator.tokenizer.tokenize_target(prefix)) if prefix.strip() else 0
+      pieces = forced + (len(self.translator.tokenizer.tokenize_target(prefix))
+                         if prefix.strip() else 0)
       room = decode_length(options.search, count, max_len) - 1
       if pieces > room:
         raise InputError(f"The target prefix of text {i + 1} has {pieces} tokens, but its "

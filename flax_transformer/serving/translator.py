@@ -6,6 +6,8 @@
     tr.translate(sentences, params=other_params)               # other weights, same shapes
     tr.translate(["A man is riding a bike."], target_prefix=["Ein Mann"])  # forced opening
     tr.translate_aligned(["A man is riding a bike."])        # -> [(text, [(0, 0), (1, 1), ...])]
+    nllb = Translator.from_workdir("runs/nllb600m", source_lang="eng_Latn")  # import-hf
+    nllb.translate(["A man is riding a bike."], target_lang="deu_Latn")
     ens = Translator.from_checkpoints(["w1/checkpoints/600", "w2/averaged/step_600_last_4"])
 
 A `Translator` is immutable: every call takes its settings (and optionally its params) as
@@ -19,6 +21,11 @@ one device batch per device of the mesh's 'data' axis; a device batch's shape ne
 the number of devices, so the output does not either. Sampling draws each sentence's noise from
 `fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
 (files of any size, several processes, resuming) are `flax_transformer.serving.bulk`.
+
+A many-language model (NLLB-200, M2M-100, mBART-50: `data.multilingual_tokenizer`) takes
+`source_lang` and `target_lang` settings: the source language token starts every source, and the
+target language token is forced as the first output token through the target prefix (before a
+user's own prefix; `forced_tokens` exempts it from the prefix's whole-word rule).
 
 A target prefix (one per sentence, '' for none) is searched in the same program as any other:
 its tokens are an array [rows, L] of the bucket's shape, so prefixes of any length share one
@@ -74,8 +81,8 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
                  length_penalty: Array | None = None, target_prefix: Array | None = None,
                  constraints: Array | None = None, forbid: Array | None = None,
                  word_continues: Array | None = None, *, settings: SearchConfig,
-                 max_decode_len: int, align: int = 0, ensemble: bool = False
-                 ) -> tuple[Array, ...]:
+                 max_decode_len: int, align: int = 0, ensemble: bool = False,
+                 forced_tokens: int = 0) -> tuple[Array, ...]:
   """Searches translations of one batch: inputs int32 [B, S] -> (sequences int32 [B, K, L],
   scores float32 [B, K]), best first; K = 1 for greedy decoding and sampling.
 
@@ -90,13 +97,15 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
   `align` > 0 adds the alignment layer's cross-attention of the `align` best
   hypotheses, f32 [B, align, L, S], from one teacher-forced pass in this program.
   `ensemble`: the params' leaves lead with the models' axis (`decoding.bridge`).
+  `forced_tokens`: the prefix's first tokens that are no text, a target language token
+  (`decoding.search.SearchProblem`).
   """
   problem = bridge.prepare_search(
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
       max_len_a=settings.max_len_a, max_len_b=settings.max_len_b,
       min_length=settings.min_length, target_prefix=target_prefix, ensemble=ensemble,
       constraints=constraints, forbid=forbid, word_continues=word_continues,
-      ordered_constraints=settings.constraint_order == "ordered",
+      ordered_constraints=settings.constraint_order == "ordered", forced_tokens=forced_tokens,
       grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)))
   if settings.method == "beam":
     alpha = settings.length_penalty if length_penalty is None else length_penalty
@@ -117,11 +126,13 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
   return sequences, scores, attention
 
 
-def source_ids(tokenizer: TextTokenizer, sentence: str, max_len: int) -> list[int]:
-  """The ids a Translator searches for `sentence`: its pieces cut to max_len - 1, then EOS;
-  [] for a blank one (not searched)."""
+def source_ids(tokenizer: TextTokenizer, sentence: str, max_len: int,
+               lead: Sequence[int] = ()) -> list[int]:
+  """The ids a Translator searches for `sentence`: `lead` (a source language token,
+  `Translator.language_tokens`), its pieces cut to fit max_len with EOS, then EOS; [] for a
+  blank one (not searched)."""
   ids = tokenizer.tokenize(sentence) if sentence.strip() else []
-  return ids[:max_len - 1] + [EOS_ID] if ids else []
+  return [*lead, *ids[:max_len - 1 - len(lead)], EOS_ID] if ids else []
 
 
 def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
@@ -168,7 +179,7 @@ def _jitted(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
   model = Transformer(model_config)
   replicated = None if mesh is None else sharding.replicated(mesh)
   search_fn = jax.jit(functools.partial(search_batch, model, ensemble=ensemble),
-                      static_argnames=("settings", "max_decode_len", "align"),
+                      static_argnames=("settings", "max_decode_len", "align", "forced_tokens"),
                       out_shardings=replicated)
   return search_fn, jax.jit(functools.partial(score_batch, model, ensemble=ensemble),
                             out_shardings=replicated)
@@ -271,6 +282,9 @@ class Translator:
       object.__setattr__(self, "model_config", served)
       if self.params is not None:
         object.__setattr__(self, "params", self._converted(self.params))
+    if hasattr(self.tokenizer, "language_id"):  # An unknown code: one line, before any work.
+      for code in filter(None, (self.settings.source_lang, self.settings.target_lang)):
+        self.tokenizer.language_id(code)
     compilation_cache.enable_default_compilation_cache()  # Before anything compiles.
     score_fn = _jitted(self.model_config, self.mesh, self.ensemble)[1]
     if self.search_fn is None:
@@ -439,8 +453,10 @@ class Translator:
     """
     options = self._options(settings)
     params = self._params(params)
-    token_ids, cut = self._tokenize(sentences)
-    prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index)
+    source_lead, target_lead = self.language_tokens(options)
+    token_ids, cut = self._tokenize(sentences, lead=source_lead)
+    prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index,
+                                  target_lead)
     constraint_ids, forbid_ids = (self._phrase_ids(kind, given, sentences, token_ids, options,
                                                    first_index)
                                   for kind, given in (("constraints", constraints),
@@ -487,15 +503,18 @@ class Translator:
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
                   token_ids: Sequence[Sequence[int]], options: TranslateConfig,
-                  first_index: int) -> list[list[int]] | None:
-    """Each sentence's prefix ids (no EOS), checked to leave room for EOS in its output; None
-    when no sentence has one."""
-    if target_prefix is None:
+                  first_index: int, lead: Sequence[int] = ()) -> list[list[int]] | None:
+    """Each sentence's prefix ids (no EOS), after the forced `lead` (a target language token),
+    checked to leave room for EOS in its output; None when no sentence has one (nor a lead)."""
+    if target_prefix is None and not lead:
       return None
+    if target_prefix is None:
+      target_prefix = [""] * len(sentences)
     if len(target_prefix) != len(sentences):
       raise InputError(f"{len(target_prefix)} target prefixes for {len(sentences)} sentences; "
                        "give one per sentence ('' for none).")
-    prefix_ids = [self.tokenizer.tokenize_target(p) if p.strip() else [] for p in target_prefix]
+    prefix_ids = [[*lead, *(self.tokenizer.tokenize_target(p) if p.strip() else [])]
+                  for p in target_prefix]
     for i, ids in enumerate(prefix_ids):
       room = decode_length(options.search, len(token_ids[i]), self.model_config.max_len) - 1
       if len(ids) > room:
@@ -536,21 +555,25 @@ class Translator:
         len(text.split()))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], *, normalize: bool = False,
-            params: Any = None) -> list[float]:
+            params: Any = None, **settings: Any) -> list[float]:
     """log p(target | source) per pair, natural log, summed over the target's tokens with EOS
-    (`normalize`: divided by that number of tokens). Empty lines score as EOS alone."""
+    (`normalize`: divided by that number of tokens). Empty lines score as EOS alone. A
+    many-language model's targets start with the target language token (`settings`
+    source_lang, target_lang), which is scored too."""
     batches = ((b.indices, [float(v) for v in b.log_probs / (b.target_tokens if normalize
                                                               else 1)])
-               for b in self.iter_score(sources, targets, params=params))
+               for b in self.iter_score(sources, targets, params=params, **settings))
     return in_input_order(len(sources), batches, 0.0)
 
   def iter_score(self, sources: Sequence[str], targets: Sequence[str], *,
-                 params: Any = None) -> Iterator[Scored]:
+                 params: Any = None, **settings: Any) -> Iterator[Scored]:
     """Yields the scores of `score` step by step, in plan order."""
     files.check_line_aligned({"sources": len(sources), "targets": len(targets)})
     params = self._params(params)
-    source_ids, source_cut = self._tokenize(sources, keep_empty=True)
-    target_ids, target_cut = self._tokenize(targets, keep_empty=True, side="target")
+    source_lead, target_lead = self.language_tokens(self._options(settings))
+    source_ids, source_cut = self._tokenize(sources, keep_empty=True, lead=source_lead)
+    target_ids, target_cut = self._tokenize(targets, keep_empty=True, side="target",
+                                            lead=target_lead)
     cut = source_cut | target_cut
     batches = plan_batches([len(ids) for ids in source_ids], self.settings.batch_tokens,
                            self.model_config.max_len, [len(ids) for ids in target_ids])
@@ -562,6 +585,21 @@ class Translator:
       lengths = np.asarray([len(target_ids[i]) for i in step.indices], np.int64)
       yield Scored(step.indices, log_probs[step.row_positions()], lengths,
                    int(cut[step.indices].sum()))
+
+  def language_tokens(self, options: TranslateConfig) -> tuple[list[int], list[int]]:
+    """(the source's first tokens, the output's forced first tokens): a many-language model's
+    language tokens (`data.multilingual_tokenizer`), ([], []) for a one-pair model."""
+    languages = getattr(self.tokenizer, "languages", None)
+    if languages is None:  # One pair: the codes only name it (evaluate's BLEU variant).
+      return [], []
+    missing = [f"--{name}" for name in ("source_lang", "target_lang")
+               if not getattr(options, name)]
+    if missing:
+      raise InputError(
+          f"This model translates between {len(languages)} languages: give {' and '.join(missing)}"
+          f" (its codes look like {', '.join(languages[:3])}).")
+    return ([self.tokenizer.language_id(options.source_lang)],
+            [self.tokenizer.language_id(options.target_lang)])
 
   def _params(self, params: Any) -> Any:
     """The call's params (as trained: converted to the serving precision), else the
@@ -588,18 +626,19 @@ class Translator:
     return precision.convert_params(params, self.model_config, leading_axes=int(self.ensemble))
 
   def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False,
-                side: str = "source") -> tuple[list[list[int]], np.ndarray]:
-    """Ids + EOS per sentence, cut to the model's max_len, and which were cut (bool [n]); blank
-    sentences give [] (or [EOS] with `keep_empty`). `side`: "source", or "target" (a Marian
-    vocabulary has one of each)."""
+                side: str = "source", lead: Sequence[int] = ()) -> tuple[list[list[int]],
+                                                                         np.ndarray]:
+    """`lead` + ids + EOS per sentence, cut to the model's max_len, and which were cut (bool
+    [n]); blank sentences give [] (or `lead` + [EOS] with `keep_empty`). `side`: "source", or
+    "target" (a Marian vocabulary has one of each); `lead`: a language token."""
     tokenize = (self.tokenizer.tokenize if side == "source" else
                 self.tokenizer.tokenize_target)
-    limit = self.model_config.max_len - 1  # Room for EOS.
+    limit = self.model_config.max_len - 1 - len(lead)  # Room for EOS.
     token_ids, cut = [], np.zeros(len(sentences), bool)
     for i, sentence in enumerate(sentences):
       ids = tokenize(sentence) if sentence.strip() else []
       cut[i] = len(ids) > limit
-      token_ids.append(ids[:limit] + [EOS_ID] if ids or keep_empty else [])
+      token_ids.append([*lead, *ids[:limit], EOS_ID] if ids or keep_empty else [])
     if cut.any():
       _log.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
                       "and were truncated.", cut.sum(), len(sentences), limit + 1)
@@ -632,12 +671,14 @@ class Translator:
     # The length penalty is data: one program per shape serves every alpha.
     length_penalty = self._replicate(np.float32(options.search.length_penalty))
     settings = options.search.replace(length_penalty=0.0)
+    forced = len(self.language_tokens(options)[1])  # The target language token.
+    static = {**({"align": align} if align else {}),
+              **({"forced_tokens": forced} if forced else {})}
     shape = (self.search_fn, settings, len(inputs), step.length, decode_len,
-             tuple(None if x is None else x.shape for x in optional), align)
+             tuple(None if x is None else x.shape for x in optional), align, forced)
     start = time.perf_counter()
     outputs = self.search_fn(params, self._place(inputs), rng, length_penalty, *optional,
-                             settings=settings, max_decode_len=decode_len,
-                             **({"align": align} if align else {}))
+                             settings=settings, max_decode_len=decode_len, **static)
     if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
       _SEEN_SHAPES.add(shape)
       _log.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
@@ -665,8 +706,10 @@ class Translator:
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
     for rows, length in shapes:
       empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
+      forced = bool(self.language_tokens(options)[1])  # A language token is a prefix.
       jax.block_until_ready(self._search_step(params, empty, [], np.zeros(0, np.int64),
-                                              options, [] if prefixed else None, align))
+                                              options, [] if prefixed or forced else None,
+                                              align))
       bar.advance(1)
     bar.close("Compiled")
     return len(shapes)

@@ -28,7 +28,7 @@ from flax_transformer import config as config_lib
 from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import TranslateConfig
-from flax_transformer.data import pipeline
+from flax_transformer.data import multilingual_tokenizer, pipeline
 from flax_transformer.data.tokenizer import TextTokenizer
 from flax_transformer.files import Path, to_path
 from flax_transformer.model.config import ModelConfig, describe_model, model_group
@@ -143,7 +143,7 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
       exp.data, workdir, source=None if source is None else source.workdir, is_chief=is_chief)
   recipe = recipe_lib.from_experiment(exp, vocab_size=tokenizer.vocab_size)
   train_iter = pipeline.train_iterator(
-      exp.data, tokenizer, process_index=jax.process_index(),
+      exp.data, _data_tokenizer(exp, tokenizer), process_index=jax.process_index(),
       process_count=jax.process_count(), alignments=recipe.guided_alignment)
   manager = checkpoints.make_manager(
       workdir, max_to_keep=exp.checkpoint.max_to_keep, async_save=exp.checkpoint.async_save,
@@ -232,17 +232,25 @@ def _compile(recipe: recipe_lib.TrainRecipe, state: state_lib.TrainState,
   return compiled
 
 
+def _data_tokenizer(exp: config_lib.Experiment, tokenizer: TextTokenizer) -> TextTokenizer:
+  """The pipeline's tokenizer: a many-language vocabulary puts config.data.source_code's and
+  target_code's tokens first (the Translator places them itself, from its settings)."""
+  return multilingual_tokenizer.for_training(tokenizer, exp.data.source_code,
+                                             exp.data.target_code)
+
+
 def _evaluators(exp: config_lib.Experiment, recipe: recipe_lib.TrainRecipe,
                 tokenizer: TextTokenizer) -> dict[str, evaluation.SplitEvaluator]:
   translator = None
   if exp.eval.translate:
-    translator = Translator(recipe.model.config, None, tokenizer,
-                            TranslateConfig(search=exp.search), mesh=recipe.mesh)
+    translator = Translator(recipe.model.config, None, tokenizer, TranslateConfig(
+        search=exp.search, source_lang=exp.data.source_code,
+        target_lang=exp.data.target_code), mesh=recipe.mesh)
   evaluators = {}
   for name, split in (("eval", exp.data.eval_split), ("test", exp.data.test_split)):
     if name == "test" and not exp.eval.test_at_end:
       continue
-    batches = pipeline.eval_batches(exp.data, tokenizer, split,
+    batches = pipeline.eval_batches(exp.data, _data_tokenizer(exp, tokenizer), split,
                                     process_index=jax.process_index(),
                                     process_count=jax.process_count())
     evaluators[name] = evaluation.SplitEvaluator(

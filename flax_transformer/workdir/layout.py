@@ -10,8 +10,10 @@ through `flax_transformer.workdir` alone, so nothing here imports the training c
                        vocab_size = the SentencePiece model's piece count.
     vocab.model        the SentencePiece model shared by source and target; or, in a workdir
                        imported from Marian (or fine-tuned from one), source.spm, target.spm and
-                       vocab.json instead (`flax_transformer.data.marian_tokenizer`). The files
-                       present say which; `load_tokenizer` reads either.
+                       vocab.json instead (`flax_transformer.data.marian_tokenizer`), and for
+                       a many-language model (NLLB, M2M-100, mBART-50) languages.json too
+                       (`data.multilingual_tokenizer`). The files present say which;
+                       `load_tokenizer` reads each.
     checkpoints/       an orbax `CheckpointManager` directory:
       <step>/          one finished checkpoint per saved step (integer name, no prefix);
                        unfinished saves live under temporary names and are never listed.
@@ -35,8 +37,9 @@ import os
 from typing import Any
 
 from flax_transformer.config import TranslateConfig, search_config_from
-from flax_transformer.data import marian_tokenizer
+from flax_transformer.data import marian_tokenizer, multilingual_tokenizer
 from flax_transformer.data.marian_tokenizer import MarianTokenizer
+from flax_transformer.data.multilingual_tokenizer import MultilingualTokenizer
 from flax_transformer.data.tokenizer import TextTokenizer, Tokenizer
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import Path, to_path
@@ -89,12 +92,16 @@ def vocabulary_files(workdir: str | os.PathLike) -> list[Path]:
     missing = sorted({p.name for p in marian} - {p.name for p in present})
     raise InputError(f"{workdir} has an incomplete Marian vocabulary: {', '.join(missing)} "
                      "missing.")
+  languages = workdir / multilingual_tokenizer.LANGUAGES_FILE
+  if present and languages.is_file():
+    present.append(languages)
   return present
 
 
 def load_tokenizer(workdir: str | os.PathLike) -> TextTokenizer:
-  """The workdir's vocabulary: the shared SentencePiece `Tokenizer` (vocab.model) or, for a
-  workdir from Marian, a `MarianTokenizer` (source.spm, target.spm, vocab.json)."""
+  """The workdir's vocabulary: the shared SentencePiece `Tokenizer` (vocab.model); for a
+  workdir from Marian, a `MarianTokenizer` (source.spm, target.spm, vocab.json); with
+  languages.json too, a `MultilingualTokenizer`."""
   return _read_vocabulary(workdir)[0]
 
 
@@ -112,6 +119,8 @@ def _read_vocabulary(workdir: str | os.PathLike) -> tuple[TextTokenizer, str]:
     digest.update(data)
   if paths[0].name == VOCAB_FILE:
     return Tokenizer(contents[VOCAB_FILE], str(paths[0])), digest.hexdigest()
+  if multilingual_tokenizer.LANGUAGES_FILE in contents:
+    return MultilingualTokenizer.from_files(contents, workdir), digest.hexdigest()
   return MarianTokenizer.from_files(contents, workdir), digest.hexdigest()
 
 

@@ -1,0 +1,179 @@
+"""A random model of NLLB-200-distilled-600M's shape: load time, weight memory per precision,
+beam-4 speed against CTranslate2 on the same weights, and the output projection's share.
+
+The shape is the checkpoint's (config.json of facebook/nllb-200-distilled-600M): D 1024, 16
+heads, F 4096, 12+12 layers, a shared vocabulary of 256,206 rows, pre-norm with final
+LayerNorms, fairseq sinusoids from row 2, ReLU, the decoder started from EOS: the
+`ModelConfig` that `import-hf` makes of it, with random weights (no download). CTranslate2
+gets the same weights through our exporter (`interop.ctranslate2.build_spec`), as
+benchmarks/speed/ctranslate2_throughput.py does; a random model never chooses EOS, so both
+sides decode exactly --steps tokens (min length = max length).
+
+Prints one JSON line:
+  load_s             restoring the float32 params from a workdir checkpoint (orbax), and
+                     CTranslate2 loading its float32 model.bin
+  weight_bytes       our params at float32 / bfloat16 / int8 (`model.precision`), and
+                     CTranslate2's model.bin at float32 / int8
+  sentences_per_s    beam 4, --sentences sentences of --source_len tokens, --steps output
+                     tokens: ours at each precision, CTranslate2 float32 and int8
+  projection_share   the output projection ([B*K, D] x [D, V] and the log-softmax over V) over
+                     one beam step (a whole search's time / steps), float32
+
+  python benchmarks/speed/nllb_shape.py [--sentences 4] [--source_len 16] [--steps 16]
+      [--repeats 2] [--precisions float32 int8] [--ct2_threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import ctranslate2
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ctranslate2_throughput import _inputs, _source, build_spec, vocabulary
+from decode_throughput import jit_search
+
+from flax_transformer import ModelConfig, Transformer
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.files import to_path
+from flax_transformer.model import precision
+
+# facebook/nllb-200-distilled-600M as import-hf reads it.
+NLLB_600M = dict(vocab_size=256206, emb_dim=1024, num_heads=16, mlp_dim=4096,
+                 num_encoder_layers=12, num_decoder_layers=12, max_len=1024,
+                 norm_placement="pre", sinusoid_layout="fairseq", position_offset=2,
+                 layer_norm_epsilon=1e-5, attention_bias=True, activation="relu",
+                 decoder_start_id=1, dropout_rate=0.0, attention_dropout_rate=0.0)
+CT2_TYPES = {"float32": "float32", "int8": "int8"}
+
+
+def _nbytes(tree: Any) -> int:
+  return int(sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(tree)))
+
+
+def _median_time(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _projection_s(config: ModelConfig, params: Any, rows: int, repeats: int) -> float:
+  """One step's output projection and log-softmax over V for `rows` beams, float32."""
+  table = jnp.asarray(params["embedder"]["embedding"])  # [V, D], tied
+
+  @jax.jit
+  def project(x):
+    return jax.nn.log_softmax(jnp.einsum("rd,vd->rv", x, table), axis=-1)
+
+  x = jax.random.normal(jax.random.key(1), (rows, config.emb_dim), jnp.float32)
+  jax.block_until_ready(project(x))
+  return _median_time(lambda: jax.block_until_ready(project(x)), max(3, repeats))
+
+
+def _ct2(config: ModelConfig, params: Any, kind: str, source: list[list[str]],
+         options: dict[str, Any], args: argparse.Namespace) -> tuple[int, float, float]:
+  """(model.bin bytes, load seconds, sentences/s) of CTranslate2 at `kind` on our weights."""
+  # A copy: the spec holds some of the arrays it is given, and quantizing rewrites them.
+  spec = build_spec(config, {"params": jax.tree.map(np.array, params)})
+  spec.validate()
+  spec.optimize(quantization=CT2_TYPES[kind])
+  with tempfile.TemporaryDirectory(prefix="ct2_") as directory:
+    spec.save(directory)
+    del spec
+    size = os.path.getsize(os.path.join(directory, "model.bin"))
+    start = time.perf_counter()
+    translator = ctranslate2.Translator(directory, device="cpu", compute_type=CT2_TYPES[kind],
+                                        intra_threads=args.ct2_threads, inter_threads=1)
+    load_s = round(time.perf_counter() - start, 2)
+  translator.translate_batch(source, **options)  # Warm-up.
+  seconds = _median_time(lambda: translator.translate_batch(source, **options), args.repeats)
+  return size, load_s, round(args.sentences / seconds, 3)
+
+
+def _ours(config: ModelConfig, params: Any, name: str, inputs: jax.Array,
+          args: argparse.Namespace) -> tuple[int, float]:
+  """(weight bytes, median seconds of one beam-4 search) of ours at precision `name`."""
+  served = precision.precision_config(config, name)
+  variables = {"params": precision.convert_params(params, served)}
+  search = jit_search(Transformer(served), beam_size=4, max_decode_len=args.steps,
+                      min_length=args.steps, length_penalty=1.0, length_normalization="fairseq")
+  compiled = search.lower(variables, inputs).compile()
+  run = lambda: jax.block_until_ready(compiled(variables, inputs))
+  run()  # Warm-up.
+  return _nbytes(variables["params"]), _median_time(run, args.repeats)
+
+
+def measure(args: argparse.Namespace) -> dict:
+  config = ModelConfig(**NLLB_600M)
+  inputs = _inputs(config.vocab_size, args.sentences, args.source_len)
+  variables = jax.jit(Transformer(config).init)(jax.random.key(0), inputs[:, :4], inputs[:, :4])
+  params = jax.tree.map(np.asarray, nn.unbox(variables["params"]))
+  del variables
+  record: dict[str, Any] = {"benchmark": "nllb_shape", "shape": "nllb-200-distilled-600M",
+                            "parameters": int(sum(p.size for p in jax.tree.leaves(params)))}
+  with tempfile.TemporaryDirectory(prefix="nllb_") as folder:
+    workdir_lib.save_params(to_path(folder), 0, params)
+    start = time.perf_counter()
+    workdir_lib.restore_params(folder, 0)
+    record["load_s"] = {"ours_float32": round(time.perf_counter() - start, 2)}
+  tokens = vocabulary(config.vocab_size)
+  source = [_source(row, tokens) for row in np.asarray(inputs)]
+  options = dict(max_batch_size=args.sentences, beam_size=4, length_penalty=1.0,
+                 min_decoding_length=args.steps, max_decoding_length=args.steps,
+                 suppress_sequences=[[tokens[0]]])
+  speed, weight_bytes = {}, {}
+  for kind in CT2_TYPES:
+    weight_bytes[f"ct2_{kind}"], load_s, speed[f"ct2_{kind}"] = _ct2(config, params, kind,
+                                                                     source, options, args)
+    if kind == "float32":
+      record["load_s"]["ct2_float32"] = load_s
+  step_s = None
+  for name in args.precisions:
+    weight_bytes[f"ours_{name}"], seconds = _ours(config, params, name, inputs, args)
+    speed[f"ours_{name}"] = round(args.sentences / seconds, 3)
+    if name == "float32":
+      step_s = seconds / args.steps
+  record.update(weight_bytes=weight_bytes, sentences_per_s=speed)
+  for name in args.precisions:
+    if name in CT2_TYPES:
+      record.setdefault("ours_over_ct2", {})[name] = round(
+          speed[f"ours_{name}"] / speed[f"ct2_{name}"], 3)
+  if step_s:
+    projection = _projection_s(config, params, 4 * args.sentences, args.repeats)
+    record["projection_share"] = round(projection / step_s, 3)
+    record["step_s_float32"] = round(step_s, 4)
+  record.update(sentences=args.sentences, source_len=args.source_len, steps=args.steps,
+                repeats=args.repeats, ct2_intra_threads=args.ct2_threads,
+                cpu_count=os.cpu_count(), jax=jax.__version__,
+                ctranslate2=ctranslate2.__version__,
+                load_average_1min=round(os.getloadavg()[0], 2),
+                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+  return record
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sentences", type=int, default=4)
+  parser.add_argument("--source_len", type=int, default=16)
+  parser.add_argument("--steps", type=int, default=16, help="output tokens, both sides")
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8"],
+                      choices=precision.PRECISIONS)
+  parser.add_argument("--ct2_threads", type=int, default=os.cpu_count())
+  print(json.dumps(measure(parser.parse_args())), flush=True)
+
+
+if __name__ == "__main__":
+  main()
