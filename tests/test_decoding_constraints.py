@@ -321,9 +321,11 @@ def test_a_sentence_without_phrases_searches_as_it_would_alone():
                       beam_size=4, ranking=Ranking(0.6))
   np.testing.assert_array_equal(sequences[1], np.asarray(plain[0][1]))
   np.testing.assert_array_equal(scores[1], np.asarray(plain[1][1]))
-  for b in (0, 2):  # The others: each finished output holds its phrases (L may cut others).
+  for b in (0, 2):  # The others: the best holds its phrases, as does each finished output (L
+    # may cut the others: here sentence 0's four are all cut at L, the best holding its phrase).
+    assert constraints.satisfied(sequences[b][0], phrases[b], False)
     finished = [seq for seq in sequences[b] if EOS in seq]
-    assert finished and all(constraints.satisfied(seq, phrases[b], False) for seq in finished)
+    assert all(constraints.satisfied(seq, phrases[b], False) for seq in finished)
 
 
 def test_phrase_counts_and_lengths_are_data_of_one_program():

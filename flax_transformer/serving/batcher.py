@@ -62,7 +62,7 @@ class Closed(Error):
   """The batcher is draining or stopped and takes no new request (HTTP 503)."""
 
 
-class BatchFailed(Exception):
+class BatchFailed(Error):
   """The search of a request's batch raised (HTTP 500); the traceback is in the server's log."""
 
 

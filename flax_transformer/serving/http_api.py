@@ -63,7 +63,7 @@ class Service:
   step: int | None = None
 
 
-class ApiError(Exception):
+class ApiError(Error):
   """An answer other than 200: its status, its one line, and extra headers."""
 
   def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
