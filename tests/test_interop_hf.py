@@ -269,7 +269,17 @@ def _edit_config(folder: Path, **changes) -> None:
   (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
 
+def _add_weight(folder: Path, key: str) -> None:
+  from safetensors.numpy import load_file, save_file
+
+  state = load_file(str(folder / "model.safetensors"))
+  state[key] = np.ones(4, np.float32)
+  save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize("change, message", [
+    (lambda f: _add_weight(f, "model.encoder.layers.0.moe.weight"),
+     "1 weight(s) this importer does not map: model.encoder.layers.0.moe.weight"),
     (lambda f: _edit_config(f, model_type="nllb-moe", architectures=[
         "NllbMoeForConditionalGeneration"]), "Unsupported architecture"),
     (lambda f: _edit_config(f, num_experts=128), "num_experts"),

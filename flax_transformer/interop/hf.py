@@ -269,15 +269,11 @@ def import_hf(source: str | os.PathLike, workdir: str | os.PathLike) -> Path:
 
 def _check_keys(state: dict[str, np.ndarray], config: ModelConfig) -> None:
   """Refuses weights the model would not use (a variant this importer does not know)."""
-  known = {key for _, key, _ in marian_params.entries(config)}
-  known |= {"model.shared.weight", "model.encoder.embed_tokens.weight",
-            "model.decoder.embed_tokens.weight"}
+  buffers = set()
   if config.positional_encoding == "sinusoidal":  # Buffers, when a file holds them.
-    known |= {f"model.{stack}.embed_positions.{name}" for stack in ("encoder", "decoder")
-              for name in ("weight", "weights")}
-  if config.tie_output_projection:
-    known.add("lm_head.weight")
-  unknown = sorted(set(state) - known)
+    buffers = {f"model.{stack}.embed_positions.{name}" for stack in ("encoder", "decoder")
+               for name in ("weight", "weights")}
+  unknown = marian_params.unmapped_keys(state, config, buffers)
   if unknown:
     raise HFFormatError(f"The checkpoint has {len(unknown)} weight(s) this importer does "
                         f"not map: {', '.join(unknown[:8])}.")

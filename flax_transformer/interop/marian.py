@@ -187,14 +187,8 @@ def resolve_embeddings(state: dict[str, np.ndarray],
 
 def _check_keys(state: dict[str, np.ndarray], config: ModelConfig) -> None:
   """Refuses weights the model would not use (a Marian variant this importer does not know)."""
-  known = {key for _, key, _ in marian_params.entries(config)}
-  # Copies Hugging Face ties to the shared table anyway, and the fixed position tables.
-  known |= {"model.shared.weight", "model.encoder.embed_tokens.weight",
-            "model.decoder.embed_tokens.weight", "model.encoder.embed_positions.weight",
-            "model.decoder.embed_positions.weight"}
-  if config.tie_output_projection:
-    known.add("lm_head.weight")
-  unknown = sorted(set(state) - known)
+  unknown = marian_params.unmapped_keys(state, config, {  # The fixed position tables.
+      "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"})
   if unknown:
     raise MarianFormatError(f"The checkpoint has {len(unknown)} weight(s) this importer does "
                             f"not map: {', '.join(unknown[:8])}.")

@@ -103,6 +103,18 @@ def entries(config: ModelConfig) -> list[Entry]:
   return table
 
 
+def unmapped_keys(state: dict[str, np.ndarray], config: ModelConfig,
+                  also_known: set[str]) -> list[str]:
+  """The checkpoint's weight names (sorted) that neither `entries(config)`, Hugging Face's
+  copies of the shared table and tied head, nor `also_known` (a family's buffers) map."""
+  known = {key for _, key, _ in entries(config)} | also_known
+  known |= {"model.shared.weight", "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_tokens.weight"}
+  if config.tie_output_projection:
+    known.add("lm_head.weight")
+  return sorted(set(state) - known)
+
+
 def _heads(config: ModelConfig) -> tuple[int, int]:
   return config.num_heads, config.head_dim
 
