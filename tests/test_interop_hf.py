@@ -203,18 +203,17 @@ def _search_ids(imported: Imported, sentences: list[str], target_lang: str, meth
   return rows, np.asarray(scores)
 
 
-def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path):
+def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, monkeypatch):
   ctranslate2 = pytest.importorskip("ctranslate2")
-  if imported.family == "m2m100":
-    pytest.skip("CTranslate2 4.8's M2M-100 converter takes the language tokens from "
-                "special_tokens_map['additional_special_tokens'], which transformers 5 leaves "
-                "empty: its vocabulary lacks them")
   model_dir = _copy(imported, tmp_path)
   # CTranslate2 4.8 reads config.normalize_before for mBART, which transformers 5's
   # MBartConfig no longer has; mBART is pre-norm with an embedding LayerNorm.
   _edit_config(model_dir, normalize_before=True, normalize_embedding=True)
   converted = tmp_path / "ct2"
-  ctranslate2.converters.TransformersConverter(str(model_dir)).convert(str(converted))
+  if imported.family == "m2m100":
+    _convert_with_language_tokens(monkeypatch, model_dir, converted)
+  else:
+    ctranslate2.converters.TransformersConverter(str(model_dir)).convert(str(converted))
   ct2_config = json.loads((converted / "config.json").read_text())
   if ct2_config["bos_token"] is None:  # transformers 5's MBart50Tokenizer has no bos_token set.
     (converted / "config.json").write_text(json.dumps({**ct2_config, "bos_token": "<s>"}))
@@ -238,6 +237,31 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path):
     compared += 1
   print(f"{imported.family}: {compared} of {len(sentences)} lines ended by CTranslate2")
   assert compared >= 2
+
+
+def _convert_with_language_tokens(monkeypatch, model_dir: Path, converted: Path) -> None:
+  """CTranslate2 4.8's conversion of an M2M-100 folder, given the language tokens it expects.
+
+  Its M2M-100 converter appends the tokens of the tokenizer's
+  special_tokens_map["additional_special_tokens"] after vocab.json's pieces (transformers 4
+  listed the "__xx__" language tokens there), then "madeupword<i>" rows up to the model's size.
+  transformers 5 no longer lists them, so the conversion fails on the vocabulary's size. The
+  patch gives the converter that list, in id order, and changes nothing else it does.
+  """
+  from ctranslate2.converters import transformers as ct2_transformers
+
+  loader = ct2_transformers.M2M100Loader
+  original = loader.get_vocabulary
+
+  def get_vocabulary(self, model, tokenizer):
+    tokens = [t for t in original(self, model, tokenizer) if not t.startswith("madeupword")]
+    for token in sorted(tokenizer.lang_token_to_id, key=tokenizer.lang_token_to_id.get):
+      assert tokenizer.lang_token_to_id[token] == len(tokens), token
+      tokens.append(token)
+    return tokens + [f"madeupword{i}" for i in range(model.config.vocab_size - len(tokens))]
+
+  monkeypatch.setattr(loader, "get_vocabulary", get_vocabulary)
+  ct2_transformers.TransformersConverter(str(model_dir)).convert(str(converted))
 
 
 # ------------------------------------------------------------------------------ round trip
