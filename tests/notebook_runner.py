@@ -57,15 +57,17 @@ def inject_parameters(notebook, parameters: dict[str, Any]) -> None:
   notebook.cells.insert(tagged[0] + 1, cell)
 
 
-def run(path: Path, parameters: dict[str, Any], tmp_path: Path, probe: str = "",
+def run(path: Path, parameters: dict[str, Any] | None, tmp_path: Path, probe: str = "",
         timeout: int = 300):
-  """Executes the notebook at `path` with `parameters` (and a `probe` cell appended, if given);
-  returns the executed notebook, which is also written to tmp_path for debugging a failure."""
+  """Executes the notebook at `path` with `parameters` (None: a notebook without a parameters
+  cell, run as committed) and a `probe` cell appended, if given; returns the executed notebook,
+  which is also written to tmp_path for debugging a failure."""
   import nbclient
   import nbformat
 
   notebook = nbformat.read(path, as_version=4)
-  inject_parameters(notebook, parameters)
+  if parameters is not None:
+    inject_parameters(notebook, parameters)
   if probe:
     notebook.cells.append(nbformat.v4.new_code_cell(probe))
   km = kernel_manager(tmp_path)

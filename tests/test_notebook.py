@@ -148,3 +148,43 @@ def _data_config(tfds_dir: Path):
     if key.startswith("data."):
       data[key.removeprefix("data.")] = value
   return data
+
+
+MANY_LANGUAGES_PROBE = """
+import json as _json
+
+import flax_transformer as _package
+
+print("PROBE " + _json.dumps({"folder": str(folder), "package": _package.__file__}))
+"""
+
+
+@pytest.mark.slow
+def test_many_languages_runs_offline_and_prints_the_products_translations(tmp_path):
+  """notebooks/many_languages.ipynb as committed: it builds a random NLLB-shaped folder, imports
+  it and prints one translation per target language. Here the same folder is imported again and
+  translated in this process: the printed lines are the `Translator`'s for this checkout, and
+  a misspelt code names the right one, as the notebook's last cell says. (That an import
+  translates as Hugging Face and CTranslate2 do is tests/test_interop_hf.py's.)"""
+  pytest.importorskip("torch", reason="needs torch (pip install -e '.[test]')")
+  pytest.importorskip("transformers", reason="needs transformers")
+  from flax_transformer import Translator
+  from flax_transformer.errors import Error
+  from flax_transformer.interop import import_hf
+
+  notebook = notebook_runner.run(REPO / "notebooks" / "many_languages.ipynb", None, tmp_path,
+                                 probe=MANY_LANGUAGES_PROBE)
+  probe = json.loads(stdout_text(notebook.cells[-1]).split("PROBE ", 1)[1])
+  assert Path(probe["package"]).resolve().parent == REPO / "flax_transformer"
+  printed = stdout_text(next(cell for cell in notebook.cells if cell.cell_type == "code"
+                             and "import_hf(folder, workdir)" in cell.source)).splitlines()
+  sentence = "A man is riding a bike."
+  workdir = tmp_path / "again"
+  import_hf(probe["folder"], workdir)
+  translator = Translator.from_workdir(workdir, source_lang="eng_Latn", beam_size=4,
+                                       max_len_a=0.0, max_len_b=10)
+  targets = ("deu_Latn", "fra_Latn")
+  assert printed == [f"{lang} {translator.translate([sentence], target_lang=lang)!r}"
+                     for lang in targets]
+  with pytest.raises(Error, match="deu_Latn"):
+    translator.translate([sentence], target_lang="deu_Lat")
