@@ -27,7 +27,7 @@ from flax_transformer.errors import InputError
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import processes
 from flax_transformer.scoring import score_translations
-from flax_transformer.serving import bulk
+from flax_transformer.serving import bulk, shortlist
 from flax_transformer.workdir import Workdir
 
 
@@ -65,7 +65,11 @@ def open_job(workdir: str | None, step: int | None = None, checkpoints: Sequence
     raise InputError("--step and --checkpoint exclude each other: a checkpoint folder names "
                      "its step (WORKDIR/checkpoints/<step>).")
   opened = open_workdir(workdir or checkpoint_workdir(checkpoints[0]))
-  return opened, opened.translate_config(**settings), Checkpoint(step, checkpoints)
+  translate_settings = opened.translate_config(**settings)
+  if translate_settings.vocab_shortlist:  # A bad file: one line before the params load.
+    shortlist.kept_ids(translate_settings.vocab_shortlist, opened.tokenizer,
+                       opened.model_config.decoder_start_id)
+  return opened, translate_settings, Checkpoint(step, checkpoints)
 
 
 def restore_point(opened: Workdir, checkpoint: Checkpoint, output: str | None = None
