@@ -9,6 +9,7 @@ model, tied float32, untied with a logits bias, and int8; their ids must be equa
 scores equal to float rounding, and every output id in S.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +36,7 @@ def _model(variant: str):
   int8 = overrides.pop("quantization", None) == "int8"
   config = ModelConfig.tiny(VOCAB, dropout_rate=0.0, attention_dropout_rate=0.0, **overrides)
   tokens = jnp.ones((1, 4), jnp.int32)
-  params = Transformer(config).init(jax.random.key(3), tokens, tokens)["params"]
+  params = nn.meta.unbox(Transformer(config).init(jax.random.key(3), tokens, tokens)["params"])
   params = jax.tree.map(np.asarray, params)
   if config.logits_bias:  # A bias that matters: random, with EOS likely, so lengths differ.
     bias = np.random.default_rng(4).normal(0.0, 2.0, VOCAB).astype(np.float32)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +34,7 @@ def _model(tokenizer):  # noqa: F811
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=64, dropout_rate=0.0,
                             attention_dropout_rate=0.0, logits_bias=True)
   tokens = jnp.ones((1, 4), jnp.int32)
-  params = Transformer(config).init(jax.random.key(7), tokens, tokens)["params"]
+  params = nn.meta.unbox(Transformer(config).init(jax.random.key(7), tokens, tokens)["params"])
   # Scaled up, random weights give varied, input-dependent outputs; EOS made likely.
   params = jax.tree.map(lambda x: 3.0 * np.asarray(x), params)
   bias = np.random.default_rng(1).normal(0.0, 1.0, config.vocab_size).astype(np.float32)
