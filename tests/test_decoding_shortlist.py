@@ -168,3 +168,22 @@ def test_ids_and_indices_map_both_ways():
     model, variables = _model("tied_float32")
     prepare_search(model, variables, _inputs(), max_decode_len=4,
                    shortlist=jnp.zeros((2, 128), jnp.int32))
+
+
+def test_an_ensemble_with_a_shortlist_is_the_ensemble_with_minus_inf_outside_it():
+  # Reference without any shortlist code: each model's logits bias at -inf outside S.
+  members = [_model("untied_logits_bias")[1]["params"] for _ in range(2)]
+  members[1] = jax.tree.map(lambda x: 0.7 * x, members[1])  # Another model of the same shape.
+  model = _model("untied_logits_bias")[0]
+  kept = _kept()
+  outside = ~np.isin(np.arange(VOCAB), kept)
+  masked = [{**p, "decoder": {**p["decoder"], "logits_bias": np.where(
+      outside, -np.inf, p["decoder"]["logits_bias"]).astype(np.float32)}} for p in members]
+  stack = lambda trees: {"params": jax.tree.map(lambda *xs: jnp.stack(xs), *trees)}
+  inputs, options = _inputs(), _options(kept)
+  want_ids, want_scores = _search(model, stack(masked), inputs, "beam", ensemble=True, **options)
+  ids, scores = _search(model, stack(members), inputs, "beam", ensemble=True,
+                        shortlist=jnp.asarray(padded(kept)), **options)
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_allclose(scores, want_scores, rtol=2e-6, atol=2e-6)
+  assert np.isin(ids, kept).all()

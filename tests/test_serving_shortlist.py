@@ -16,7 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_serving_bulk import tokenizer, translate_args, workdir, write_input  # noqa: F401
+from test_serving_bulk import (  # noqa: F401 (fixtures)
+  crash_after_chunks,
+  tokenizer,
+  translate_args,
+  workdir,
+  write_input,
+)
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.cli import main
@@ -126,6 +132,28 @@ def test_bad_shortlist_files_are_one_line_before_anything_is_restored(
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and re.search(f"{re.escape(str(path))}: {message}", error), (
         message, error)
+
+
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
+def test_a_bulk_job_resumes_only_with_the_same_shortlist_text(
+    workdir, tmp_path, monkeypatch, capsys):  # noqa: F811
+  source, kept = tmp_path / "in.txt", tmp_path / "kept.txt"
+  write_input(source, 12, max_words=6)
+  kept.write_text(KEPT_TEXT)
+  args = lambda out: translate_args(workdir, source, out, "--vocab_shortlist", str(kept),
+                                    "--chunk_lines", "4")
+  whole, out = tmp_path / "whole.txt", tmp_path / "out.txt"
+  assert main(args(whole)) == 0
+  crash_after_chunks(monkeypatch, 1)
+  assert main(args(out)) == 1
+  monkeypatch.undo()
+  kept.write_text(KEPT_TEXT + "the blue water\n")  # Same path, other text: another job.
+  capsys.readouterr()
+  assert main(args(out)) == 2
+  assert "out.txt.partial holds a partial run of another job" in capsys.readouterr().err
+  kept.write_text(KEPT_TEXT)
+  assert main(args(out)) == 0
+  assert out.read_bytes() == whole.read_bytes()
 
 
 def test_a_text_of_unspellable_characters_is_one_line(tokenizer, tmp_path):  # noqa: F811

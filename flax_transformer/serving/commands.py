@@ -18,6 +18,7 @@ it only once its flags are parsed, so `--help` and a bad flag answer before that
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -139,10 +140,13 @@ def translate(parameters: Parameters, *, input: str, output: str,
   check_phrase_files(opened, settings, input, constraints=constraints, forbid=forbid)
   task = lambda restored: chunk_tasks.TranslationTask(restored, nbest, extra_inputs=extra_inputs,
                                                       alignments=bool(extra))
+  job_settings = {**dataclasses.asdict(settings), "nbest": nbest}
+  if settings.vocab_shortlist:  # Its text changes the output: part of the job, not its path only.
+    job_settings["vocab_shortlist_sha256"] = hashlib.sha256(
+        files.to_path(settings.vocab_shortlist).read_bytes()).hexdigest()
   return _run_bulk(opened, settings, checkpoint, command="translate",
                    inputs=[input, *(given[name] for name in extra_inputs)], output=output,
-                   extra_outputs=extra, make_task=task,
-                   job_settings={**dataclasses.asdict(settings), "nbest": nbest},
+                   extra_outputs=extra, make_task=task, job_settings=job_settings,
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
 
 
