@@ -22,7 +22,7 @@ from flax_transformer.decoding.bridge import full_ids, prepare_search, shortlist
 from flax_transformer.model import precision
 from flax_transformer.serving.shortlist import padded
 
-# V is prime so that no other dimension of the step (D 64, F 256, V' 256) equals it.
+# V is prime so that no other dimension of the step (D 64, F 256, V' 128) equals it.
 VOCAB, MAX_DECODE_LEN, KEPT = 211, 10, 90
 VARIANTS = {
     "tied_float32": dict(),
