@@ -134,7 +134,9 @@ def _ct2(config: ModelConfig, params: Any, kind: str, source: list[list[str]],
   seconds = _median_time(lambda: translator.translate_batch(source, **options), args.repeats)
   vmap_speed = None
   if vmap is not None:
-    translator.translate_batch(source, use_vmap=True, **options)  # Warm-up.
+    results = translator.translate_batch(source, use_vmap=True, **options)  # Warm-up.
+    if not {t for r in results for t in r.hypotheses[0]} <= set(vmap):
+      raise RuntimeError("CTranslate2 wrote a token outside its vocabulary map")
     vmap_s = _median_time(lambda: translator.translate_batch(source, use_vmap=True, **options),
                           args.repeats)
     vmap_speed = round(args.sentences / vmap_s, 3)
@@ -152,7 +154,9 @@ def _ours(config: ModelConfig, params: Any, name: str, inputs: jax.Array,
   kept = None if shortlist is None else jnp.asarray(shortlist)
   compiled = search.lower(variables, inputs, kept).compile()
   run = lambda: jax.block_until_ready(compiled(variables, inputs, kept))
-  run()  # Warm-up.
+  sequences, _ = run()  # Warm-up.
+  if shortlist is not None and not np.isin(np.asarray(sequences), shortlist).all():
+    raise RuntimeError("ours wrote an id outside the shortlist")
   return _nbytes(variables["params"]), _median_time(run, args.repeats)
 
 
