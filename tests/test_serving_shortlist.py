@@ -185,3 +185,41 @@ def test_special_and_language_tokens_are_always_kept(tmp_path):
   np.testing.assert_array_equal(kept, [0, 1, 2, 3, 4, 5, 10, 11])
   np.testing.assert_array_equal(shortlist_lib.padded(kept, 4), [0, 1, 2, 3, 4, 5, 10, 11])
   np.testing.assert_array_equal(shortlist_lib.padded(kept[:5], 4), [0, 1, 2, 3, 4, 4, 4, 4])
+
+
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
+def test_the_server_serves_with_its_shortlist(workdir, tmp_path):  # noqa: F811
+  """serve --vocab_shortlist: answers are the shortlisted Translator's; a prefix outside the
+  shortlist is a 400 with its one line."""
+  import asyncio
+
+  import httpx
+
+  from flax_transformer.serving import Batcher, Service
+  from flax_transformer.serving.http_api import make_app
+
+  path = tmp_path / "kept.txt"
+  path.write_text(KEPT_TEXT)
+  translator = Translator.from_workdir(workdir, vocab_shortlist=str(path))
+  batcher = Batcher(translator, max_wait_ms=20)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  app = make_app(batcher, Service("en", "de", step=translator.step))
+  bodies = [{"sentences": SENTENCES[:2], "n": 2}, {"sentences": SENTENCES[2:]},
+            {"sentences": SENTENCES[:1], "target_prefix": ["water"]}]
+
+  async def run() -> list[httpx.Response]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://server", timeout=120) as client:
+      return await asyncio.gather(*[client.post("/v1/translate", json=body)
+                                    for body in bodies])
+
+  answers = asyncio.run(run())
+  batcher.close(10)
+  assert [answer.status_code for answer in answers] == [200, 200, 400]
+  for body, answer in zip(bodies[:2], answers[:2], strict=True):
+    expected = translator.translate_nbest(body["sentences"], body.get("n", 1))
+    assert [[(h["text"], h["score"]) for h in t["hypotheses"]]
+            for t in answer.json()["translations"]] == [
+                [(text, float(score)) for text, score in hyps] for hyps in expected]
+  assert "is not in the vocabulary shortlist" in answers[2].text
