@@ -319,6 +319,11 @@ class TranslateConfig:
       "", doc="A many-language model's target language code: its token is forced as the first "
       "output token (before any target prefix). evaluate: also BLEU on lc.norm.tok text for a "
       "two-letter code (de, de_DE; default: the workdir's data.target_lang).")
+  vocab_shortlist: str = checked_field(
+      "", doc="A text file in the target language: the search writes only the pieces the "
+      "vocabulary makes of it (and the special and language tokens), exactly as the full "
+      "search would with every other logit -inf, and computes logits for those alone; '' for "
+      "the whole vocabulary (docs/translating.md).")
 
   def __post_init__(self):
     check_fields(self)

@@ -450,3 +450,37 @@ def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, se
   answers = asyncio.run(run())
   batcher.close(10)
   assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
+
+
+def test_a_vocabulary_shortlist_is_the_search_with_minus_inf_outside_it(imported, sentences,
+                                                                        tmp_path):
+  """NLLB's vocabulary and forced language token through `vocab_shortlist`; reference: the
+  same weights with a logits bias of -inf outside the shortlist, no shortlist code."""
+  from flax_transformer import workdir as workdir_lib
+
+  if imported.family != "nllb":
+    pytest.skip("one family is enough")
+  source, target, other = imported.codes
+  settings = dict(grow_cache="no", source_lang=source, target_lang=target, max_len_a=0.0,
+                  max_len_b=N - 1, beam_size=4)
+  free = imported.translator.translate(sentences, **settings)
+  path = tmp_path / "kept.txt"
+  path.write_text("\n".join(free[:4]) + "\n")  # Target-language text: half the outputs.
+  opened = workdir_lib.open_workdir(imported.workdir)
+  params, _ = workdir_lib.restore_params(imported.workdir)
+  short = Translator(opened.model_config, params, opened.tokenizer,
+                     opened.translate_config(vocab_shortlist=str(path), **settings))
+  kept = short.shortlist_ids()
+  assert {opened.tokenizer.language_id(code) for code in (source, target, other)} <= set(
+      kept.tolist())
+  assert len(set(kept.tolist())) < opened.model_config.vocab_size / 2
+  config = opened.model_config.replace(logits_bias=True)
+  bias = np.where(np.isin(np.arange(config.vocab_size), kept), 0.0, -np.inf).astype(np.float32)
+  masked = {**params, "decoder": {**params["decoder"], "logits_bias": bias}}
+  full = Translator(config, masked, opened.tokenizer, opened.translate_config(**settings))
+  prefixes = [text.split()[0] if text.split() else "" for text in free[:4]] + [""] * 4
+  for call in (dict(), dict(target_prefix=prefixes), dict(target_lang=other)):
+    got, want = short.translate_nbest(sentences, **call), full.translate_nbest(sentences, **call)
+    assert [[t for t, _ in h] for h in got] == [[t for t, _ in h] for h in want], call
+    np.testing.assert_allclose([[s for _, s in h] for h in got],
+                               [[s for _, s in h] for h in want], rtol=2e-6, atol=2e-6)

@@ -49,15 +49,16 @@ GROW_CACHE = {"auto": "auto", "fixed": "no", "growing": "yes"}
 def jit_search(model: Transformer, *, method: str = "beam", beam_size: int = 4,
                max_decode_len: int, min_length: int = 0, length_penalty: float = 0.6,
                length_normalization: str = "gnmt", grow_cache: str = "auto"):
-  """The Translator's batched search, jitted: fn(variables, inputs [B, S]) -> (sequences
-  [B, K, L], scores [B, K]); no length cap below `max_decode_len`."""
+  """The Translator's batched search, jitted: fn(variables, inputs [B, S], shortlist=None) ->
+  (sequences [B, K, L], scores [B, K]); no length cap below `max_decode_len`; `shortlist`:
+  int32 [V'], a vocabulary shortlist (`serving.shortlist`)."""
   settings = SearchConfig(method=method, beam_size=beam_size, length_penalty=length_penalty,
                           length_normalization=length_normalization, min_length=min_length,
                           max_len_a=0.0, max_len_b=max_decode_len, grow_cache=grow_cache)
 
-  def run(variables, inputs):
+  def run(variables, inputs, shortlist=None):
     return search_batch(model, variables["params"], inputs, jax.random.key(0),
-                        settings=settings, max_decode_len=max_decode_len)
+                        shortlist=shortlist, settings=settings, max_decode_len=max_decode_len)
 
   return jax.jit(run)
 

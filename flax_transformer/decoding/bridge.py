@@ -28,6 +28,18 @@ holds every model's keys/values, [M, B, N, H, L*K] and [M, B, N, L*K, H], with o
 [B, K, L] for all (the beams are the ensemble's), so a beam reorder still moves only the table;
 the cross-attention K/V are [M, B, N, S, H]. An ensemble of one model translates exactly as that
 model alone.
+
+Vocabulary shortlists. With `shortlist` (int32 [V'], kept target ids in ascending order, padded
+by repeating the last: `model.transformer.OutputShortlist`), the search runs over the indices
+of the shortlist instead of the vocabulary: each step maps its input indices to ids
+(shortlist[index]) for the embedding lookup and computes logits [B*K, V'] for the kept ids
+alone, from output-projection columns gathered once per batch; padding entries get -inf. So the
+search equals, hypotheses and scores, the full-vocabulary search whose logits outside the
+shortlist are -inf (up to float rounding of the log-softmax's sum). The shortlist must start
+with every id up to EOS and the decoder's start id (0, 1, ...), so that those ids are their own
+indices and the searches need no change; `prepare_search` maps a target prefix, constraints,
+forbidden phrases and the word mask into indices (every id of a prefix or phrase must be kept),
+and `full_ids` maps the search's outputs back.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from flax_transformer.model.alignment import logits_and_alignment
 from flax_transformer.model.transformer import (
   CrossAttentionCache,
   DecoderCache,
+  OutputShortlist,
   Transformer,
   expand_cache,
   init_cache,
@@ -55,18 +68,36 @@ Array = jax.Array
 GROW_CACHE_CHOICES = ("auto", "yes", "no")
 
 
-def make_tokens_to_logits(model: Transformer, variables: Any
+def make_tokens_to_logits(model: Transformer, variables: Any,
+                          shortlist: OutputShortlist | None = None
                           ) -> search.TokensToLogitsWithShared:
   """The decoding step: (ids [B*K, 1], cache, cross) -> (logits [B*K, V], cache).
 
   `variables` is what `model.apply` takes ({"params": ...}). The cache leaves lead with B*K and
   its `index` is 0-d; `cross` (from `Transformer.precompute_cross_attention`) leads with B.
+  With `shortlist` (`Transformer.shortlist_output`), ids are indices into `shortlist.ids` and
+  the logits are [B*K, V'] (module docstring, "Vocabulary shortlists").
   """
 
   def tokens_to_logits(ids: Array, cache: Any, cross: Any) -> tuple[Array, Any]:
-    return model.apply(variables, ids, cache, cross, method=Transformer.decode_step)
+    if shortlist is None:
+      return model.apply(variables, ids, cache, cross, method=Transformer.decode_step)
+    return model.apply(variables, full_ids(ids, shortlist.ids), cache, cross, shortlist,
+                       method=Transformer.decode_step)
 
   return tokens_to_logits
+
+
+def full_ids(indices: Array, shortlist: Array) -> Array:
+  """Indices into a shortlist int32 [V'] -> the vocabulary ids they stand for (same shape;
+  index 0, the output padding, stays id 0)."""
+  return jnp.take(shortlist, indices, axis=0)
+
+
+def shortlist_indices(ids: Array, shortlist: Array) -> Array:
+  """Vocabulary ids (each one kept by the shortlist int32 [V'], or 0) -> their indices in it
+  (same shape). An id the shortlist lacks gets a wrong index: the caller checks first."""
+  return jnp.searchsorted(shortlist, jnp.asarray(ids, jnp.int32), side="left").astype(jnp.int32)
 
 
 def ensemble_log_probs(logits: Array, *, exact_tails: bool = True) -> Array:
@@ -87,21 +118,27 @@ def ensemble_log_probs(logits: Array, *, exact_tails: bool = True) -> Array:
   return jnp.log(jnp.mean(scaled / jnp.sum(scaled, axis=-1, keepdims=True), axis=0))
 
 
-def make_ensemble_tokens_to_logits(model: Transformer, params: Any
+def make_ensemble_tokens_to_logits(model: Transformer, params: Any,
+                                   shortlist: OutputShortlist | None = None
                                    ) -> search.TokensToLogitsWithShared:
   """The ensemble's decoding step (module docstring, "Ensembles"): (ids [B*K, 1], cache, cross)
-  -> (ensemble log-probabilities [B*K, V], cache); `params` leaves lead with M."""
+  -> (ensemble log-probabilities [B*K, V], cache); `params` leaves lead with M, and so do
+  `shortlist`'s (each model's columns; ids are then shortlist indices, [B*K, V'] out)."""
 
   def tokens_to_logits(ids: Array, cache: DecoderCache, cross: CrossAttentionCache
                        ) -> tuple[Array, DecoderCache]:
-    def one_model(model_params: Any, self_attention: Any, layers: Any):
+    step_ids = ids if shortlist is None else full_ids(ids, shortlist.ids[0])
+
+    def one_model(model_params: Any, self_attention: Any, layers: Any, columns: Any):
       logits, new = model.apply(
-          {"params": model_params}, ids, cache.replace(self_attention=self_attention),
-          cross.replace(layers=layers), method=Transformer.decode_step)
+          {"params": model_params}, step_ids, cache.replace(self_attention=self_attention),
+          cross.replace(layers=layers), *([] if columns is None else [columns]),
+          method=Transformer.decode_step)
       return logits, new.self_attention, new.slots, new.index
 
     logits, self_attention, slots, index = jax.vmap(
-        one_model, out_axes=(0, 0, None, None))(params, cache.self_attention, cross.layers)
+        one_model, out_axes=(0, 0, None, None))(params, cache.self_attention, cross.layers,
+                                                shortlist)
     return ensemble_log_probs(logits, exact_tails=False), DecoderCache(self_attention, slots,
                                                                         index)
 
@@ -161,6 +198,7 @@ def prepare_search(
     grow_cache: bool = False, target_prefix: Array | None = None, ensemble: bool = False,
     constraints: Array | None = None, ordered_constraints: bool = False,
     forbid: Array | None = None, word_continues: Array | None = None, forced_tokens: int = 0,
+    shortlist: Array | None = None,
 ) -> search.SearchProblem:
   """Encodes `inputs` once and builds the search problem of up to `max_decode_len` tokens: the
   decoder step, an empty self-attention cache of one slot per sentence (K slots in beam
@@ -183,11 +221,22 @@ def prepare_search(
       must contain as whole words (in the given order), or must not (`decoding.constraints`).
     word_continues: optional bool [V], the target pieces that continue the word before them.
     forced_tokens: the prefix's first tokens that are no text (`SearchProblem.forced_tokens`).
+    shortlist: optional int32 [V'], the kept target ids (module docstring, "Vocabulary
+      shortlists"): the problem's tokens are then indices into it (its prefix, phrases and
+      word mask are mapped here; `full_ids` maps the search's outputs back).
   """
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
                      f"{jnp.result_type(inputs)}.")
   batch_size = inputs.shape[0]
+  columns = None
+  if shortlist is not None:
+    shortlist = _check_shortlist(model, shortlist)
+    target_prefix, constraints, forbid = (
+        None if ids is None else shortlist_indices(ids, shortlist)
+        for ids in (target_prefix, constraints, forbid))
+    if word_continues is not None:
+      word_continues = jnp.take(jnp.asarray(word_continues), shortlist, axis=0)  # [V']
   if ensemble:
     params = variables["params"]
     cross = jax.vmap(lambda p: _cross_attention(model, {"params": p}, inputs))(params)
@@ -195,11 +244,16 @@ def prepare_search(
     cache = init_cache(model.config, batch_size, max_decode_len)  # Needs no parameters.
     cache = cache.replace(self_attention=jax.tree.map(  # [M, B, ...]
         lambda x: jnp.broadcast_to(x, (models_in(params), *x.shape)), cache.self_attention))
-    step = make_ensemble_tokens_to_logits(model, params)
+    if shortlist is not None:  # Each model's columns, [M, ...] (ids repeated M times).
+      columns = jax.vmap(lambda p: model.apply(
+          {"params": p}, shortlist, method=Transformer.shortlist_output))(params)
+    step = make_ensemble_tokens_to_logits(model, params, columns)
   else:
     cross = _cross_attention(model, variables, inputs)
     cache = init_cache(model.config, batch_size, max_decode_len)
-    step = make_tokens_to_logits(model, variables)
+    if shortlist is not None:  # Gathered once per batch, read by every step.
+      columns = model.apply(variables, shortlist, method=Transformer.shortlist_output)
+    step = make_tokens_to_logits(model, variables, columns)
   return search.SearchProblem(
       tokens_to_logits=step, initial_state=cache, target_prefix=target_prefix,
       constraints=constraints, ordered_constraints=ordered_constraints, forbid=forbid,
@@ -209,6 +263,16 @@ def prepare_search(
       max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
       resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,
       reorder_state=reorder_cache)
+
+
+def _check_shortlist(model: Transformer, shortlist: Array) -> Array:
+  """The shortlist as int32 [V'], its shape checked (its content is data: the caller's)."""
+  shortlist = jnp.asarray(shortlist, jnp.int32)
+  fixed = max(EOS_ID, model.config.decoder_start_id) + 1  # Ids that must be their own index.
+  if shortlist.ndim != 1 or shortlist.shape[0] < fixed:
+    raise ValueError(f"prepare_search: shortlist must be int [V'] with V' >= {fixed}, got "
+                     f"shape {shortlist.shape}.")
+  return shortlist
 
 
 def _cross_attention(model: Transformer, variables: Any, inputs: Array) -> CrossAttentionCache:

@@ -8,7 +8,8 @@
   connection (LayerNorm, dropout, residual)
 - `transformer.py`: `Transformer`: encoder and decoder stacks, teacher-forced logits, and the
   calls and cache of step-by-step decoding (`encode`,
-  `precompute_cross_attention`, `init_cache`, `decode_step`)
+  `precompute_cross_attention`, `init_cache`, `decode_step`; a vocabulary shortlist's
+  `shortlist_output`)
 - `quantization.py`: the int8 scheme (w8a8) and `Int8DenseGeneral`, used by the layers when
   `ModelConfig.quantization` is "int8"
 - `precision.py`: serving precisions (float32, bfloat16, int8): the served config and the
@@ -26,6 +27,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "DecoderCache": "transformer:DecoderCache",
     "ModelConfig": "config:ModelConfig",
     "PRECISIONS": "precision:PRECISIONS",
+    "OutputShortlist": "transformer:OutputShortlist",
     "PRESETS": "config:PRESETS",
     "Transformer": "transformer:Transformer",
     "alignment": "alignment",

@@ -161,6 +161,14 @@ class Embedder(nn.Module):
       return embedded
     return embedded * jnp.sqrt(jnp.asarray(self.emb_dim, self.dtype))
 
+  def logit_weights(self, ids: Array) -> tuple[Array, Array | None]:
+    """The tied projection's weights of tokens `ids` int [V'] (a vocabulary shortlist,
+    `transformer.OutputShortlist`), in the layout `logits` reads them: (the table's rows
+    [V', D] in the compute dtype, None), or int8 (kernel columns [D, V'], their scales [V'])."""
+    if self.quantized:
+      return jnp.take(self.kernel, ids, axis=1), jnp.take(self.kernel_scale, ids, axis=0)
+    return jnp.take(self.table, ids, axis=0).astype(self.dtype), None
+
   def logits(self, x: Array) -> Array:
     """[B, T, D] -> [B, T, V], the output projection tied to this table (no scaling, no bias)."""
     if self.quantized:

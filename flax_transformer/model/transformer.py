@@ -8,7 +8,10 @@ four calls, each a method of `Transformer` run through `model.apply`:
   cache = init_cache(batch_size, max_decode_len)            # empty self-attention K/V
   logits, cache = decode_step(ids, cache, cross)            # once per output position
 `cross` leads with B and is shared by all K beams of a sentence. The module-level `resize_cache`
-changes the number of positions the cache has room for.
+changes the number of positions the cache has room for. A vocabulary shortlist (the search's
+output restricted to a kept set of target ids) gathers its output-projection columns once per
+batch, `shortlist = shortlist_output(ids)`, and `decode_step(ids, cache, cross, shortlist)`
+then computes logits [B*K, V'] for those ids alone (`OutputShortlist`).
 
 Beam search and the self-attention cache. Every decoded position's keys/values are written
 once, into the cache slot of the beam that decoded it, and never move: K slots per sentence,
@@ -35,6 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from flax_transformer.conventions import PAD_ID
+from flax_transformer.model import quantization
 from flax_transformer.model.attention import (
   KeyValues,
   MultiHeadAttention,
@@ -76,6 +80,30 @@ class CrossAttentionCache:
 
   layers: tuple[KeyValues, ...]  # one per decoder layer, [B, N, S, H]
   source_mask: Array  # bool [B, S], True at real source tokens
+
+
+@flax.struct.dataclass
+class OutputShortlist:
+  """The output projection restricted to a vocabulary shortlist, gathered once per batch
+  (`Transformer.shortlist_output`), so that each decode step multiplies by V' columns, not V.
+
+  `ids` are full vocabulary ids in ascending order; an entry equal to the one before it is
+  padding (the list is padded to a size that few programs share by repeating its last id),
+  and its logit is -inf: a padding entry never holds probability, so the step's distribution
+  is the full one renormalized over the kept ids, exactly the logits the full step gives them.
+  """
+
+  ids: Array  # int32 [V']: kept ids, ascending; a repeat of the entry before it is padding
+  # The projection's weights at `ids`, in the layout the full projection reads them: the tied
+  # table's rows [V', D] (compute dtype), or kernel columns [D, V'] (untied, or int8).
+  kernel: Array
+  kernel_scale: Array | None  # float32 [V'] (int8), else None
+  bias: Array | None  # [V']: the model's logits bias at `ids` (`ModelConfig.logits_bias`)
+
+  @property
+  def kept(self) -> Array:
+    """bool [V']: the entries that are not padding (the first of each run of equal ids)."""
+    return jnp.concatenate([jnp.ones((1,), bool), self.ids[1:] != self.ids[:-1]])
 
 
 def shift_right(targets: Array, segment_ids: Array | None = None,
@@ -348,9 +376,11 @@ class Decoder(_Stack):
       x = batch_split(self.layer(depth)(x, encoded, self_mask, cross_mask, train=train))
     return self._logits(x)
 
-  def _logits(self, x: Array) -> Array:
-    """[B, T, D] -> float32 [B, T, V]."""
+  def _logits(self, x: Array, shortlist: OutputShortlist | None = None) -> Array:
+    """[B, T, D] -> float32 [B, T, V] (with `shortlist`: [B, T, V'], -inf at its padding)."""
     x = self.normalize_output(x)
+    if shortlist is not None:
+      return self._shortlist_logits(x, shortlist)
     if self.config.tie_output_projection:
       logits = self.embedder.logits(x)
     else:
@@ -359,6 +389,43 @@ class Decoder(_Stack):
       logits = logits + self.output_bias.astype(logits.dtype)
     return batch_split(logits.astype(jnp.float32))
 
+  def _shortlist_logits(self, x: Array, shortlist: OutputShortlist) -> Array:
+    """Normalized x [B, T, D] -> float32 [B, T, V']: `_logits`'s arithmetic on V' columns."""
+    c = self.config
+    if shortlist.kernel_scale is not None:  # int8 (w8a8), kernel [D, V'].
+      rows = x.shape[:-1]
+      logits = quantization.int8_matmul(x.reshape(-1, x.shape[-1]), shortlist.kernel,
+                                        shortlist.kernel_scale)  # [B*T, V']
+      logits = logits.reshape(*rows, -1)
+      if not c.tie_output_projection:
+        logits = logits.astype(c.compute_dtype)  # As Int8DenseGeneral's output.
+    elif c.tie_output_projection:  # The table's rows [V', D], as `Embedder.logits`.
+      logits = jnp.einsum("btd,vd->btv", x, shortlist.kernel)
+    else:  # Kernel columns [D, V'], as `nn.DenseGeneral`.
+      logits = jnp.einsum("btd,dv->btv", x, shortlist.kernel)
+    if shortlist.bias is not None:
+      logits = logits + shortlist.bias.astype(logits.dtype)
+    logits = jnp.where(shortlist.kept, logits.astype(jnp.float32), -jnp.inf)
+    return batch_split(logits)
+
+  def shortlist_output(self, ids: Array) -> OutputShortlist:
+    """The output projection's weights at `ids` int [V'] (ascending, repeats as padding:
+    `OutputShortlist`), gathered once so that decode steps read V' columns."""
+    c = self.config
+    ids = jnp.asarray(ids, jnp.int32)
+    if c.tie_output_projection:
+      kernel, scale = self.embedder.logit_weights(ids)
+    else:
+      weights = nn.meta.unbox(self.variables["params"]["output_projection"])
+      kernel = jnp.take(weights["kernel"], ids, axis=1)  # [D, V']
+      scale = None
+      if c.quantization == "int8":
+        scale = jnp.take(weights["kernel_scale"], ids, axis=0)
+      else:
+        kernel = kernel.astype(c.compute_dtype)
+    bias = jnp.take(self.output_bias, ids, axis=0) if c.logits_bias else None
+    return OutputShortlist(ids=ids, kernel=kernel, kernel_scale=scale, bias=bias)
+
   def cross_attention_cache(self, encoded: Array, source_mask: Array) -> CrossAttentionCache:
     """Cross-attention K/V of every layer from encoded [B, S, D], computed once."""
     distinct = [layer.cross_key_values(encoded) for layer in self.layers]
@@ -366,9 +433,10 @@ class Decoder(_Stack):
         layers=tuple(distinct[d % len(distinct)] for d in range(self.depth)),
         source_mask=source_mask)
 
-  def decode_step(self, ids: Array, cache: DecoderCache,
-                  cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
-    """ids int [B*K, 1] at position `cache.index` -> (logits float32 [B*K, V], cache)."""
+  def decode_step(self, ids: Array, cache: DecoderCache, cross: CrossAttentionCache,
+                  shortlist: OutputShortlist | None = None) -> tuple[Array, DecoderCache]:
+    """ids int [B*K, 1] at position `cache.index` -> (logits float32 [B*K, V], cache); with
+    `shortlist`, logits [B*K, V'] of its ids alone."""
     batch, beams, _ = cache.slots.shape
     if ids.shape[0] != batch * beams:
       raise ValueError(f"decode_step: {ids.shape[0]} rows of ids for a cache of {batch} "
@@ -385,7 +453,7 @@ class Decoder(_Stack):
           x, cache.self_attention[depth], cache.index, self_mask, cross.layers[depth],
           cross.source_mask)
       new_self_attention.append(layer_cache)
-    logits = self._logits(x)[:, 0]  # [B*K, V]
+    logits = self._logits(x, shortlist)[:, 0]  # [B*K, V] (or [B*K, V'])
     return logits, DecoderCache(self_attention=tuple(new_self_attention), slots=slots,
                                 index=cache.index + 1)
 
@@ -460,7 +528,13 @@ class Transformer(nn.Module):
     """An empty self-attention cache (see the module-level `init_cache`)."""
     return init_cache(self.config, batch_size, max_decode_len)
 
-  def decode_step(self, ids: Array, cache: DecoderCache,
-                  cross: CrossAttentionCache) -> tuple[Array, DecoderCache]:
-    """One decoding step for every row: ids int [B*K, 1] -> (logits [B*K, V], new cache)."""
-    return self.decoder.decode_step(ids, cache, cross)
+  def decode_step(self, ids: Array, cache: DecoderCache, cross: CrossAttentionCache,
+                  shortlist: OutputShortlist | None = None) -> tuple[Array, DecoderCache]:
+    """One decoding step for every row: ids int [B*K, 1] -> (logits [B*K, V], new cache);
+    with `shortlist` (`shortlist_output`), logits [B*K, V'] of its ids alone."""
+    return self.decoder.decode_step(ids, cache, cross, shortlist)
+
+  def shortlist_output(self, ids: Array) -> OutputShortlist:
+    """The output projection at the shortlist `ids` int [V'] (`OutputShortlist`), once per
+    batch, for `decode_step`."""
+    return self.decoder.shortlist_output(ids)

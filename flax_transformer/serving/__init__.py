@@ -1,7 +1,8 @@
 """Serving a trained workdir: `translator` (the immutable Translator: tokenize, bucket, search,
 detokenize, input order), `batching` (length buckets and device batches), `bulk` (files of any
 size in chunks, several processes, resuming), `chunk_tasks` (what a bulk job does with a
-chunk), `phrases` (terminology constraints and forbidden phrases as users give them), and the
+chunk), `phrases` (terminology constraints and forbidden phrases as users give them),
+`shortlist` (a target-language vocabulary shortlist, read from a text file), and the
 HTTP server: `batcher` (concurrent requests merged into the Translator's batches, one worker
 thread), `http_api` (the FastAPI app: LibreTranslate's endpoints and /v1), `http_metrics`
 (Prometheus), `http_page` (the web page) and `http_server` (uvicorn, signals, the ready line;
@@ -30,6 +31,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "phrases": "phrases",
     "programs": "programs",
     "serve": "http_server:serve",
+    "shortlist": "shortlist",
     "translate_lines": "translator:translate_lines",
     "translator": "translator",
 }

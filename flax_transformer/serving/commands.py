@@ -18,6 +18,7 @@ it only once its flags are parsed, so `--help` and a bad flag answer before that
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from flax_transformer.errors import InputError
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import processes
 from flax_transformer.scoring import score_translations
-from flax_transformer.serving import bulk
+from flax_transformer.serving import bulk, shortlist
 from flax_transformer.workdir import Workdir
 
 
@@ -65,7 +66,11 @@ def open_job(workdir: str | None, step: int | None = None, checkpoints: Sequence
     raise InputError("--step and --checkpoint exclude each other: a checkpoint folder names "
                      "its step (WORKDIR/checkpoints/<step>).")
   opened = open_workdir(workdir or checkpoint_workdir(checkpoints[0]))
-  return opened, opened.translate_config(**settings), Checkpoint(step, checkpoints)
+  translate_settings = opened.translate_config(**settings)
+  if translate_settings.vocab_shortlist:  # A bad file: one line before the params load.
+    shortlist.kept_ids(translate_settings.vocab_shortlist, opened.tokenizer,
+                       opened.model_config.decoder_start_id)
+  return opened, translate_settings, Checkpoint(step, checkpoints)
 
 
 def restore_point(opened: Workdir, checkpoint: Checkpoint, output: str | None = None
@@ -135,10 +140,13 @@ def translate(parameters: Parameters, *, input: str, output: str,
   check_phrase_files(opened, settings, input, constraints=constraints, forbid=forbid)
   task = lambda restored: chunk_tasks.TranslationTask(restored, nbest, extra_inputs=extra_inputs,
                                                       alignments=bool(extra))
+  job_settings = {**dataclasses.asdict(settings), "nbest": nbest}
+  if settings.vocab_shortlist:  # Its text changes the output: part of the job, not its path only.
+    job_settings["vocab_shortlist_sha256"] = hashlib.sha256(
+        files.to_path(settings.vocab_shortlist).read_bytes()).hexdigest()
   return _run_bulk(opened, settings, checkpoint, command="translate",
                    inputs=[input, *(given[name] for name in extra_inputs)], output=output,
-                   extra_outputs=extra, make_task=task,
-                   job_settings={**dataclasses.asdict(settings), "nbest": nbest},
+                   extra_outputs=extra, make_task=task, job_settings=job_settings,
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
 
 

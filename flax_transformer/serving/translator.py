@@ -27,6 +27,11 @@ A many-language model (NLLB-200, M2M-100, mBART-50: `data.multilingual_tokenizer
 target language token is forced as the first output token through the target prefix (before a
 user's own prefix; `forced_tokens` exempts it from the prefix's whole-word rule).
 
+A vocabulary shortlist (`vocab_shortlist`, a text file in the target language;
+`serving.shortlist`) restricts the search to the pieces of that text and the special tokens:
+the decode step computes logits for those alone, and the output is exactly the full search's
+with every other logit -inf. A target prefix or constraint outside it is refused in one line.
+
 A target prefix (one per sentence, '' for none) is searched in the same program as any other:
 its tokens are an array [rows, L] of the bucket's shape, so prefixes of any length share one
 program per bucket (the docs' design page, "Decoding": the target prefix). Word alignments come
@@ -65,6 +70,7 @@ from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
 from flax_transformer.serving import batching, phrases, programs
+from flax_transformer.serving import shortlist as shortlist_lib
 from flax_transformer.serving.batching import (
   Step,
   fill_phrases,
@@ -80,9 +86,9 @@ Array = jax.Array
 def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
                  length_penalty: Array | None = None, target_prefix: Array | None = None,
                  constraints: Array | None = None, forbid: Array | None = None,
-                 word_continues: Array | None = None, *, settings: SearchConfig,
-                 max_decode_len: int, align: int = 0, ensemble: bool = False,
-                 forced_tokens: int = 0) -> tuple[Array, ...]:
+                 word_continues: Array | None = None, shortlist: Array | None = None, *,
+                 settings: SearchConfig, max_decode_len: int, align: int = 0,
+                 ensemble: bool = False, forced_tokens: int = 0) -> tuple[Array, ...]:
   """Searches translations of one batch: inputs int32 [B, S] -> (sequences int32 [B, K, L],
   scores float32 [B, K]), best first; K = 1 for greedy decoding and sampling.
 
@@ -98,7 +104,9 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
   hypotheses, f32 [B, align, L, S], from one teacher-forced pass in this program.
   `ensemble`: the params' leaves lead with the models' axis (`decoding.bridge`).
   `forced_tokens`: the prefix's first tokens that are no text, a target language token
-  (`decoding.search.SearchProblem`).
+  (`decoding.search.SearchProblem`). `shortlist`: int32 [V'], the only ids the search may
+  write (`serving.shortlist`: ascending, padded by repeats; every id of the prefix and the
+  constraints among them): searched over its indices, the sequences mapped back to ids.
   """
   problem = bridge.prepare_search(
       model, {"params": params}, inputs, max_decode_len=max_decode_len,
@@ -106,7 +114,8 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
       min_length=settings.min_length, target_prefix=target_prefix, ensemble=ensemble,
       constraints=constraints, forbid=forbid, word_continues=word_continues,
       ordered_constraints=settings.constraint_order == "ordered", forced_tokens=forced_tokens,
-      grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)))
+      grow_cache=bridge.grows_cache(settings.grow_cache, settings.method, len(inputs)),
+      shortlist=shortlist)
   if settings.method == "beam":
     alpha = settings.length_penalty if length_penalty is None else length_penalty
     ranking = search.Ranking(alpha, settings.length_normalization, settings.finish_rule)
@@ -119,6 +128,8 @@ def search_batch(model: Transformer, params: Any, inputs: Array, rng: Array,
     sequences, scores = sampling.sample(problem, rng, temperature=settings.temperature,
                                         top_k=settings.top_k, top_p=settings.top_p)
     sequences, scores = sequences[:, None], scores[:, None]
+  if shortlist is not None:  # Indices into the shortlist -> vocabulary ids.
+    sequences = bridge.full_ids(sequences, shortlist)
   if not align:
     return sequences, scores
   attention = bridge.hypothesis_alignments(model, {"params": params}, inputs,
@@ -245,8 +256,9 @@ class Translator:
       aligned together (`from_checkpoints`; fairseq's rule, `decoding.bridge`).
     search_fn: the batched search `(params, inputs [B, S], rng, length_penalty, *, settings,
       max_decode_len)` -> (sequences [B, K, L], scores [B, K]) (`search_batch`: called with
-      a target prefix [B, L], constraints and forbidden phrases [B, C, P] and the word mask
-      [V] after length_penalty, None where absent and the trailing absent ones left out, and
+      a target prefix [B, L], constraints and forbidden phrases [B, C, P], the word mask
+      [V] and the vocabulary shortlist [V'] after length_penalty, None where absent and the
+      trailing absent ones left out, and
       with `align=n`, only for calls that use them; `settings.length_penalty` is 0, the real
       one is `length_penalty`); default: `search_batch` of the model, jitted once per model
       config and mesh, its programs exported to the persistent compilation cache's folder so
@@ -269,6 +281,9 @@ class Translator:
       default=None, kw_only=True, repr=False)
   score_fn: Callable[[Any, Array, Array], Array] | None = dataclasses.field(
       default=None, kw_only=True, repr=False)
+  # Each vocab_shortlist file's padded ids, read once (a cache: no call's result depends on it).
+  _shortlists: dict[str, np.ndarray] = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False)
 
   def __post_init__(self):
     if self.tokenizer.vocab_size != self.model_config.vocab_size:
@@ -285,6 +300,7 @@ class Translator:
     if hasattr(self.tokenizer, "language_id"):  # An unknown code: one line, before any work.
       for code in filter(None, (self.settings.source_lang, self.settings.target_lang)):
         self.tokenizer.language_id(code)
+    self.shortlist_ids(self.settings)  # A bad file: one line, before any work.
     compilation_cache.enable_default_compilation_cache()  # Before anything compiles.
     score_fn = _jitted(self.model_config, self.mesh, self.ensemble)[1]
     if self.search_fn is None:
@@ -302,6 +318,18 @@ class Translator:
   def word_continues(self) -> np.ndarray:
     """bool [V]: the target pieces that continue the word before them (`data.words`)."""
     return words.continuation_mask(self.tokenizer)
+
+  def shortlist_ids(self, options: TranslateConfig | None = None) -> np.ndarray | None:
+    """int32 [V']: the ids the search of `options` (default: this translator's settings) may
+    write, ascending and padded to a multiple of 128 by repeating the last one
+    (`serving.shortlist`), read once per file; None without a `vocab_shortlist`."""
+    path = (options or self.settings).vocab_shortlist
+    if not path:
+      return None
+    if path not in self._shortlists:
+      kept = shortlist_lib.kept_ids(path, self.tokenizer, self.model_config.decoder_start_id)
+      self._shortlists[path] = shortlist_lib.padded(kept)
+    return self._shortlists[path]
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike | workdir_lib.Workdir,
@@ -463,6 +491,15 @@ class Translator:
                                                       ("forbid", forbid)))
     phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1,
                             word_continues=self.word_continues)
+    shortlist = self.shortlist_ids(options)
+    if shortlist is not None:
+      constraint_pieces = None if constraint_ids is None else [
+          [piece for phrase in row for piece in phrase] for row in constraint_ids.ids]
+      for kind, ids in (("target prefix", prefix_ids), ("constraints", constraint_pieces)):
+        if ids is not None:
+          shortlist_lib.check_kept(kind, ids, shortlist, self.tokenizer,
+                                   options.vocab_shortlist, first_index + 1)
+      forbid_ids = shortlist_lib.drop_unreachable(forbid_ids, shortlist)
     if plan is None:
       real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
       batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
@@ -477,7 +514,7 @@ class Translator:
     take = min(n or beams, beams)
     call = lambda step: self._search_step(params, step, token_ids, numbers, options,
                                           prefix_ids, take if alignments else 0,
-                                          constraint_ids, forbid_ids)
+                                          constraint_ids, forbid_ids, shortlist)
     for step, outputs in self._pipelined(steps, call):
       rows = step.row_positions()
       sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
@@ -648,10 +685,12 @@ class Translator:
                    line_numbers: np.ndarray, options: TranslateConfig,
                    prefix_ids: Sequence[Sequence[int]] | None = None, align: int = 0,
                    constraint_ids: phrases.PhraseIds | None = None,
-                   forbid_ids: phrases.PhraseIds | None = None) -> tuple[Array, ...]:
+                   forbid_ids: phrases.PhraseIds | None = None,
+                   shortlist: np.ndarray | None = None) -> tuple[Array, ...]:
     """Dispatches the search of one step (asynchronously): [D * rows, K, L], [D * rows, K]
     (and with `align`, the attention [D * rows, align, L, S]). `line_numbers`: int [sentences],
-    each sentence's line number (its sampling key)."""
+    each sentence's line number (its sampling key); `shortlist`: the ids the search may write
+    (`vocab_shortlist`)."""
     inputs = fill_rows(step, token_ids, step.length)  # [D * rows, S]
     rng = jax.random.key(options.seed)
     if options.search.method == "sample":
@@ -666,6 +705,8 @@ class Translator:
         for given in (constraint_ids, forbid_ids)]
     if constraint_ids is not None or forbid_ids is not None or prefix_ids is not None:
       optional.append(self._replicate(self.word_continues))  # What a whole word is.
+    if shortlist is not None:  # After the word mask's place (None there when absent).
+      optional += [None] * (4 - len(optional)) + [self._replicate(shortlist)]
     while optional and optional[-1] is None:
       optional.pop()
     # The length penalty is data: one program per shape serves every alpha.
@@ -709,7 +750,7 @@ class Translator:
       forced = bool(self.language_tokens(options)[1])  # A language token is a prefix.
       jax.block_until_ready(self._search_step(params, empty, [], np.zeros(0, np.int64),
                                               options, [] if prefixed or forced else None,
-                                              align))
+                                              align, shortlist=self.shortlist_ids(options)))
       bar.advance(1)
     bar.close("Compiled")
     return len(shapes)
