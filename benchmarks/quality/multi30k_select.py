@@ -2,14 +2,15 @@
 
 The candidates are the final checkpoint and the average of the last K checkpoints for each K of
 `--last` (made with `average_checkpoints` when missing); each is translated on val with every
-(beam size, length penalty) of `--beam_sizes` x `--length_penalties`. The setting with the best
-val BLEU in the lc.norm.tok variant (the papers' metric; cased sacreBLEU breaks ties) is then
-scored on test2016, once, in both metrics. The final checkpoint with the config's own search
-settings is scored on test2016 too, so the gain of the selection is visible.
+(beam size, length normalization, length penalty) of `--beam_sizes` x `--length_normalizations`
+x `--length_penalties`. The setting with the best val BLEU in the lc.norm.tok variant (the
+papers' metric; cased sacreBLEU breaks ties) is then scored on test2016, once, in both metrics.
+The final checkpoint with the config's own search settings is scored on test2016 too, so the
+gain of the selection is visible.
 
   python benchmarks/quality/multi30k_select.py --workdir runs/mini_s0 \
       --data_dir ../shared/data/multi30k [--last 5 10] [--beam_sizes 4 5] \
-      [--length_penalties 0.6 1.0 1.4] [--target_lang de]
+      [--length_penalties 0.6 1.0 1.4] [--length_normalizations gnmt fairseq] [--target_lang de]
 
 Prints one JSON line per scored (candidate, split, setting) and a closing Markdown table.
 """
@@ -62,6 +63,10 @@ def main() -> None:
   parser.add_argument("--last", type=int, nargs="+", default=[5, 10])
   parser.add_argument("--beam_sizes", type=int, nargs="+", default=[4, 5])
   parser.add_argument("--length_penalties", type=float, nargs="+", default=[0.6, 1.0, 1.4])
+  parser.add_argument("--length_normalizations", nargs="+", default=["gnmt"],
+                      choices=["gnmt", "fairseq"],
+                      help="gnmt: ((5 + m) / 6) ** alpha; fairseq: m ** alpha (fairseq's "
+                           "--lenpen, Wu et al.'s search at alpha 1.0).")
   parser.add_argument("--batch_tokens", type=int, default=8192)
   parser.add_argument("--max_sentences", type=int, default=None,
                       help="Only the first N of each split (a quick check of the plumbing).")
@@ -84,22 +89,25 @@ def main() -> None:
   for name, folder in _candidates(args.workdir, args.last).items():
     translators[name] = Translator.from_workdir(args.workdir, checkpoint=folder,
                                                 batch_tokens=args.batch_tokens)
-    for beam, alpha in itertools.product(args.beam_sizes, args.length_penalties):
-      settings = {"beam_size": beam, "length_penalty": alpha}
+    for beam, norm, alpha in itertools.product(args.beam_sizes, args.length_normalizations,
+                                               args.length_penalties):
+      settings = {"beam_size": beam, "length_normalization": norm, "length_penalty": alpha}
       record(name, "val", settings, _score(translators[name], *val, args.target_lang,
                                            **settings))
   best = max((row for row in rows if row["split"] == "val"),
              key=lambda row: (row["bleu_lc_norm_tok"], row["bleu"]))
-  settings = {"beam_size": best["beam_size"], "length_penalty": best["length_penalty"]}
+  settings = {key: best[key] for key in ("beam_size", "length_normalization", "length_penalty")}
   record(best["candidate"], "test_2016_flickr (chosen on val)", settings,
          _score(translators[best["candidate"]], *test, args.target_lang, **settings))
   record("final", "test_2016_flickr (config's search)", {},
          _score(translators["final"], *test, args.target_lang))
 
-  print("\n| candidate | split | beam | alpha | BLEU lc.norm.tok | BLEU cased | chrF |")
-  print("|---|---|---:|---:|---:|---:|---:|")
+  print("\n| candidate | split | beam | normalization | alpha | BLEU lc.norm.tok | BLEU cased |"
+        " chrF |")
+  print("|---|---|---:|---|---:|---:|---:|---:|")
   for row in rows:
     print(f"| {row['candidate']} | {row['split']} | {row.get('beam_size', 'config')} | "
+          f"{row.get('length_normalization', 'config')} | "
           f"{row.get('length_penalty', 'config')} | {row['bleu_lc_norm_tok']:.2f} | "
           f"{row['bleu']:.2f} | {row['chrf']:.2f} |")
 
