@@ -114,24 +114,39 @@ issue43_run() {
   # evaluation (the selection does all of it, on val), then every choice on val and test2016 once.
   # A dry run on a CPU: ISSUE43_TRAIN_ARGS=--config.train.num_train_steps=30 and
   # ISSUE43_SELECT_ARGS='--max_sentences 16'.
-  local recipe=$1 seed=$2 lasts=$3 workdir=/tmp/m30k_$1_s$2 start=$(date +%s)
+  # TAG (default RECIPE) names the workdir, the logs and the records.
+  local recipe=$1 seed=$2 lasts=$3 tag=${4:-$1} start=$(date +%s)
+  local workdir=/tmp/m30k_${tag}_s$seed
   rm -rf "$workdir"
   python3 train.py --config=configs/multi30k_en_de.py:$recipe --workdir="$workdir" \
     --config.data.local_dir="$GPU/data/multi30k" --config.data.tfds_data_dir="$workdir/tfds" \
     --config.train.seed="$seed" --config.data.seed="$seed" --config.data.num_workers=4 \
     --config.eval.eval_every_steps=0 --config.eval.test_at_end=False ${ISSUE43_TRAIN_ARGS:-} \
-    > "$RESULTS/train_${recipe}_s$seed.log" 2>&1
-  echo "{\"benchmark\": \"multi30k_${recipe}_train\", \"seed\": $seed, \"rc\": $?, \"wall_s\": $(( $(date +%s) - start ))}"
+    > "$RESULTS/train_${tag}_s$seed.log" 2>&1
+  echo "{\"benchmark\": \"multi30k_${tag}_train\", \"seed\": $seed, \"rc\": $?, \"wall_s\": $(( $(date +%s) - start ))}"
   python3 benchmarks/quality/multi30k_select.py --workdir "$workdir" --data_dir "$GPU/data/multi30k" \
-    --last $lasts --beam_sizes 5 --length_penalties 1.0 1.4 1.8 ${ISSUE43_SELECT_ARGS:-} \
-    > "$RESULTS/select_${recipe}_s$seed.log" 2>&1
-  grep -h '^{' "$RESULTS/select_${recipe}_s$seed.log"
+    --last $lasts --beam_sizes 5 --length_penalties ${ISSUE43_PENALTIES:-1.0 1.4 1.8} \
+    ${ISSUE43_SELECT_ARGS:-} > "$RESULTS/select_${tag}_s$seed.log" 2>&1
+  grep -h '^{' "$RESULTS/select_${tag}_s$seed.log"
 }
 
 item_issue43() {
   # The :mini recipe, seeds 0 and 1, beside the :cpu recipe, seed 0, all at once on the one GPU.
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
   issue43_run mini 0 "5 10" & issue43_run mini 1 "5 10" & issue43_run cpu 0 "5 8" &
+  wait
+}
+
+item_issue63() {
+  # Issue 63: :mini with Wu et al.'s target tokens per update (7,168 slots: about 6,790 target
+  # tokens, theirs 6,930), a checkpoint every 66 steps (about one of their epochs) and 30 kept,
+  # seeds 0-2 at once; then the last 10/20/30 averaged or the final one, beam 5, GNMT alpha 1.0
+  # or 1.4, chosen on val, and test2016 once. ISSUE63_SEEDS narrows the seeds.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  export ISSUE43_TRAIN_ARGS="--config.data.batch_tokens=7168 --config.checkpoint.save_every_steps=66 \
+--config.checkpoint.max_to_keep=30 ${ISSUE43_TRAIN_ARGS:-}" ISSUE43_PENALTIES=${ISSUE43_PENALTIES:-1.0 1.4}
+  local seed
+  for seed in ${ISSUE63_SEEDS:-0 1 2}; do issue43_run mini "$seed" "10 20 30" mini7k & done
   wait
 }
 
@@ -177,7 +192,7 @@ sbs() {
 item_sbs_f32() { sbs float32; }
 item_sbs_bf16() { sbs bfloat16; }
 
-declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [issue43]=520 [cudnn]=300 [bulk]=240 [mfu]=330 [ct2]=240
+declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [issue43]=520 [issue63]=560 [cudnn]=300 [bulk]=240 [mfu]=330 [ct2]=240
                   [sbs_f32]=280 [sbs_bf16]=280)
 setup || { echo "setup failed"; exit 1; }
 for group in "$@"; do
