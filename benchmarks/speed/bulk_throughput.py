@@ -50,15 +50,17 @@ def timed_compiles(translator):
   jitted = getattr(translator.search_fn, "jitted", translator.search_fn)
   compiled, totals = {}, {"compile_s": 0.0, "shapes": 0}
 
-  def search(params, inputs, rng, *, settings, max_decode_len):
-    key = (inputs.shape, rng.shape, settings, max_decode_len)
+  def search(params, inputs, rng, *optional, **static):
+    # optional: the length penalty (data) and the options asked for; static: settings,
+    # max_decode_len and the rest (`Translator._search_step`).
+    key = (inputs.shape, rng.shape, tuple(None if x is None else x.shape for x in optional),
+           tuple(sorted(static.items())))
     if key not in compiled:
       start = time.perf_counter()
-      compiled[key] = jitted.lower(params, inputs, rng, settings=settings,
-                                   max_decode_len=max_decode_len).compile()
+      compiled[key] = jitted.lower(params, inputs, rng, *optional, **static).compile()
       totals["compile_s"] += time.perf_counter() - start
       totals["shapes"] += 1
-    return compiled[key](params, inputs, rng)
+    return compiled[key](params, inputs, rng, *optional)
 
   return dataclasses.replace(translator, search_fn=search), totals
 
