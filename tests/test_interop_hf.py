@@ -118,6 +118,28 @@ def test_an_unknown_language_code_lists_the_nearest(imported, sentences):
   assert "nearest" in str(error.value) and "\n" not in str(error.value)
   with pytest.raises(InputError, match="--target_lang"):
     imported.translator.translate(sentences[:1])
+  source, target = imported.codes[:2]
+  with pytest.raises(InputError, match=f"{wrong!r}.*nearest: .*{target}"):  # A pair a sentence.
+    imported.translator.translate(sentences[:2], languages=[(source, target), (source, wrong)])
+  with pytest.raises(InputError, match="1 language pairs for 2 sentences"):
+    imported.translator.translate(sentences[:2], languages=[(source, target)])
+
+
+def test_sentences_of_several_pairs_share_a_batch_each_as_alone(imported, sentences):
+  """`languages=`: three pairs (two targets, two sources) in one call, one batch shape, each
+  sentence's n-best (texts and scores) equal to its pair's own call."""
+  if imported.family != "nllb":
+    pytest.skip("one family is enough")
+  english, german, french = imported.codes
+  pairs = [(english, german), (english, french), (french, german)]
+  settings = dict(max_len_a=0.0, max_len_b=N - 1, beam_size=4)
+  lines = sentences[:2]
+  alone = [imported.translator.translate_nbest(lines, source_lang=source, target_lang=target,
+                                               **settings) for source, target in pairs]
+  assert alone[0] != alone[1] and alone[0] != alone[2]  # The pair of each row matters.
+  mixed = imported.translator.translate_nbest(
+      lines * 3, languages=[pair for pair in pairs for _ in lines], **settings)
+  assert mixed == [hypotheses for each in alone for hypotheses in each]
 
 
 # ---------------------------------------------------------------------------------- logits

@@ -141,9 +141,9 @@ class MultilingualTokenizer(MarianTokenizer):
     one."""
     if code in self._language_ids:
       return self._language_ids[code]
-    nearest = difflib.get_close_matches(code, self.languages, n=_NEAREST, cutoff=0.0)
     raise InputError(f"Unknown language code {code!r} for this {FAMILIES[self.family]} model "
-                     f"({len(self.codes)} languages); nearest: {', '.join(nearest)}.")
+                     f"({len(self.codes)} languages); nearest: "
+                     f"{', '.join(nearest_codes(code, self.languages))}.")
 
   def _encode(self, processor, texts: Sequence[str]) -> list[list[int]]:
     """Pieces -> our ids, with no Marian ">>xx<<" code split off (these models take none)."""
@@ -165,6 +165,12 @@ class MultilingualTokenizer(MarianTokenizer):
     self.__init__(state["model"], state["vocab"], family=state["family"], codes=state["codes"],
                   special=state["special"], path=state["path"])
     self._leads = state["leads"]
+
+
+def nearest_codes(code: str, codes: Sequence[str], n: int = _NEAREST) -> list[str]:
+  """The `n` codes most like `code` (difflib's ratio), most alike first: what an unknown
+  code's message names."""
+  return difflib.get_close_matches(str(code), list(codes), n=n, cutoff=0.0)
 
 
 def for_training(tokenizer: TextTokenizer, source_code: str,
@@ -189,4 +195,5 @@ def for_training(tokenizer: TextTokenizer, source_code: str,
   return tokenizer.with_languages(source_code, target_code)
 
 
-__all__ = ["FAMILIES", "FILES", "LANGUAGES_FILE", "MultilingualTokenizer", "for_training"]
+__all__ = ["FAMILIES", "FILES", "LANGUAGES_FILE", "MultilingualTokenizer", "for_training",
+           "nearest_codes"]

@@ -25,7 +25,12 @@ the number of devices, so the output does not either. Sampling draws each senten
 A many-language model (NLLB-200, M2M-100, mBART-50: `data.multilingual_tokenizer`) takes
 `source_lang` and `target_lang` settings: the source language token starts every source, and the
 target language token is forced as the first output token through the target prefix (before a
-user's own prefix; `forced_tokens` exempts it from the prefix's whole-word rule).
+user's own prefix; `forced_tokens` exempts it from the prefix's whole-word rule). Both tokens
+are data of their sentence's row, so `languages=` gives each sentence a pair of its own and
+sentences of different pairs share one batch (one program), each translated as alone:
+
+    nllb.translate(["A man.", "A dog."], languages=[("eng_Latn", "deu_Latn"),
+                                                    ("eng_Latn", "fra_Latn")])
 
 A vocabulary shortlist (`vocab_shortlist`, a text file in the target language;
 `serving.shortlist`) restricts the search to the pieces of that text and the special tokens:
@@ -402,22 +407,26 @@ class Translator:
   def translate(self, sentences: Sequence[str], *, params: Any = None,
                 target_prefix: Sequence[str] | None = None,
                 constraints: Sequence[Sequence[str]] | None = None,
-                forbid: Sequence[Sequence[str]] | None = None, **settings: Any) -> list[str]:
+                forbid: Sequence[Sequence[str]] | None = None,
+                languages: Sequence[tuple[str, str]] | None = None,
+                **settings: Any) -> list[str]:
     """One translation per sentence, in input order; empty sentences give empty strings.
     `params`: these weights instead of the translator's; `target_prefix`: one prefix per
     sentence ('' for none) every translation starts with; `constraints`: one list of phrases
     per sentence ([] for none) every translation must contain, met in any order or, with
     constraint_order="ordered", in the given one (beam search; see `iter_nbest`); `forbid`: one
-    list of phrases per sentence that no translation may contain; `settings`:
+    list of phrases per sentence that no translation may contain; `languages`: a many-language
+    model's (source_lang, target_lang) per sentence (`iter_nbest`); `settings`:
     `TranslateConfig` fields."""
     return [hyps[0][0] for hyps in self.translate_nbest(
         sentences, n=1, params=params, target_prefix=target_prefix, constraints=constraints,
-        forbid=forbid, **settings)]
+        forbid=forbid, languages=languages, **settings)]
 
   def translate_aligned(self, sentences: Sequence[str], *, params: Any = None,
                         target_prefix: Sequence[str] | None = None,
                         constraints: Sequence[Sequence[str]] | None = None,
-                        forbid: Sequence[Sequence[str]] | None = None, **settings: Any
+                        forbid: Sequence[Sequence[str]] | None = None,
+                        languages: Sequence[tuple[str, str]] | None = None, **settings: Any
                         ) -> list[tuple[str, alignments_lib.Pairs]]:
     """(translation, word alignment) per sentence: the alignment's pairs (i, j) say that target
     word j (of the translation's whitespace-separated words) aligns to source word i, the
@@ -425,7 +434,7 @@ class Translator:
     (`config.model.alignment_layer`, `alignment_heads`; `data.alignments`)."""
     batches = self.iter_nbest(sentences, 1, params=params, target_prefix=target_prefix,
                               constraints=constraints, forbid=forbid, alignments=True,
-                              **settings)
+                              languages=languages, **settings)
     return in_input_order(len(sentences), (
         (b.indices, [(h[0][0], a[0]) for h, a in zip(b.hypotheses, b.alignments, strict=True)])
         for b in batches), ("", []))
@@ -434,6 +443,7 @@ class Translator:
                       params: Any = None, target_prefix: Sequence[str] | None = None,
                       constraints: Sequence[Sequence[str]] | None = None,
                       forbid: Sequence[Sequence[str]] | None = None,
+                      languages: Sequence[tuple[str, str]] | None = None,
                       **settings: Any) -> list[list[tuple[str, float]]]:
     """The n best (text, score) pairs per sentence, best first (n defaults to beam_size).
 
@@ -441,10 +451,11 @@ class Translator:
     with EOS (`search.length_normalization`: ((5 + m) / 6) ** alpha or m ** alpha); greedy
     decoding and sampling give one hypothesis with its summed log-probability. With a
     `target_prefix`, the prefix's tokens are part of every hypothesis and of its score. With
-    `constraints` and `forbid`, as `translate` and `iter_nbest` say.
+    `constraints`, `forbid` and `languages`, as `translate` and `iter_nbest` say.
     """
     batches = self.iter_nbest(sentences, n, params=params, target_prefix=target_prefix,
-                              constraints=constraints, forbid=forbid, **settings)
+                              constraints=constraints, forbid=forbid, languages=languages,
+                              **settings)
     return in_input_order(len(sentences), ((b.indices, b.hypotheses) for b in batches),
                           [("", 0.0)])
 
@@ -454,6 +465,7 @@ class Translator:
                  forbid: Sequence[Sequence[str]] | None = None,
                  alignments: bool = False, plan: Sequence[batching.Batch] | None = None,
                  line_numbers: Sequence[int] | None = None,
+                 languages: Sequence[tuple[str, str]] | None = None,
                  **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
@@ -478,13 +490,20 @@ class Translator:
     phrases per sentence that no hypothesis may contain (every method). A call in which no
     sentence has any phrase searches as it would without them; a sentence without phrases in
     a call with some searches as it would alone. Scores stay the model's log-probabilities.
+
+    `languages`: a many-language model's (source_lang, target_lang) of each sentence, instead of
+    the settings' pair for all. A sentence's language tokens are data of its own row (the first
+    source token, the forced first output token), so sentences of different pairs share one
+    batch and each gets what a call of its pair alone gives (the HTTP server merges requests
+    of different pairs so). An unknown code is one line naming the nearest codes; a one-pair
+    model refuses `languages` (its pair is its workdir's).
     """
     options = self._options(settings)
     params = self._params(params)
-    source_lead, target_lead = self.language_tokens(options)
-    token_ids, cut = self._tokenize(sentences, lead=source_lead)
+    source_leads, target_leads = self._language_leads(options, languages, len(sentences))
+    token_ids, cut = self._tokenize(sentences, leads=source_leads)
     prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index,
-                                  target_lead)
+                                  target_leads)
     constraint_ids, forbid_ids = (self._phrase_ids(kind, given, sentences, token_ids, options,
                                                    first_index)
                                   for kind, given in (("constraints", constraints),
@@ -540,10 +559,11 @@ class Translator:
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
                   token_ids: Sequence[Sequence[int]], options: TranslateConfig,
-                  first_index: int, lead: Sequence[int] = ()) -> list[list[int]] | None:
-    """Each sentence's prefix ids (no EOS), after the forced `lead` (a target language token),
-    checked to leave room for EOS in its output; None when no sentence has one (nor a lead)."""
-    if target_prefix is None and not lead:
+                  first_index: int, leads: Sequence[Sequence[int]]) -> list[list[int]] | None:
+    """Each sentence's prefix ids (no EOS), after its forced lead (`leads`: a target language
+    token per sentence, or none), checked to leave room for EOS in its output; None when no
+    sentence has a prefix nor a lead."""
+    if target_prefix is None and not any(leads):
       return None
     if target_prefix is None:
       target_prefix = [""] * len(sentences)
@@ -551,7 +571,7 @@ class Translator:
       raise InputError(f"{len(target_prefix)} target prefixes for {len(sentences)} sentences; "
                        "give one per sentence ('' for none).")
     prefix_ids = [[*lead, *(self.tokenizer.tokenize_target(p) if p.strip() else [])]
-                  for p in target_prefix]
+                  for lead, p in zip(leads, target_prefix, strict=True)]
     for i, ids in enumerate(prefix_ids):
       room = decode_length(options.search, len(token_ids[i]), self.model_config.max_len) - 1
       if len(ids) > room:
@@ -638,6 +658,32 @@ class Translator:
     return ([self.tokenizer.language_id(options.source_lang)],
             [self.tokenizer.language_id(options.target_lang)])
 
+  @property
+  def languages(self) -> list[str]:
+    """A many-language model's language codes, sorted (`data.multilingual_tokenizer`); [] for
+    a one-pair model."""
+    return list(getattr(self.tokenizer, "languages", None) or [])
+
+  def _language_leads(self, options: TranslateConfig,
+                      languages: Sequence[tuple[str, str]] | None, count: int
+                      ) -> tuple[list[list[int]], list[list[int]]]:
+    """(each sentence's source lead, each one's forced output lead): the language tokens of
+    its pair in `languages`, else of the settings' pair (`language_tokens`) for all `count`."""
+    if languages is None:
+      source_lead, target_lead = self.language_tokens(options)
+      return [source_lead] * count, [target_lead] * count
+    if not self.languages:
+      raise InputError("This model translates one language pair (its workdir's): a language "
+                       "pair per sentence is for a many-language model (NLLB-200, M2M-100, "
+                       "mBART-50).")
+    if len(languages) != count:
+      raise InputError(f"{len(languages)} language pairs for {count} sentences; give one "
+                       "(source_lang, target_lang) per sentence.")
+    ids = {code: self.tokenizer.language_id(code)  # An unknown code: one line, the nearest.
+           for pair in languages for code in pair}
+    return ([[ids[source]] for source, _ in languages],
+            [[ids[target]] for _, target in languages])
+
   def _params(self, params: Any) -> Any:
     """The call's params (as trained: converted to the serving precision), else the
     translator's."""
@@ -663,22 +709,26 @@ class Translator:
     return precision.convert_params(params, self.model_config, leading_axes=int(self.ensemble))
 
   def _tokenize(self, sentences: Sequence[str], keep_empty: bool = False,
-                side: str = "source", lead: Sequence[int] = ()) -> tuple[list[list[int]],
-                                                                         np.ndarray]:
+                side: str = "source", lead: Sequence[int] = (),
+                leads: Sequence[Sequence[int]] | None = None) -> tuple[list[list[int]],
+                                                                       np.ndarray]:
     """`lead` + ids + EOS per sentence, cut to the model's max_len, and which were cut (bool
     [n]); blank sentences give [] (or `lead` + [EOS] with `keep_empty`). `side`: "source", or
-    "target" (a Marian vocabulary has one of each); `lead`: a language token."""
+    "target" (a Marian vocabulary has one of each); `lead`: a language token; `leads`: one
+    lead per sentence instead."""
     tokenize = (self.tokenizer.tokenize if side == "source" else
                 self.tokenizer.tokenize_target)
-    limit = self.model_config.max_len - 1 - len(lead)  # Room for EOS.
+    leads = [lead] * len(sentences) if leads is None else leads
     token_ids, cut = [], np.zeros(len(sentences), bool)
-    for i, sentence in enumerate(sentences):
+    for i, (sentence, row_lead) in enumerate(zip(sentences, leads, strict=True)):
+      limit = self.model_config.max_len - 1 - len(row_lead)  # Room for EOS.
       ids = tokenize(sentence) if sentence.strip() else []
       cut[i] = len(ids) > limit
-      token_ids.append([*lead, *ids[:limit], EOS_ID] if ids or keep_empty else [])
-    if cut.any():
+      token_ids.append([*row_lead, *ids[:limit], EOS_ID] if ids or keep_empty else [])
+    if cut.any():  # The room of the first cut sentence (its lead takes its share).
+      room = self.model_config.max_len - len(leads[int(np.argmax(cut))])
       _log.warning("%d of %d sentences were longer than the model's max_len (%d tokens) "
-                      "and were truncated.", cut.sum(), len(sentences), limit + 1)
+                      "and were truncated.", cut.sum(), len(sentences), room)
     return token_ids, cut
 
   def _search_step(self, params: Any, step: Step, token_ids: Sequence[Sequence[int]],
@@ -712,7 +762,7 @@ class Translator:
     # The length penalty is data: one program per shape serves every alpha.
     length_penalty = self._replicate(np.float32(options.search.length_penalty))
     settings = options.search.replace(length_penalty=0.0)
-    forced = len(self.language_tokens(options)[1])  # The target language token.
+    forced = int(bool(self.languages))  # The target language token of a many-language model.
     static = {**({"align": align} if align else {}),
               **({"forced_tokens": forced} if forced else {})}
     shape = (self.search_fn, settings, len(inputs), step.length, decode_len,
@@ -747,7 +797,7 @@ class Translator:
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
     for rows, length in shapes:
       empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
-      forced = bool(self.language_tokens(options)[1])  # A language token is a prefix.
+      forced = bool(self.languages)  # A language token is a prefix (whichever pair asks).
       jax.block_until_ready(self._search_step(params, empty, [], np.zeros(0, np.int64),
                                               options, [] if prefixed or forced else None,
                                               align, shortlist=self.shortlist_ids(options)))
