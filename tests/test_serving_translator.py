@@ -18,6 +18,7 @@ from flax_transformer.config import ConfigError, TranslateConfig
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
 from flax_transformer.decoding import bridge
 from flax_transformer.decoding.bridge import output_length_caps
+from flax_transformer.errors import InputError
 from flax_transformer.files import read_lines, write_lines_atomically
 from flax_transformer.serving.batching import Batch, bucket_length, plan_batches, row_counts
 from flax_transformer.serving.translator import Translator, translate_lines
@@ -70,6 +71,18 @@ def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
   params = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
   return Translator(config, params, tokenizer, TranslateConfig().replace(**settings),
                     search_fn=copy_search)
+
+
+def test_a_one_pair_model_refuses_a_language_pair_per_sentence(tokenizer):
+  """`languages=` and a batcher `Job`'s codes are a many-language model's: one line each."""
+  from flax_transformer.serving.batcher import Batcher, Job
+
+  translator = copy_translator(tokenizer)
+  with pytest.raises(InputError, match="one language pair") as error:
+    translator.translate(["a man"], languages=[("en", "de")])
+  assert "\n" not in str(error.value)
+  with pytest.raises(InputError, match="one language pair"):
+    Batcher(translator).submit(Job(("a man",), target_lang="de"))
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.

@@ -25,6 +25,12 @@ came for the batch to fill:
   sentences per search, with texts equal to `translate`'s but scores that may differ in their
   last bits (the note above).
 
+A many-language model (NLLB-200, M2M-100, mBART-50) serves every language pair from one
+batcher: a job names its pair (`Job.source_lang`, `target_lang`; unset: the translator's
+settings'), and pieces that differ only in their pair share a key. The language tokens are
+data of each sentence's row (`Translator.iter_nbest(languages=)`), so a batch of several
+pairs is still one program of `translate`'s shape and each answer is its pair's alone.
+
 Requests with constraints, forbidden phrases or alignments are searched alone (their phrase
 arrays are shaped by the request's own phrases), in their turn, by `Translator.iter_nbest` as
 `translate` calls it. A search that raises fails the requests of its batch only (their futures
@@ -78,6 +84,9 @@ class Job:
     constraints: one list of phrases per sentence that its output must hold, or None.
     forbid: one list of phrases per sentence that its output must not hold, or None.
     alignments: also each hypothesis's word alignment.
+    source_lang: a many-language model's source language code ('': `settings`' source_lang,
+      else the translator's); a one-pair model refuses it.
+    target_lang: its target language code (likewise).
   """
 
   sentences: tuple[str, ...]
@@ -87,6 +96,8 @@ class Job:
   constraints: tuple[tuple[str, ...], ...] | None = None
   forbid: tuple[tuple[str, ...], ...] | None = None
   alignments: bool = False
+  source_lang: str = ""
+  target_lang: str = ""
 
   @property
   def alone(self) -> bool:
@@ -115,14 +126,17 @@ class BatchReport:
   target_tokens: int
   seconds: float
   failed: bool = False
+  # (target language, sentences) of a many-language model's search, by code; () otherwise.
+  target_langs: tuple[tuple[str, int], ...] = ()
 
 
 class _Request:
   """A submitted job, its answers as they come and its future (the batcher's lock guards it)."""
 
   def __init__(self, job: Job, future: concurrent.futures.Future, token_counts: list[int],
-               truncated: list[bool], pieces: int):
+               truncated: list[bool], pieces: int, pair: tuple[str, str] | None = None):
     self.job = job
+    self.pair = pair  # (source_lang, target_lang) of a many-language model; None: one pair.
     self.future = future
     self.token_counts = token_counts
     self.truncated = truncated
@@ -204,6 +218,9 @@ class Batcher:
     if not 1 <= job.n <= beams:
       raise InputError(f"{job.n} hypotheses per sentence need method 'beam' with beam_size >= "
                        f"{job.n} (this search gives {beams}).")
+    pair = self._pair(job, options)
+    if pair is not None:
+      options = options.replace(source_lang=pair[0], target_lang=pair[1])
     max_len = self.translator.model_config.max_len
     tokenizer = self.translator.tokenizer
     source_lead, target_lead = self.translator.language_tokens(options)  # Many languages.
@@ -215,7 +232,7 @@ class Batcher:
     if job.target_prefix is not None:
       self._check_prefixes(job, token_counts, options, len(target_lead))
     future: concurrent.futures.Future = concurrent.futures.Future()
-    request = _Request(job, future, token_counts, truncated, 0)
+    request = _Request(job, future, token_counts, truncated, 0, pair)
     pieces = self._pieces(request, options)
     request.pieces_left = len(pieces)
     searched = sum(len(piece.indices) for piece in pieces)
@@ -245,6 +262,20 @@ class Batcher:
     self._thread.join(timeout)
     return not self._thread.is_alive()
 
+  def _pair(self, job: Job, options: Any) -> tuple[str, str] | None:
+    """The job's (source_lang, target_lang) on a many-language model: its own codes, else its
+    settings' (`options`), else the translator's; None on a one-pair model. InputError for a
+    pair on a one-pair model, a missing or unknown code (naming the nearest ones)."""
+    if not self.translator.languages:
+      if job.source_lang or job.target_lang:
+        raise InputError("This model translates one language pair (its workdir's): "
+                         "source_lang and target_lang are for a many-language model.")
+      return None
+    pair = (job.source_lang or options.source_lang, job.target_lang or options.target_lang)
+    self.translator.language_tokens(options.replace(source_lang=pair[0],
+                                                    target_lang=pair[1]))  # Checks them.
+    return pair
+
   def _check_prefixes(self, job: Job, token_counts: list[int], options: Any,
                       forced: int = 0) -> None:
     """InputError unless each target prefix (after `forced` language tokens) leaves room for
@@ -271,7 +302,8 @@ class Batcher:
     max_len = self.translator.model_config.max_len
     if job.alone:
       return [_Piece(request, real, ("alone", next(self._alone_keys)), 0, 0, now)]
-    kind = (job.settings, job.target_prefix is not None)
+    # The pair is each row's data, not the program's: pieces of any pairs share a key.
+    kind = (_search_settings(request), job.target_prefix is not None)
     lengths = [request.token_counts[i] for i in real]
     if self.batching_mode == "fill":
       return [_Piece(request, real[i:i + 1], (kind, length), capacity, length, now)
@@ -413,7 +445,7 @@ class Batcher:
     """One step of same-shape device batches holding pieces of several requests."""
     first = batches[0][0]
     job = first.request.job
-    sentences, prefixes, numbers, owners, plan = [], [], [], [], []
+    sentences, prefixes, numbers, owners, plan, pairs = [], [], [], [], [], []
     for batch in batches:
       begin = len(sentences)
       for piece in batch:
@@ -421,22 +453,26 @@ class Batcher:
           sentences.append(piece.request.job.sentences[index])
           numbers.append(int(index))  # Its line number in its own request: its sampling key.
           owners.append((piece.request, int(index)))
+          pairs.append(piece.request.pair)
           if job.target_prefix is not None:
             prefixes.append(piece.request.job.target_prefix[index])
       count = len(sentences) - begin
       rows = (first.rows if self.batching_mode == "exact"
               else batching.rows_for(count, first.rows))
       plan.append(batching.Batch(np.arange(begin, len(sentences)), rows, first.length))
+    languages = None if first.request.pair is None else pairs
     answers, tokens = [], 0
     for step in self.translator.iter_nbest(
         sentences, None, plan=plan, line_numbers=numbers,
-        target_prefix=prefixes if job.target_prefix is not None else None, **dict(job.settings)):
+        target_prefix=prefixes if job.target_prefix is not None else None,
+        languages=languages, **dict(_search_settings(first.request))):
       tokens += step.target_tokens
       for index, hypotheses in zip(step.indices, step.hypotheses, strict=True):
         request, line = owners[index]
         answers.append(((request, line), Sentence(hypotheses[:request.job.n],
                                                   request.truncated[line])))
-    report = BatchReport(len(sentences), 0, sum(b.rows for b in plan), first.length, tokens, 0)
+    report = BatchReport(len(sentences), 0, sum(b.rows for b in plan), first.length, tokens, 0,
+                         target_langs=_target_counts(pairs))
     return answers, report
 
   def _search_alone(self, piece: _Piece
@@ -444,10 +480,11 @@ class Batcher:
     """A request with phrases or alignments: `translate`'s own call."""
     request, job = piece.request, piece.request.job
     answers, tokens, rows = [], 0, 0
+    languages = None if request.pair is None else [request.pair] * len(job.sentences)
     for step in self.translator.iter_nbest(
         list(job.sentences), job.n, target_prefix=job.target_prefix,
         constraints=job.constraints, forbid=job.forbid, alignments=job.alignments,
-        **dict(job.settings)):
+        languages=languages, **dict(_search_settings(request))):
       tokens += step.target_tokens
       rows += len(step.indices)
       for k, index in enumerate(step.indices):
@@ -455,7 +492,23 @@ class Batcher:
             step.hypotheses[k], request.truncated[index],
             step.alignments[k] if step.alignments is not None else None,
             step.constraints_met[k] if step.constraints_met is not None else None)))
-    return answers, BatchReport(len(piece.indices), 1, rows, 0, tokens, 0)
+    return answers, BatchReport(len(piece.indices), 1, rows, 0, tokens, 0,
+                                target_langs=_target_counts([request.pair] * len(piece.indices)))
+
+
+def _search_settings(request: _Request) -> tuple[tuple[str, Any], ...]:
+  """The job's settings as the search takes them: on a many-language model, without the
+  language codes (the request's pair, passed per sentence)."""
+  if request.pair is None:
+    return request.job.settings
+  return tuple((name, value) for name, value in request.job.settings
+               if name not in ("source_lang", "target_lang"))
+
+
+def _target_counts(pairs: Sequence[tuple[str, str] | None]) -> tuple[tuple[str, int], ...]:
+  """(target language, sentences) of `pairs`, by code; () for a one-pair model's (None)."""
+  counts = collections.Counter(pair[1] for pair in pairs if pair is not None)
+  return tuple(sorted(counts.items()))
 
 
 def _capacity(count: int, batch_tokens: int, max_len: int) -> tuple[int, int]:
