@@ -474,6 +474,142 @@ def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, se
   assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
 
 
+def _many_language_server(imported, **options):
+  """(a started batcher over a Translator of no language pair, its app, the batcher's reports):
+  a server of every pair of the model, as `serve` runs one without --source_lang/--target_lang
+  (`options`: the Service's defaults)."""
+  from flax_transformer.serving import Batcher, Service
+  from flax_transformer.serving.http_api import make_app
+
+  translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED)
+  reports = []
+  batcher = Batcher(translator, max_wait_ms=1000, observe=reports.append)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  service = Service(options.get("source"), options.get("target"),
+                    languages=tuple(translator.languages))
+  return batcher, make_app(batcher, service), reports
+
+
+def _posts(app, requests):
+  """The answers to (path, JSON body) requests sent at once (GET for a None body)."""
+  httpx = pytest.importorskip("httpx", reason="needs the [serve] extra")
+  import asyncio
+
+  async def run():
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://server", timeout=120) as client:
+      return await asyncio.gather(*[client.get(path) if body is None else
+                                    client.post(path, json=body) for path, body in requests])
+
+  return asyncio.run(run())
+
+
+SERVED = dict(max_len_a=0.0, max_len_b=N - 1, beam_size=4)  # The server's search settings.
+
+
+def test_the_server_searches_requests_into_two_languages_together(imported, sentences):
+  """Concurrent requests into two target languages, on a server of every pair: one search
+  answers both (the batcher's report), and each answer is the translator's for its pair alone,
+  byte for byte (texts; through /v1, the n-best and their scores)."""
+  if imported.family != "mbart50":
+    pytest.skip("one family is enough")
+  pytest.importorskip("fastapi", reason="needs the [serve] extra")
+  source, target_a, target_b = imported.codes
+  batcher, app, reports = _many_language_server(imported)
+  lines = sentences[:3]
+  libre = _posts(app, [("/translate", {"q": lines, "source": source, "target": target})
+                       for target in (target_a, target_b)])
+  libre_reports, reports[:] = list(reports), []
+  v1 = _posts(app, [("/v1/translate", {"sentences": lines, "n": 2, "source_lang": source,
+                                       "target_lang": target})
+                    for target in (target_a, target_b)])
+  batcher.close(10)
+  alone = {target: imported.translator.translate_nbest(lines, 2, target_lang=target, **SERVED)
+           for target in (target_a, target_b)}  # Each pair in a call of its own.
+  assert [h[0][0] for h in alone[target_a]] != [h[0][0] for h in alone[target_b]]
+  for target, answer in zip((target_a, target_b), libre, strict=True):
+    assert answer.json() == {"translatedText": [h[0][0] for h in alone[target]]}, target
+  for target, answer in zip((target_a, target_b), v1, strict=True):
+    got = [[(h["text"], h["score"]) for h in t["hypotheses"]]
+           for t in answer.json()["translations"]]
+    assert got == [[(text, float(score)) for text, score in h] for h in alone[target]], target
+  merged = ((target_a, len(lines)), (target_b, len(lines)))
+  for searches in (libre_reports, reports):
+    assert [(r.requests, r.sentences, r.target_langs) for r in searches] == [(2, 6, merged)]
+
+
+def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported, sentences):
+  """/languages lists every code with every other as a target; an unknown code is a 400
+  naming the nearest; source auto needs the server's default (and uses it), /v1 a pair one
+  way or the other; source == target gives the text as it is (LibreTranslate's rule)."""
+  if imported.family != "mbart50":
+    pytest.skip("one family is enough")
+  pytest.importorskip("fastapi", reason="needs the [serve] extra")
+  from flax_transformer.serving import Service
+  from flax_transformer.serving.http_api import make_app
+
+  source, target_a, target_b = imported.codes
+  batcher, bare, _ = _many_language_server(imported)
+  lines = sentences[:2]
+  languages, unknown, auto, no_pair, same = _posts(bare, [
+      ("/languages", None),
+      ("/translate", {"q": lines[0], "source": source, "target": target_a[:-1] + "Q"}),
+      ("/translate", {"q": lines[0], "source": "auto", "target": target_a}),
+      ("/v1/translate", {"sentences": lines, "target_lang": target_a}),
+      ("/translate", {"q": lines, "source": source, "target": source, "alternatives": 1})])
+  codes = imported.translator.tokenizer.languages  # mBART-50's 52, the fixture's three in them.
+  assert len(codes) == 52 and set(imported.codes) <= set(codes)
+  assert [entry["code"] for entry in languages.json()] == codes
+  for entry in languages.json():
+    assert entry["targets"] == [other for other in codes if other != entry["code"]]
+  names = {entry["code"]: entry["name"] for entry in languages.json()}
+  assert [names[code] for code in imported.codes] == ["English", "German", "French"]
+  assert [answer.status_code for answer in (unknown, auto, no_pair)] == [400] * 3
+  for answer, words in ((unknown, f"nearest: {target_a}"), (auto, "does not detect languages"),
+                        (no_pair, "give source_lang")):
+    assert words in answer.json()["error"] and "\n" not in answer.json()["error"], answer.text
+  assert same.json() == {"translatedText": lines, "alternatives": [[], []]}
+
+  defaults = make_app(batcher, Service(source, target_b, languages=tuple(codes)))
+  auto, v1 = _posts(defaults, [
+      ("/translate", {"q": lines, "source": "auto", "target": target_a}),
+      ("/v1/translate", {"sentences": lines})])
+  batcher.close(10)
+  assert auto.json() == {
+      "translatedText": imported.translator.translate(lines, target_lang=target_a, **SERVED),
+      "detectedLanguage": [{"confidence": 100.0, "language": source}] * 2}
+  assert [t["hypotheses"][0]["text"] for t in v1.json()["translations"]] == (
+      imported.translator.translate(lines, target_lang=target_b, **SERVED))
+
+
+def test_serve_without_a_pair_serves_every_language(imported, monkeypatch, capsys):
+  """`flax-transformer serve --workdir <many-language workdir>` without --source_lang and
+  --target_lang: a Service of every code, no defaults; the ready line counts the languages.
+  (The socket and uvicorn are test_serving_server_process.py's; here `serve` is stubbed.)"""
+  if imported.family != "mbart50":
+    pytest.skip("one family is enough")
+  pytest.importorskip("fastapi", reason="needs the [serve] extra")
+  from flax_transformer.serving import http_server
+
+  served = []
+
+  def serve(translator, options, service, announce, progress):
+    served.append(service)
+    announce("http://127.0.0.1:1")
+    return True
+
+  monkeypatch.setattr(http_server, "serve", serve)
+  for flags, defaults in (([], (None, None)), (["--target_lang", imported.codes[2]],
+                                                (None, imported.codes[2]))):
+    assert cli_main(["serve", "--workdir", str(imported.workdir), *flags]) == 0
+    service = served.pop()
+    assert service.languages == tuple(imported.translator.tokenizer.languages)
+    assert (service.source_lang, service.target_lang) == defaults
+    out = capsys.readouterr().out
+    assert "(step 0, 52 languages" in out and "->" not in out, out
+
+
 def test_a_vocabulary_shortlist_is_the_search_with_minus_inf_outside_it(imported, sentences,
                                                                         tmp_path):
   """NLLB's vocabulary and forced language token through `vocab_shortlist`; reference: the

@@ -191,6 +191,8 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": ["a", "b"], "target_prefix": ["x"]}', "1 target_prefix for 2 sentences"),
     (b'{"sentences": ["a"], "method": "sample", "constraints": [["x"]]}', "Invalid request: "),
     (b'{"sentences": ["a"], "n": 9}', "9 hypotheses per sentence need"),
+    (b'{"sentences": ["a"], "target_lang": "fr"}', "fr is not supported (this server "
+     "translates en to de)"),
 ]
 
 

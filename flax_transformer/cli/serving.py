@@ -45,18 +45,22 @@ def run_serve(args: argparse.Namespace) -> int:
   checkpoint = commands.restore_point(opened, checkpoint)
   translator = commands.translator(opened, settings, checkpoint)
   data = opened.config.get("data", {})
-  # A many-language model serves the pair of --source_lang/--target_lang.
-  service = Service(source_lang=settings.source_lang or data.get("source_lang") or "en",
-                    target_lang=settings.target_lang or data.get("target_lang") or "de",
-                    api_keys=keys,
-                    max_body_bytes=args.max_body_bytes, step=translator.step)
+  languages = tuple(translator.languages)
+  if languages:  # Every pair; --source_lang/--target_lang: the defaults (of "auto", ...).
+    source, target = settings.source_lang or None, settings.target_lang or None
+  else:
+    source = settings.source_lang or data.get("source_lang") or "en"
+    target = settings.target_lang or data.get("target_lang") or "de"
+  service = Service(source_lang=source, target_lang=target, api_keys=keys,
+                    max_body_bytes=args.max_body_bytes, step=translator.step,
+                    languages=languages)
   options = http_server.ServerOptions(
       host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
       batching_mode=args.batching, warmup=args.warmup, drain_seconds=args.drain_seconds)
 
   def announce(address: str) -> None:
     print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
-          f"{service.source_lang}->{service.target_lang}, {settings.precision}, "
+          f"{service.describe()}, {settings.precision}, "
           f"{args.batching} batching); SIGTERM or Ctrl-C drains and stops.", flush=True)
 
   if not http_server.serve(translator, options, service, announce=announce,
@@ -76,7 +80,11 @@ def add_commands(commands) -> None:
       "clients work unchanged), POST /v1/translate with every search option, GET /health, "
       "GET /metrics (Prometheus) and a web page at /. Sentences of concurrent requests are "
       "searched together in the length-bucket batches translate uses, each with translate's "
-      "result. Needs the [serve] extra: " + SERVE_INSTALL + ".",
+      "result. A many-language model (NLLB-200, M2M-100, mBART-50) serves every pair of its "
+      "languages, requests of different pairs in the same searches; --source_lang and "
+      "--target_lang are then only defaults (of source 'auto' and of requests that name none), "
+      "and a --vocab_shortlist applies to every request (a text covering every target served). "
+      "Needs the [serve] extra: " + SERVE_INSTALL + ".",
       "flax-transformer serve --workdir workdirs/default --warmup")
   arguments.add_checkpoint_arguments(serve, ensemble=True)
   arguments.add_settings_arguments(serve)

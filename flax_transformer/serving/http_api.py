@@ -6,6 +6,14 @@
     #   -> {"translatedText": "Ein Mann."}
     # POST /v1/translate {"sentences": ["A man."], "n": 2, "beam_size": 4}
     #   -> {"translations": [{"hypotheses": [{"text": ..., "score": ...}, ...], ...}], ...}
+    app = make_app(batcher, Service(None, None, languages=tuple(translator.languages)))
+    # POST /translate {"q": "A man.", "source": "eng_Latn", "target": "fra_Latn"}
+    # POST /v1/translate {"sentences": ["A man."], "source_lang": "eng_Latn", "target_lang": ...}
+
+A one-pair model serves its workdir's pair; a many-language model (NLLB-200, M2M-100, mBART-50)
+serves every pair of its codes, each request naming its own (the service's source_lang and
+target_lang are then defaults: for `source: auto` and requests that name none), and the
+batcher searches sentences of different pairs together.
 
 Every error is one line, `{"error": "..."}`, with 400 (a bad request), 403 (an API key), 413
 (a body over the limit), 429 (the queue is full; with Retry-After), 500 (the search of the
@@ -29,10 +37,18 @@ import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from flax_transformer.errors import Error
-from flax_transformer.serving.batcher import Batcher, BatchFailed, Closed, Job, QueueFull
+from flax_transformer.data import multilingual_tokenizer
+from flax_transformer.errors import Error, InputError
+from flax_transformer.serving.batcher import (
+  Batcher,
+  BatchFailed,
+  Closed,
+  Job,
+  QueueFull,
+  Sentence,
+)
 from flax_transformer.serving.http_metrics import Metrics
-from flax_transformer.serving.http_page import PAGE
+from flax_transformer.serving.http_page import render_page
 
 # English names of common codes for /languages (LibreTranslate answers English names).
 LANGUAGE_NAMES = {
@@ -40,6 +56,12 @@ LANGUAGE_NAMES = {
     "fi": "Finnish", "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese",
     "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
     "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}
+# NLLB-200's ISO 639-3 codes (its `deu_Latn`) of the names above.
+_ISO_639_3 = {
+    "arb": "ar", "ces": "cs", "deu": "de", "eng": "en", "spa": "es", "fin": "fi", "fra": "fr",
+    "hin": "hi", "ita": "it", "jpn": "ja", "kor": "ko", "nld": "nl", "pol": "pl", "por": "pt",
+    "ron": "ro", "rus": "ru", "tur": "tr", "ukr": "uk", "zho": "zh",
 }
 RETRY_AFTER_SECONDS = 1
 
@@ -49,18 +71,51 @@ class Service:
   """What the app says about itself and how it guards its endpoints.
 
   Attributes:
-    source_lang: the workdir's source language (config.json's data group).
-    target_lang: its target language.
+    source_lang: a one-pair model's source language (config.json's data group); for a
+      many-language model, the default source (of `source: auto` and of /v1 requests that name
+      none), or None.
+    target_lang: its target language; for a many-language model, the default target, or None.
     api_keys: the keys a translate request must carry (`api_key`); empty: none needed.
     max_body_bytes: the largest request body; a larger one is answered 413.
     step: the checkpoint step served (reported by /v1/translate and /health).
+    languages: a many-language model's codes (`Translator.languages`): every pair of them is
+      served. Empty: a one-pair model, which serves source_lang -> target_lang alone.
   """
 
-  source_lang: str
-  target_lang: str
+  source_lang: str | None
+  target_lang: str | None
   api_keys: frozenset[str] = frozenset()
   max_body_bytes: int = 1 << 20
   step: int | None = None
+  languages: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if not self.languages and not (self.source_lang and self.target_lang):
+      raise InputError("A server of a one-pair model needs its source_lang and target_lang.")
+    for code in (self.source_lang, self.target_lang):
+      if self.languages and code and code not in self.languages:
+        raise InputError(_unknown_code(code, self.languages))
+
+  def describe(self) -> str:
+    """What it translates, in a few words: "en->de", or "202 languages" (with its defaults)."""
+    if not self.languages:
+      return f"{self.source_lang}->{self.target_lang}"
+    defaults = "".join(f", default {side} {code}" for side, code in (
+        ("source", self.source_lang), ("target", self.target_lang)) if code)
+    return f"{len(self.languages)} languages{defaults}"
+
+
+def language_name(code: str) -> str:
+  """The English name of a language code, as /languages gives it: ISO 639-1 (M2M-100's `de`),
+  mBART-50's `de_DE` and NLLB-200's `deu_Latn` of `LANGUAGE_NAMES`; else the code itself."""
+  base = code.split("_")[0]
+  return LANGUAGE_NAMES.get(_ISO_639_3.get(base, base), code)
+
+
+def _unknown_code(code: str, codes: Sequence[str]) -> str:
+  """One line: `code` is none of `codes`, with the nearest ones."""
+  return (f"{code} is not supported (this model knows {len(codes)} language codes; nearest: "
+          f"{', '.join(multilingual_tokenizer.nearest_codes(code, codes))})")
 
 
 class ApiError(Error):
@@ -100,6 +155,12 @@ class TranslateRequest(pydantic.BaseModel):
   forbid: list[list[str]] | None = pydantic.Field(
       None, description="One list of phrases per sentence that its output must not hold.")
   alignments: bool = pydantic.Field(False, description="Also each hypothesis's word pairs.")
+  source_lang: str | None = pydantic.Field(
+      None, description="A many-language model's source language code (default: the server's "
+      "--source_lang); a one-pair server takes only its own.")
+  target_lang: str | None = pydantic.Field(
+      None, description="A many-language model's target language code (default: the server's "
+      "--target_lang); a one-pair server takes only its own.")
   api_key: str | None = None
 
   def settings(self) -> tuple[tuple[str, Any], ...]:
@@ -141,8 +202,9 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
     batcher.observe = metrics.observe_batch
   app = fastapi.FastAPI(
       title="flax-transformer", version="1",
-      description=f"Translation {service.source_lang} -> {service.target_lang}: "
+      description=f"Translation {service.describe()}: "
       "LibreTranslate's /translate and /languages, and /v1/translate with every option.")
+  languages_answer = _languages(service)  # Once: 40,602 pairs for NLLB-200's 202 codes.
 
   @app.exception_handler(ApiError)
   async def api_error(request: fastapi.Request, error: ApiError) -> JSONResponse:
@@ -195,12 +257,7 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
     for name, value in (("source", source), ("target", target)):
       if not value:
         raise ApiError(400, f"Invalid request: missing {name} parameter")
-    if source not in ("auto", service.source_lang):
-      raise ApiError(400, f"{source} is not supported (this server translates "
-                     f"{service.source_lang} to {service.target_lang})")
-    if target != service.target_lang:
-      raise ApiError(400, f"{target} is not supported (this server translates "
-                     f"{service.source_lang} to {service.target_lang})")
+    language = _libre_source(service, source, target)
     text_format = fields.get("format") or "text"
     if text_format != "text":
       raise ApiError(400, f"{text_format} format is not supported: this server translates "
@@ -212,7 +269,11 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       raise ApiError(400, f"Invalid request: alternatives parameter must be <= {most} (the "
                      "server's beam size minus one)")
     lines = [line for text in texts for line in text.split("\n")]
-    answers = await translated(Job(tuple(lines), n=alternatives + 1))
+    if service.languages and language == target:  # LibreTranslate's rule: the text as it is.
+      answers = [Sentence([(line, 0.0)]) for line in lines]
+    else:
+      answers = await translated(Job(tuple(lines), n=alternatives + 1,
+                                     **_job_pair(service, language, target)))
     results, alternates, truncated, at = [], [], 0, 0
     for text in texts:
       count = text.count("\n") + 1
@@ -228,18 +289,16 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       alternates.append(list(dict.fromkeys(o for o in others if o != best)))
     body: dict[str, Any] = {"translatedText": results[0] if single else results}
     if source == "auto":
-      detected = {"confidence": 100.0, "language": service.source_lang}
+      detected = {"confidence": 100.0, "language": language}
       body["detectedLanguage"] = detected if single else [detected] * len(texts)
     if alternatives:
       body["alternatives"] = alternates[0] if single else alternates
     headers = {"X-Truncated-Lines": str(truncated)} if truncated else None
     return JSONResponse(body, headers=headers)
 
-  @app.get("/languages", summary="The language pair (LibreTranslate's answer)")
+  @app.get("/languages", summary="The languages and their targets (LibreTranslate's answer)")
   async def languages() -> list[dict[str, Any]]:
-    return [{"code": service.source_lang,
-             "name": LANGUAGE_NAMES.get(service.source_lang, service.source_lang),
-             "targets": [service.target_lang]}]
+    return languages_answer
 
   @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True,
             summary="Translate sentences with the Translator's options")
@@ -253,11 +312,12 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
                        f"{len(body.sentences)} sentences; give one per sentence.")
     if body.target_prefix is not None:
       _check_lines(body.target_prefix, "target_prefix")
+    pair = _v1_pair(service, body.source_lang, body.target_lang)
     phrases = lambda lists: None if lists is None else tuple(tuple(p) for p in lists)
     job = Job(tuple(body.sentences), n=body.n, settings=body.settings(),
               target_prefix=None if body.target_prefix is None else tuple(body.target_prefix),
               constraints=phrases(body.constraints), forbid=phrases(body.forbid),
-              alignments=body.alignments)
+              alignments=body.alignments, **pair)
     answers = await translated(job)
     return TranslateResponse(step=service.step, translations=[Translation(
         truncated=answer.truncated, hypotheses=[Hypothesis(
@@ -280,11 +340,74 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
     content, content_type = metrics.render()
     return Response(content, media_type=content_type)
 
+  page_html = render_page(service.source_lang or "", service.target_lang or "")
+
   @app.get("/", response_class=HTMLResponse, include_in_schema=False)
   async def page() -> HTMLResponse:
-    return HTMLResponse(PAGE)
+    return HTMLResponse(page_html)
 
   return Guard(app, service.max_body_bytes, metrics)
+
+
+def _languages(service: Service) -> list[dict[str, Any]]:
+  """/languages: each source code with its name and targets (LibreTranslate's shape): the one
+  pair, or every code of a many-language model with every other code as its targets."""
+  if not service.languages:
+    return [{"code": service.source_lang, "name": language_name(service.source_lang),
+             "targets": [service.target_lang]}]
+  return [{"code": code, "name": language_name(code),
+           "targets": [other for other in service.languages if other != code]}
+          for code in service.languages]
+
+
+def _libre_source(service: Service, source: Any, target: Any) -> str:
+  """The source code of a LibreTranslate request (`auto`: the server's default), its codes
+  checked: 400 for a code the server does not serve, or `auto` without a default."""
+  pair = f"this server translates {service.source_lang} to {service.target_lang}"
+  if not service.languages:
+    if source not in ("auto", service.source_lang):
+      raise ApiError(400, f"{source} is not supported ({pair})")
+    if target != service.target_lang:
+      raise ApiError(400, f"{target} is not supported ({pair})")
+    return service.source_lang
+  if source == "auto":
+    if not service.source_lang:
+      raise ApiError(400, "This server does not detect languages and has no default source "
+                     f"(--source_lang): give source, one of its {len(service.languages)} codes "
+                     f"(e.g. {', '.join(service.languages[:3])})")
+    source = service.source_lang
+  for code in (source, target):
+    if not isinstance(code, str) or code not in service.languages:
+      raise ApiError(400, _unknown_code(str(code), service.languages))
+  return source
+
+
+def _v1_pair(service: Service, source: str | None, target: str | None) -> dict[str, str]:
+  """The `Job` fields of a /v1 request's languages: a one-pair server takes its own codes
+  only (and passes none); a many-language one takes any of its codes, the server's defaults
+  for those not given, and needs both one way or the other."""
+  if not service.languages:
+    for code, served in ((source, service.source_lang), (target, service.target_lang)):
+      if code is not None and code != served:
+        raise ApiError(400, f"{code} is not supported (this server translates "
+                       f"{service.source_lang} to {service.target_lang})")
+    return {}
+  source, target = source or service.source_lang, target or service.target_lang
+  missing = [name for name, code in (("source_lang", source), ("target_lang", target))
+             if not code]
+  if missing:
+    raise ApiError(400, f"Invalid request: this server translates between "
+                   f"{len(service.languages)} languages and has no default "
+                   f"{' or '.join(missing)}: give {' and '.join(missing)}")
+  for code in (source, target):
+    if code not in service.languages:
+      raise ApiError(400, _unknown_code(code, service.languages))
+  return {"source_lang": source, "target_lang": target}
+
+
+def _job_pair(service: Service, source: str, target: str) -> dict[str, str]:
+  """The `Job` fields of a checked LibreTranslate pair: none for a one-pair server."""
+  return {"source_lang": source, "target_lang": target} if service.languages else {}
 
 
 _LIBRE_SCHEMA = {
@@ -440,4 +563,4 @@ async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
 
 
 __all__ = ["LANGUAGE_NAMES", "Guard", "Service", "TranslateRequest", "TranslateResponse",
-           "make_app"]
+           "language_name", "make_app"]

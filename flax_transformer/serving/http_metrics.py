@@ -44,6 +44,9 @@ class Metrics:
                                   registry=self.registry)
     self.tokens = prom.Counter(f"{prefix}output_tokens", "Tokens of the best translations "
                                "(EOS included).", registry=self.registry)
+    self.target_sentences = prom.Counter(
+        f"{prefix}target_sentences", "Sentences searched, by target language (a many-language "
+        "model's).", ["target_lang"], registry=self.registry)
     self.batches = prom.Counter(f"{prefix}batches", "Searches run, by outcome.", ["outcome"],
                                 registry=self.registry)
     self.batch_sentences = prom.Histogram(f"{prefix}batch_sentences", "Sentences per search "
@@ -74,6 +77,8 @@ class Metrics:
     if report.failed:
       return
     self.sentences.inc(report.sentences)
+    for target_lang, count in report.target_langs:
+      self.target_sentences.labels(target_lang).inc(count)
     self.tokens.inc(report.target_tokens)
     self.batch_sentences.observe(report.sentences)
     self.batch_requests.observe(report.requests)

@@ -1,9 +1,13 @@
 """The HTTP server's web page at `/`: a text box, the language pair, a translate button, the
 n-best when asked and the error line, in one self-contained HTML file (no external script or
 style, so it works on a machine with no internet) that calls the server's own `/languages` and
-`/translate` (LibreTranslate's shapes)."""
+`/translate` (LibreTranslate's shapes). When /languages lists more than one pair (a
+many-language model), the pair becomes two `<select>`s, source and target, set to the server's
+defaults (`render_page`) where it has them."""
 
 from __future__ import annotations
+
+import html
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -22,10 +26,14 @@ PAGE = """<!doctype html>
   ol { margin: .25rem 0; }
 </style>
 </head>
-<body>
+<body data-source="{source}" data-target="{target}">
 <h1>flax-transformer</h1>
 <div class="row">
   <span id="pair">…</span>
+  <span id="choice" hidden>
+    <select id="source_lang" aria-label="source language"></select> &rarr;
+    <select id="target_lang" aria-label="target language"></select>
+  </span>
   <label>alternatives <input id="alternatives" type="number" min="0" value="0"
          style="width: 4rem"></label>
   <label>API key <input id="api_key" type="password" autocomplete="off"></label>
@@ -39,14 +47,46 @@ PAGE = """<!doctype html>
 <script>
 "use strict";
 let source = null, target = null;
+const names = {}, targets = {};  // A many-language server's: by code.
 const $ = (id) => document.getElementById(id);
+
+function option(select, code, name, chosen) {
+  const item = document.createElement("option");
+  item.value = code;
+  item.textContent = name === code ? code : name + " (" + code + ")";
+  item.selected = code === chosen;
+  select.appendChild(item);
+}
+
+function fillTargets() {
+  source = $("source_lang").value;
+  const wanted = target || document.body.dataset.target;
+  const codes = targets[source] || [];
+  target = codes.includes(wanted) ? wanted : codes[0];
+  $("target_lang").replaceChildren();
+  for (const code of codes) option($("target_lang"), code, names[code] || code, target);
+}
 
 async function loadPair() {
   try {
     const languages = await (await fetch("/languages")).json();
-    source = languages[0].code;
-    target = languages[0].targets[0];
-    $("pair").textContent = languages[0].name + " \\u2192 " + target;
+    const pairs = languages.reduce((count, l) => count + l.targets.length, 0);
+    if (pairs <= 1) {  // One pair: its names, as text.
+      source = languages[0].code;
+      target = languages[0].targets[0];
+      $("pair").textContent = languages[0].name + " \\u2192 " + target;
+      return;
+    }
+    const wanted = document.body.dataset.source;
+    for (const l of languages) {
+      names[l.code] = l.name;
+      targets[l.code] = l.targets;
+    }
+    for (const l of languages) option($("source_lang"), l.code, l.name, wanted);
+    if (!targets[wanted]) $("source_lang").value = languages[0].code;
+    fillTargets();
+    $("pair").hidden = true;
+    $("choice").hidden = false;
   } catch (error) {
     $("error").textContent = "Could not read /languages: " + error;
   }
@@ -81,10 +121,21 @@ async function translate() {
 }
 
 $("translate").addEventListener("click", translate);
+$("source_lang").addEventListener("change", fillTargets);
+$("target_lang").addEventListener("change", () => { target = $("target_lang").value; });
 loadPair();
 </script>
 </body>
 </html>
 """
 
-__all__ = ["PAGE"]
+
+
+def render_page(source_lang: str = "", target_lang: str = "") -> str:
+  """The page, its language choice set to these codes where /languages lists them (a
+  many-language server's defaults; '' for none)."""
+  return (PAGE.replace("{source}", html.escape(source_lang, quote=True))
+          .replace("{target}", html.escape(target_lang, quote=True)))
+
+
+__all__ = ["PAGE", "render_page"]
