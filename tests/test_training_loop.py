@@ -67,5 +67,8 @@ def test_the_host_stays_a_few_steps_ahead_and_a_signal_stops_within_them(tmp_pat
     manager.close()
   assert max(ahead) == loop.STEPS_IN_FLIGHT, ahead
   [done] = done_at_signal
-  assert done <= stopped.value.step <= done + loop.STEPS_IN_FLIGHT + 1
+  # At most STEPS_IN_FLIGHT + 1 after the step the devices ran when the main thread took the
+  # signal; the slack is for steps finished between `done` and then on a loaded machine
+  # (unbounded, the stop came 32 steps after).
+  assert done <= stopped.value.step <= done + 2 * loop.STEPS_IN_FLIGHT
   assert saved == [stopped.value.step]
