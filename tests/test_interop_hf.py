@@ -140,6 +140,18 @@ def test_sentences_of_several_pairs_share_a_batch_each_as_alone(imported, senten
   mixed = imported.translator.translate_nbest(
       lines * 3, languages=[pair for pair in pairs for _ in lines], **settings)
   assert mixed == [hypotheses for each in alone for hypotheses in each]
+  # Scoring too: each pair's targets (the best translations) scored with their own pair.
+  targets = [hypotheses[0][0] for hypotheses in mixed]
+  scores = imported.translator.score(lines * 3, targets,
+                                     languages=[pair for pair in pairs for _ in lines])
+  for k, (source, target) in enumerate(pairs):
+    rows = slice(k * len(lines), (k + 1) * len(lines))
+    np.testing.assert_allclose(scores[rows], imported.translator.score(
+        lines, targets[rows], source_lang=source, target_lang=target), rtol=1e-6)
+  # The language token is scored: another target language scores the same text otherwise.
+  other = imported.translator.score(lines, targets[:len(lines)], source_lang=english,
+                                    target_lang=french)
+  assert np.abs(np.subtract(scores[:len(lines)], other)).min() > 1e-3
 
 
 # ---------------------------------------------------------------------------------- logits
@@ -444,51 +456,26 @@ def test_a_target_prefix_follows_the_language_token(imported, sentences):
   assert all(np.isfinite(scores))
 
 
-def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, sentences):
-  if imported.family != "mbart50":
-    pytest.skip("one family is enough")
-  httpx = pytest.importorskip("httpx", reason="needs the [serve] extra")
-  pytest.importorskip("fastapi", reason="needs the [serve] extra")
-  import asyncio
-
-  from flax_transformer.serving import Batcher, Service
+def _server(translator: Translator, service, max_wait_ms: int = 1000):
+  """(a started batcher over `translator`, its app serving `service`, the batcher's reports)."""
+  from flax_transformer.serving import Batcher
   from flax_transformer.serving.http_api import make_app
 
-  source, target = imported.codes[0], imported.codes[1]
-  settings = dict(method="greedy", max_len_a=0.0, max_len_b=N - 1)
-  translator = Translator.from_workdir(imported.workdir, grow_cache="no", source_lang=source,
-                                       target_lang=target, **settings)
-  batcher = Batcher(translator, max_wait_ms=20)
+  reports = []
+  batcher = Batcher(translator, max_wait_ms=max_wait_ms, observe=reports.append)
   batcher.start()
   assert batcher.ready.wait(60)
-  app = make_app(batcher, Service(source, target, step=translator.step))
-
-  async def run():
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://server", timeout=120) as client:
-      return await asyncio.gather(*[client.post("/translate", json={
-          "q": line, "source": source, "target": target}) for line in sentences[:4]])
-
-  answers = asyncio.run(run())
-  batcher.close(10)
-  assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
+  return batcher, make_app(batcher, service), reports
 
 
 def _many_language_server(imported, **options):
-  """(a started batcher over a Translator of no language pair, its app, the batcher's reports):
-  a server of every pair of the model, as `serve` runs one without --source_lang/--target_lang
-  (`options`: the Service's defaults)."""
-  from flax_transformer.serving import Batcher, Service
-  from flax_transformer.serving.http_api import make_app
+  """`_server` over a Translator of no language pair: a server of every pair of the model, as
+  `serve` runs one without --source_lang/--target_lang (`options`: the Service's defaults)."""
+  from flax_transformer.serving import Service
 
   translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED)
-  reports = []
-  batcher = Batcher(translator, max_wait_ms=1000, observe=reports.append)
-  batcher.start()
-  assert batcher.ready.wait(60)
-  service = Service(options.get("source"), options.get("target"),
-                    languages=tuple(translator.languages))
-  return batcher, make_app(batcher, service), reports
+  return _server(translator, Service(options.get("source"), options.get("target"),
+                                     languages=tuple(translator.languages)))
 
 
 def _posts(app, requests):
@@ -503,6 +490,24 @@ def _posts(app, requests):
                                     client.post(path, json=body) for path, body in requests])
 
   return asyncio.run(run())
+
+
+def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, sentences):
+  if imported.family != "mbart50":
+    pytest.skip("one family is enough")
+  pytest.importorskip("fastapi", reason="needs the [serve] extra")
+  from flax_transformer.serving import Service
+
+  source, target = imported.codes[0], imported.codes[1]
+  settings = dict(method="greedy", max_len_a=0.0, max_len_b=N - 1)
+  translator = Translator.from_workdir(imported.workdir, grow_cache="no", source_lang=source,
+                                       target_lang=target, **settings)
+  batcher, app, _ = _server(translator, Service(source, target, step=translator.step),
+                            max_wait_ms=20)
+  answers = _posts(app, [("/translate", {"q": line, "source": source, "target": target})
+                         for line in sentences[:4]])
+  batcher.close(10)
+  assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
 
 
 SERVED = dict(max_len_a=0.0, max_len_b=N - 1, beam_size=4)  # The server's search settings.

@@ -612,25 +612,30 @@ class Translator:
         len(text.split()))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], *, normalize: bool = False,
-            params: Any = None, **settings: Any) -> list[float]:
+            params: Any = None, languages: Sequence[tuple[str, str]] | None = None,
+            **settings: Any) -> list[float]:
     """log p(target | source) per pair, natural log, summed over the target's tokens with EOS
     (`normalize`: divided by that number of tokens). Empty lines score as EOS alone. A
-    many-language model's targets start with the target language token (`settings`
-    source_lang, target_lang), which is scored too."""
+    many-language model's targets start with the target language token, which is scored
+    too: of `settings`' source_lang and target_lang, or of each pair's own (source_lang,
+    target_lang) in `languages` (as `iter_nbest` takes them)."""
     batches = ((b.indices, [float(v) for v in b.log_probs / (b.target_tokens if normalize
                                                               else 1)])
-               for b in self.iter_score(sources, targets, params=params, **settings))
+               for b in self.iter_score(sources, targets, params=params, languages=languages,
+                                        **settings))
     return in_input_order(len(sources), batches, 0.0)
 
   def iter_score(self, sources: Sequence[str], targets: Sequence[str], *,
-                 params: Any = None, **settings: Any) -> Iterator[Scored]:
+                 params: Any = None, languages: Sequence[tuple[str, str]] | None = None,
+                 **settings: Any) -> Iterator[Scored]:
     """Yields the scores of `score` step by step, in plan order."""
     files.check_line_aligned({"sources": len(sources), "targets": len(targets)})
     params = self._params(params)
-    source_lead, target_lead = self.language_tokens(self._options(settings))
-    source_ids, source_cut = self._tokenize(sources, keep_empty=True, lead=source_lead)
+    source_leads, target_leads = self._language_leads(self._options(settings), languages,
+                                                      len(sources))
+    source_ids, source_cut = self._tokenize(sources, keep_empty=True, leads=source_leads)
     target_ids, target_cut = self._tokenize(targets, keep_empty=True, side="target",
-                                            lead=target_lead)
+                                            leads=target_leads)
     cut = source_cut | target_cut
     batches = plan_batches([len(ids) for ids in source_ids], self.settings.batch_tokens,
                            self.model_config.max_len, [len(ids) for ids in target_ids])
