@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import html
 
-PAGE = """<!doctype html>
+# The page, with {source} and {target} where render_page puts the default pair's codes.
+_TEMPLATE = """<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -130,12 +131,11 @@ loadPair();
 """
 
 
-
 def render_page(source_lang: str = "", target_lang: str = "") -> str:
   """The page, its language choice set to these codes where /languages lists them (a
   many-language server's defaults; '' for none)."""
-  return (PAGE.replace("{source}", html.escape(source_lang, quote=True))
+  return (_TEMPLATE.replace("{source}", html.escape(source_lang, quote=True))
           .replace("{target}", html.escape(target_lang, quote=True)))
 
 
-__all__ = ["PAGE", "render_page"]
+__all__ = ["render_page"]
