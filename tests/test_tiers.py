@@ -92,7 +92,7 @@ def test_each_one_worker_module_exists_and_its_tests_share_one_group(request):
       [("xdist_group", ("test_training_resume-local",))]]
   # pytest-xdist read the marks: in a loadgroup session, its hook gave each collected test its
   # group, by which it schedules (a mark added after its hook groups nothing).
-  if request.config.getvalue("loadgroup"):
+  if request.config.getoption("loadgroup", default=False):  # Absent without workers (-n 0).
     for item in request.session.items:
       group = xdist_group_of(item)
       assert item.nodeid.endswith(f"@{group}") if group else "@" not in item.nodeid, item.nodeid
