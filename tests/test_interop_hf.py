@@ -478,14 +478,16 @@ def _many_language_server(imported, **options):
                                      languages=tuple(translator.languages)))
 
 
-def _posts(app, requests):
-  """The answers to (path, JSON body) requests sent at once (GET for a None body)."""
+def _posts(app, requests, headers=None):
+  """The answers to (path, JSON body) requests sent at once (GET for a None body), with
+  `headers` besides httpx's own (which accept gzip)."""
   httpx = pytest.importorskip("httpx", reason="needs the [serve] extra")
   import asyncio
 
   async def run():
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://server", timeout=120) as client:
+                                 base_url="http://server", timeout=120,
+                                 headers=headers) as client:
       return await asyncio.gather(*[client.get(path) if body is None else
                                     client.post(path, json=body) for path, body in requests])
 
@@ -568,6 +570,11 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   assert [entry["code"] for entry in languages.json()] == codes
   for entry in languages.json():
     assert entry["targets"] == [other for other in codes if other != entry["code"]]
+  # Gzipped for a client that accepts it, the same JSON for one that does not.
+  [plain] = _posts(bare, [("/languages", None)], headers={"Accept-Encoding": "identity"})
+  assert "content-encoding" not in plain.headers and plain.json() == languages.json()
+  assert languages.headers["content-encoding"] == "gzip"
+  assert int(languages.headers["content-length"]) * 10 < len(plain.content)
   names = {entry["code"]: entry["name"] for entry in languages.json()}
   assert [names[code] for code in imported.codes] == ["English", "German", "French"]
   assert [answer.status_code for answer in (unknown, auto, no_pair)] == [400] * 3
