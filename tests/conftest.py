@@ -147,14 +147,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # worker is free. Until 2026-11-28 it grouped nothing: the marks came after pytest-xdist's hook
 # had read them, and pytest 9.2 ignores the id that hook writes (pyproject.toml pins pytest
 # below 9.2; tests/test_tiers.py checks the ids pytest-xdist schedules by). test_serving_server's
-# tests share its searches' programs (compiled by its first test, 40-50 s on 2 cores);
-# test_serving_constraints's share its module's workdir and the trained model's constrained
-# programs (the module alone on 2 workers: 382 worker-s spread, 308 grouped; AMD EPYC,
-# 2026-11-29).
+# tests share its searches' programs (compiled by its first test, 40-50 s on 2 cores). Grouping
+# saves CPU only where a module's fixtures cost: test_serving_constraints and test_serving_bulk
+# used as much CPU on one worker as spread over two (399 against 385 s, 306 against 306 s; AMD
+# EPYC, 2026-11-29), and the whole suite with every module grouped was no faster. (Compare CPU
+# time: the summed test durations of a spread run count both workers' waits for the cores.)
 ONE_WORKER_MODULES = frozenset({
     "test_cli", "test_decoding_prefix", "test_docs_site", "test_interop_marian",
-    "test_interop_marian_export", "test_serving_constraints", "test_serving_ensemble",
-    "test_serving_prefix_alignments", "test_serving_server", "test_serving_trained",
+    "test_interop_marian_export", "test_serving_ensemble", "test_serving_prefix_alignments",
+    "test_serving_server", "test_serving_trained",
     "test_training_multihost", "test_training_steps"})
 
 
