@@ -430,15 +430,13 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir,
   lines, chunk_lines, num_chunks = 500, 20, 25
   write_input(source, lines, seed=5)
   flags = ["--chunk_lines", str(chunk_lines), "--method", "greedy", "--batch_tokens", "256"]
-  cache = tmp_path / "xla"
-  run = cli(*translate_args(workdir, source, reference, *flags), cache=cache,
-            stderr=subprocess.PIPE)
+  # The session's compilation cache (conftest's): both kinds load the programs it compiles.
+  run = cli(*translate_args(workdir, source, reference, *flags), stderr=subprocess.PIPE)
   assert run.communicate(timeout=300)[1] is not None and run.returncode == 0
   partial, rng = bulk.partial_dir(str(output)), random.Random(0)
   before: dict[str, tuple[int, int]] = {}
   for target in sorted(rng.sample(range(1, num_chunks - 1), 3)):  # [2, 13, 14], then 0.08-0.15 s.
-    run = cli(*translate_args(workdir, source, output, *flags), cache=cache,
-              stderr=subprocess.DEVNULL)
+    run = cli(*translate_args(workdir, source, output, *flags), stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while len(list(partial.glob("chunk_*"))) < target and run.poll() is None:
       assert time.monotonic() < deadline, "no chunks written"
@@ -453,8 +451,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir,
     assert all(chunks[name] == stamp for name, stamp in before.items())
     assert len(chunks) >= target
     before = chunks
-  run = cli(*translate_args(workdir, source, output, *flags), cache=cache,
-            stderr=subprocess.PIPE)
+  run = cli(*translate_args(workdir, source, output, *flags), stderr=subprocess.PIPE)
   log = run.communicate(timeout=300)[1]
   assert run.returncode == 0, log[-3000:]
   done = len(before)

@@ -45,11 +45,11 @@ RUN = {"train__num_train_steps": TOTAL_STEPS, "train__log_every_steps": 1,
 @pytest.fixture(scope="module", params=STORAGE_KINDS)
 def shared(request, tmp_path_factory):
   """The runs' folder (local, or gs:// on the emulator), and the environment that gives them
-  one compilation cache and one local TFDS folder."""
+  one local TFDS folder and caches every program they compile (in the session's compilation
+  cache, conftest's, which both kinds and the other modules' train.py runs share)."""
   local = tmp_path_factory.mktemp("resume")
   root = storage_folder(request.param, request, tmp_path_factory, "resume")
-  env = {"JAX_COMPILATION_CACHE_DIR": str(local / "jax_cache"),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+  env = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
   return root, env, {"data__tfds_data_dir": str(local / "tfds")}
 
