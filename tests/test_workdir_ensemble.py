@@ -105,11 +105,14 @@ def test_a_step_folder_is_read_without_its_training_items(steps, tmp_path):
   assert f"The checkpoint {copy / 'checkpoints' / '9'} is unreadable" in str(error.value)
 
 
-def test_the_stray_reads_of_a_failed_restore_report_nothing_later(caplog):
+def test_the_stray_reads_of_a_failed_restore_report_nothing_later(caplog, monkeypatch):
   """Orbax's other reads of a damaged checkpoint fail after the restore has raised; asyncio
   reports each gathered failure when it is garbage collected, past read_checkpoint's window (a
-  traceback under the one error line: seen in CI under load). After a failed read, reports of
-  orbax's reads are dropped, and only those."""
+  traceback under the one error line: seen in CI under load), and a read's own future its
+  bare error (no traceback; CI, 2026-11-29). After a failed read, reports of orbax's reads and
+  of errors naming the failed checkpoint are dropped, and only those."""
+  failed = "/w/checkpoints/30"
+  monkeypatch.setattr(workdir_checkpoints, "_FAILED_CHECKPOINTS", {failed})
   workdir_checkpoints._drop_stray_orbax_reads()  # What a failed read_checkpoint does.
 
   def _read_array_index_and_device_put():  # orbax's name; it re-raises as a bare Exception.
@@ -117,6 +120,10 @@ def test_the_stray_reads_of_a_failed_restore_report_nothing_later(caplog):
 
   def some_other_coroutine():
     raise ValueError("a bug elsewhere")
+
+  def tensorstore_error(path):  # As tensorstore sets it on a read's future: no traceback.
+    return ValueError(f'OUT_OF_RANGE: Error reading "kernel/0.0" in OCDBT database at local '
+                      f'file "{path}/params/": Requested byte range [0, 8) is not valid')
 
   loop = asyncio.new_event_loop()
   try:
@@ -131,10 +138,16 @@ def test_the_stray_reads_of_a_failed_restore_report_nothing_later(caplog):
           future.set_exception(chained)
       del future
       gc.collect()  # The future's report, as when the failed restore's futures are collected.
+    for path in (failed, "/w/checkpoints/20"):  # Another checkpoint's error is reported.
+      future = loop.create_future()
+      future.set_exception(tensorstore_error(path))
+      del future
+      gc.collect()
   finally:
     loop.close()
   reports = [r for r in caplog.records if "exception was never retrieved" in r.getMessage()]
-  assert [str(r.exc_info[1].__cause__) for r in reports] == ["a bug elsewhere"]
+  assert [str(r.exc_info[1].__cause__ or r.exc_info[1])[:60] for r in reports] == [
+      "a bug elsewhere", str(tensorstore_error("/w/checkpoints/20"))[:60]]
 
 
 def test_a_device_is_honoured(steps):

@@ -372,6 +372,8 @@ def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], adv
     except _ShapeMismatch:
       raise  # A readable checkpoint of other shapes: the caller's error, not the file's.
     except Exception as error:
+      _FAILED_CHECKPOINTS.update({str(path), os.path.abspath(path)} if "://" not in str(path)
+                                 else {str(path)})
       steps = f" Saved steps: {list(saved)}." if saved else ""
       raise UnreadableCheckpointError(
           f"The checkpoint {path} is unreadable: {_first_line(error)}.{steps} {advice}."
@@ -404,6 +406,8 @@ def _tracebacks_of_stray_reads_dropped(settle_seconds: float = 0.2,
 
 
 _ORBAX_READ = "_read_array_index_and_device_put"  # orbax's coroutine that reads one array
+# The checkpoints whose reads failed in this process: tensorstore's errors name the file.
+_FAILED_CHECKPOINTS: set[str] = set()
 
 
 def _drop_stray_orbax_reads() -> None:
@@ -411,8 +415,10 @@ def _drop_stray_orbax_reads() -> None:
   each then reports its error past the window above: as 'Exception ignored in: <coroutine
   _read_array_index_and_device_put>' (sys.unraisablehook), or, for the asyncio futures that
   gathered them, as an ERROR log record "... exception was never retrieved" with the read's
-  traceback (asyncio's logger; seen under load in CI, 2026-11-28). Both are dropped from now on
-  in this process, for reads of orbax's alone."""
+  traceback (asyncio's logger; seen under load in CI, 2026-11-28), or for a read's own
+  tensorstore future, with its bare error, which names the checkpoint's folder (CI,
+  2026-11-29). All are dropped from now on in this process, for reads of orbax's alone and
+  errors that name a checkpoint whose read failed."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_orbax_reads", False):
     return
@@ -428,11 +434,14 @@ def _drop_stray_orbax_reads() -> None:
 
 def _not_a_stray_orbax_read(record: logging.LogRecord) -> bool:
   """A logging filter: False for asyncio's report of an orbax read's exception that nothing
-  retrieved (raised in `_ORBAX_READ`, or by an error chained from one)."""
+  retrieved (raised in `_ORBAX_READ`, or by an error chained from one, or naming a checkpoint
+  in `_FAILED_CHECKPOINTS`)."""
   if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
     return True
   error = record.exc_info[1]
   while error is not None:
+    if any(path in str(error) for path in _FAILED_CHECKPOINTS):
+      return False
     traceback = error.__traceback__
     while traceback is not None:
       if traceback.tb_frame.f_code.co_name == _ORBAX_READ:
