@@ -432,6 +432,12 @@ def _drop_stray_orbax_reads() -> None:
   logging.getLogger("asyncio").addFilter(_not_a_stray_orbax_read)
 
 
+def _names(text: str, path: str) -> bool:
+  """Whether `text` names the folder `path` itself or a file in it, not a longer name that
+  begins the same (checkpoint 300 after checkpoint 30 failed)."""
+  return re.search(re.escape(path.rstrip("/")) + r"(?![^/\"'\s])", text) is not None
+
+
 def _not_a_stray_orbax_read(record: logging.LogRecord) -> bool:
   """A logging filter: False for asyncio's report of an orbax read's exception that nothing
   retrieved (raised in `_ORBAX_READ`, or by an error chained from one, or naming a checkpoint
@@ -440,7 +446,7 @@ def _not_a_stray_orbax_read(record: logging.LogRecord) -> bool:
     return True
   error = record.exc_info[1]
   while error is not None:
-    if any(path in str(error) for path in _FAILED_CHECKPOINTS):
+    if any(_names(str(error), path) for path in _FAILED_CHECKPOINTS):
       return False
     traceback = error.__traceback__
     while traceback is not None:
