@@ -39,8 +39,8 @@ def test_beam_search_with_a_growing_state_equals_brute_force(alpha):
   def run(state, beam_size, resize_state=None, segment_length=16):
     problem = SearchProblem(toy.step, state, batch_size=2, max_decode_len=5, eos_id=EOS,
                             resize_state=resize_state)
-    return beam_search(problem, beam_size=beam_size, ranking=ranking,
-                       loop_options=LoopOptions(segment_length=segment_length))
+    return beam_search(problem, beam_size=beam_size, ranking=ranking,  # Two steps a turn.
+                       loop_options=LoopOptions(segment_length, steps_per_iteration=2))
 
   sequences, scores = run(toy.initial_state(1), beam_size=81,
                           resize_state=HistoryToy.resize, segment_length=2)
@@ -62,7 +62,8 @@ def test_history_toy_catches_a_segment_that_ends_mid_iteration(monkeypatch):
   problem = SearchProblem(toy.step, toy.initial_state(1), batch_size=2, max_decode_len=5,
                           eos_id=EOS, resize_state=HistoryToy.resize)
   sequences, scores = beam_search(problem, beam_size=81,
-                                  ranking=Ranking(0.6, finish_rule="every_beam"))
+                                  ranking=Ranking(0.6, finish_rule="every_beam"),
+                                  loop_options=LoopOptions(steps_per_iteration=2))
   with pytest.raises(AssertionError):
     assert_matches_brute_force(sequences, scores, toy, 0.6)
 
@@ -117,8 +118,9 @@ def test_growth_schedule_steps_by_segments_then_doubles(segment_length, steps_pe
     loop.growth_schedule(10, 2, 0)
 
 
-# 2: the CPU's default for beams, a divisor of L = 10; 3 and 8: neither, and 8 runs past the
-# early exit within its first iteration. (4 added nothing to 3 and 8 but five compiles a case.)
+# 1: the CPU's default; 2: the GPU's for beams, a divisor of L = 10; 3 and 8: neither, and 8
+# runs past the early exit within its first iteration. (4 added nothing to 3 and 8 but five
+# compiles a case.)
 STEPS_PER_ITERATION = (1, 2, 3, 8)
 
 
@@ -181,10 +183,12 @@ def test_default_steps_per_iteration_follows_the_backend(monkeypatch):
   assert loop.default_steps_per_iteration(beam=True) == (
       table.get(jax.default_backend(), table["cpu"])[0])
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert loop.default_steps_per_iteration(beam=True) == 2
+  assert loop.default_steps_per_iteration(beam=True) == 1
   assert loop.default_steps_per_iteration(beam=False) == 1
-  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # Unlisted: the CPU's settings.
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert loop.default_steps_per_iteration(beam=True) == 2
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # Unlisted: the CPU's settings.
+  assert loop.default_steps_per_iteration(beam=True) == 1
   with pytest.raises(ValueError, match="steps_per_iteration must be a positive int"):
     greedy_search(SearchProblem(fixed_step, {}, batch_size=1, max_decode_len=3, eos_id=EOS),
                   loop_options=LoopOptions(steps_per_iteration=0))

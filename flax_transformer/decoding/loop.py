@@ -24,7 +24,7 @@ DEFAULT_SEGMENT_LENGTH = 16
 # Steps per while-loop iteration when not told, by backend: (beam search, greedy/sampling);
 # other backends (TPU, whose loops run on the device) take the CPU's. The figures behind these
 # choices (CPU and GPU) are in docs/performance.md, "Measured design choices".
-STEPS_PER_ITERATION = {"cpu": (2, 1), "gpu": (2, 1)}
+STEPS_PER_ITERATION = {"cpu": (1, 1), "gpu": (2, 1)}
 
 
 class ResizeState(Protocol):
