@@ -1,0 +1,100 @@
+"""Several seeds' Multi30k selections side by side: each seed's choice on val, its test2016
+scores, and the mean and spread over the seeds, per selection grid.
+
+Reads what `multi30k_select.py` prints (one JSON line per scored setting; its closing table is
+skipped), one file per (seed, protocol): the output of, for each seed's workdir,
+
+  python benchmarks/quality/multi30k_select.py --workdir runs/mini7k_s0 ... | tee select_s0.log
+
+  python benchmarks/quality/multi30k_seeds.py select_s0.log select_s1.log select_s2.log
+
+Files that tried different grids (windows x beams x normalizations x length penalties) are
+reported in separate tables, so that a mean never mixes two protocols. Prints Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+CHOSEN = "test_2016_flickr (chosen on val)"
+SETTINGS = ("beam_size", "length_normalization", "length_penalty")
+
+
+def read_selection(path: Path) -> dict:
+  """One selection run: its workdir, grid, chosen (candidate, settings), the chosen setting's
+  val and test scores. Raises ValueError naming the file if it holds no finished selection."""
+  rows = []
+  for number, line in enumerate(path.read_text().splitlines(), start=1):
+    if line.startswith("{"):
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
+      if row.get("benchmark") == "multi30k_select":
+        rows.append(row)
+  chosen = [row for row in rows if row["split"] == CHOSEN]
+  if len(chosen) != 1 or len({row["workdir"] for row in rows}) != 1:
+    raise ValueError(f"{path}: expected the JSON lines of one finished multi30k_select run "
+                     f"(one '{CHOSEN}' line), found {len(chosen)} such lines.")
+  [test] = chosen
+  key = lambda row: (row["candidate"], *(row[name] for name in SETTINGS))
+  val_rows = [row for row in rows if row["split"] == "val"]
+  [val] = [row for row in val_rows if key(row) == key(test)]
+  grid = (tuple(sorted({row["candidate"] for row in val_rows})),
+          *(tuple(sorted({row[name] for row in val_rows})) for name in SETTINGS))
+  return {"workdir": test["workdir"], "grid": grid, "candidate": test["candidate"],
+          "settings": {name: test[name] for name in SETTINGS}, "val": val, "test": test}
+
+
+def _spread(values: list[float]) -> str:
+  mean = statistics.fmean(values)
+  if len(values) == 1:
+    return f"{mean:.2f}"
+  return (f"{mean:.2f} (min {min(values):.2f}, max {max(values):.2f}, "
+          f"sd {statistics.stdev(values):.2f})")
+
+
+def report(selections: list[dict]) -> str:
+  """Markdown: one table per grid, a row per seed, then the mean over its seeds."""
+  grids: dict[tuple, list[dict]] = {}
+  for selection in selections:
+    grids.setdefault(selection["grid"], []).append(selection)
+  out = []
+  for grid, group in grids.items():
+    candidates, beams, normalizations, alphas = grid
+    out.append(f"Grid: {', '.join(candidates)} x beam {list(beams)} x "
+               f"{list(normalizations)} x alpha {list(alphas)}\n")
+    out.append("| workdir | chosen on val | val lc.norm.tok / cased | test2016 lc.norm.tok "
+               "| test2016 cased |")
+    out.append("|---|---|---:|---:|---:|")
+    for s in group:
+      setting = (f"{s['candidate']}, beam {s['settings']['beam_size']}, "
+                 f"{s['settings']['length_normalization']} {s['settings']['length_penalty']}")
+      out.append(f"| {s['workdir']} | {setting} | {s['val']['bleu_lc_norm_tok']:.2f} / "
+                 f"{s['val']['bleu']:.2f} | {s['test']['bleu_lc_norm_tok']:.2f} | "
+                 f"{s['test']['bleu']:.2f} |")
+    out.append(f"| **mean of {len(group)}** | | "
+               f"{statistics.fmean(s['val']['bleu_lc_norm_tok'] for s in group):.2f} / "
+               f"{statistics.fmean(s['val']['bleu'] for s in group):.2f} | "
+               f"{_spread([s['test']['bleu_lc_norm_tok'] for s in group])} | "
+               f"{_spread([s['test']['bleu'] for s in group])} |\n")
+  return "\n".join(out)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("logs", type=Path, nargs="+", help="multi30k_select.py's output, one "
+                      "file per seed and protocol")
+  args = parser.parse_args()
+  try:
+    selections = [read_selection(path) for path in args.logs]
+  except (OSError, ValueError) as error:
+    parser.exit(2, f"multi30k_seeds: {error}\n")
+  print(report(selections))
+
+
+if __name__ == "__main__":
+  main()
