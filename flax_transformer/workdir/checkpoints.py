@@ -433,9 +433,10 @@ def _drop_stray_orbax_reads() -> None:
 
 
 def _names(text: str, path: str) -> bool:
-  """Whether `text` names the folder `path` itself or a file in it, not a longer name that
-  begins the same (checkpoint 300 after checkpoint 30 failed)."""
-  return re.search(re.escape(path.rstrip("/")) + r"(?![^/\"'\s])", text) is not None
+  """Whether `text` names the folder `path` itself or a file in it (the path, then no character
+  that goes on a file name), not a longer name that begins the same (checkpoint 300 after
+  checkpoint 30 failed)."""
+  return re.search(re.escape(path.rstrip("/")) + r"(?![\w.-])", text) is not None
 
 
 def _not_a_stray_orbax_read(record: logging.LogRecord) -> bool:
