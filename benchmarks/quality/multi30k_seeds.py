@@ -40,9 +40,13 @@ def read_selection(path: Path) -> dict:
     raise ValueError(f"{path}: expected the JSON lines of one finished multi30k_select run "
                      f"(one '{CHOSEN}' line), found {len(chosen)} such lines.")
   [test] = chosen
-  key = lambda row: (row["candidate"], *(row[name] for name in SETTINGS))
+  key = lambda row: (row["candidate"], *(row.get(name) for name in SETTINGS))
   val_rows = [row for row in rows if row["split"] == "val"]
-  [val] = [row for row in val_rows if key(row) == key(test)]
+  val = [row for row in val_rows if key(row) == key(test)]
+  if len(val) != 1:
+    raise ValueError(f"{path}: {len(val)} val lines for the setting chosen on val, "
+                     f"{key(test)}; expected 1.")
+  val = val[0]
   grid = (tuple(sorted({row["candidate"] for row in val_rows})),
           *(tuple(sorted({row[name] for row in val_rows})) for name in SETTINGS))
   return {"workdir": test["workdir"], "grid": grid, "candidate": test["candidate"],
