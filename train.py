@@ -86,6 +86,7 @@ def main(argv):
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, model_overrides=model_overrides)
   except Preempted as stop:
     logging.warning("%s", stop)
+    distributed.leave(stop.exit_code)  # One of several processes: ends here.
     sys.exit(stop.exit_code)
   except Error as error:  # A fault of the job or its inputs that the user can fix: one line.
     # The last line: a data thread still finishing a batch logs nothing after it.
@@ -94,6 +95,7 @@ def main(argv):
   except Exception:  # A bug: its traceback, and how to report it.
     traceback.print_exc()
     sys.exit(bug_report("train.py"))
+  distributed.leave(0)  # One of several processes: ends here, its job done.
 
 
 if __name__ == "__main__":

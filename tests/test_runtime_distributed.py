@@ -1,6 +1,7 @@
 """flax_transformer.runtime.distributed: which launcher the environment describes, and the checks
-that stop a job at once when JAX would not see the tasks the launcher started. (Two processes that
-start from SLURM's variables alone, as under srun, are in test_training_multihost.py.)"""
+that stop a job at once when JAX would not see the tasks the launcher started, and how the
+processes leave at the end. (Two processes that start from SLURM's variables alone, as under
+srun, are in test_training_multihost.py.)"""
 
 import os
 import socket
@@ -90,3 +91,66 @@ def test_a_launcher_of_two_tasks_and_jax_with_one_process_stop(tmp_path):
   assert result.returncode == 1
   assert ("DistributedError: SLURM_NTASKS=2, SLURM_PROCID=0 says this job has 2 tasks, but JAX "
           "sees one process: each task would train alone, all in one workdir.") in result.stderr
+
+
+# A process of two that stands the coordination service's object (in process 0) in for a proxy
+# that prints when it is destroyed, and prints at the interpreter's exit, then ends as `END`
+# says: "leave" (distributed.leave(3 + process id)) or "exit" (the interpreter's exit, as JAX
+# ends a process by itself).
+LEAVING = """
+import atexit, sys
+import jax
+jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+from jax._src import distributed as jax_distributed
+from flax_transformer.runtime import distributed
+port, process_id, end = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+distributed.initialize(f'127.0.0.1:{port}', 2, process_id)
+
+class Watched:
+  def __init__(self, service):
+    self.service = service
+  def shutdown(self):
+    print('service destroyed', flush=True)
+    self.service.shutdown()
+
+state = jax_distributed.global_state
+if state.service is not None:
+  state.service = Watched(state.service)
+atexit.register(lambda: print('interpreter exit', flush=True))
+print(f'process {jax.process_index()} of {jax.process_count()}', flush=True)
+if end == 'leave':
+  distributed.leave(3 + process_id)
+  print('after leave', flush=True)
+"""
+
+
+def run_two_processes(end: str) -> list[subprocess.CompletedProcess]:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  runs = [subprocess.Popen([sys.executable, "-c", LEAVING, str(port), str(i), end], cwd=REPO,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+  outputs = [run.communicate(timeout=120) for run in runs]
+  return [subprocess.CompletedProcess(run.args, run.returncode, out, err)
+          for run, (out, err) in zip(runs, outputs, strict=True)]
+
+
+def test_processes_leave_through_the_barrier_and_the_service_is_never_destroyed():
+  """`leave` ends each process with its status and without the interpreter's exit, so the
+  coordination service, whose destruction can abort process 0 after a finished job, dies with
+  its process. The control: JAX's own exit destroys it."""
+  left = run_two_processes("leave")
+  assert [run.returncode for run in left] == [3, 4], [run.stderr[-2000:] for run in left]
+  assert [run.stdout for run in left] == ["process 0 of 2\n", "process 1 of 2\n"]
+
+  exited = run_two_processes("exit")
+  assert [run.returncode for run in exited] == [0, 0], [run.stderr[-2000:] for run in exited]
+  assert [run.stdout for run in exited] == [
+      "process 0 of 2\ninterpreter exit\nservice destroyed\n", "process 1 of 2\ninterpreter exit\n"]
+
+
+def test_leave_does_nothing_in_a_one_process_job():
+  distributed.leave(5)  # Returns: no JAX runtime here, so no exit.
+  assert not jax.distributed.is_initialized()

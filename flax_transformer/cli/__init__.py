@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from flax_transformer.cli import configs, serving, stopping, translation, workdirs
 from flax_transformer.cli.arguments import Parser
 from flax_transformer.errors import Error, bug_report
+from flax_transformer.runtime import distributed
 
 # Quiet TensorFlow-style C++ logs from dependencies; must precede their import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -80,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       status = stop.exit_code
   if argv is None:
     stopping.exiting_on_signals(status)
+    distributed.leave(status)  # One of several processes: ends here.
   return status
 
 

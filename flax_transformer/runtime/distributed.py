@@ -20,14 +20,20 @@ commands do the same, with the flags of `add_arguments`):
 
 Where the launcher says N > 1 tasks but JAX would see one process, `DistributedError` names the
 variables at once: N copies of a one-process job would each train alone, all in one workdir.
+
+At the end, `leave` takes every process out through the runtime's shutdown barrier and ends it,
+without the crash that JAX's own exit can meet in process 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
+import sys
+import time
 from collections.abc import Mapping
 
 from flax_transformer.errors import Error
@@ -39,6 +45,9 @@ FLAGS = (
     ("num_processes", int, "Multi-process: the number of processes."),
     ("process_id", int, "Multi-process: this process's index, 0 to num_processes - 1."),
 )
+# How long the process hosting the coordination service stays after the shutdown barrier, for the
+# barrier's replies to the other processes to reach them (`leave`).
+SERVICE_LINGER_SECONDS = 1.0
 SLURM_NEEDS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
                "SLURM_LOCALID")
 
@@ -147,3 +156,47 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def _first_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def leave(status: int) -> None:
+  """Ends this process with exit `status` when it is one of the processes of JAX's multi-process
+  runtime, after leaving it in an order that cannot crash; in a one-process job, does nothing.
+  Call it last, when the job's outputs are written and its files closed.
+
+  JAX's own exit (an atexit callback) disconnects this process's client through the
+  coordination service's shutdown barrier and then, in the process that hosts the service
+  (process 0), destroys the service. That destruction can abort the process after the job has
+  done everything (gRPC's "Check failed: queue.Pop() == nullptr", SIGABRT): the job's scheduler
+  sees a failure. Here every process disconnects through the same barrier (none leaves while
+  another still works), the host of the service waits a moment, so that the other processes'
+  replies from the barrier, sent as its own, reach them, and every process then ends without
+  the interpreter's exit: the service ends with its process, never destroyed.
+  """
+  if "jax" not in sys.modules:  # The command never used JAX (--help, say).
+    return
+  import jax
+
+  if not jax.distributed.is_initialized():
+    return
+  from jax._src import distributed as jax_distributed  # The runtime's client and service.
+
+  state = jax_distributed.global_state
+  hosts_service = getattr(state, "service", None) is not None
+  if not hasattr(state, "client") or not hasattr(state, "preemption_sync_manager"):
+    jax.distributed.shutdown()  # A JAX whose runtime state looks otherwise: its own order.
+  else:
+    if state.preemption_sync_manager is not None:  # It uses the client: first, as JAX does.
+      state.preemption_sync_manager.shutdown()
+      state.preemption_sync_manager = None
+    if state.client is not None:
+      # The barrier: returns when every process has reached it. (Where another process died
+      # instead, JAX's runtime ends this one, naming the lost process.)
+      state.client.shutdown()
+      state.client = None
+    if hosts_service:
+      time.sleep(SERVICE_LINGER_SECONDS)
+  logging.shutdown()  # Flushes every handler (absl's stderr too).
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  os._exit(status)
