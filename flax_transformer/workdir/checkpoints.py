@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -417,8 +418,12 @@ def _drop_stray_orbax_reads() -> None:
   gathered them, as an ERROR log record "... exception was never retrieved" with the read's
   traceback (asyncio's logger; seen under load in CI, 2026-11-28), or for a read's own
   tensorstore future, with its bare error, which names the checkpoint's folder (CI,
-  2026-11-29). All are dropped from now on in this process, for reads of orbax's alone and
-  errors that name a checkpoint whose read failed."""
+  2026-11-29), or, for a read that never started, as "RuntimeWarning: coroutine
+  '_read_array_index_and_device_put' was never awaited" (a warning; under load, 2026-11-29).
+  All are dropped from now on in this process, for reads of orbax's alone and errors that name
+  a checkpoint whose read failed."""
+  warnings.filterwarnings("ignore", rf"coroutine '([\w<>]+\.)*{_ORBAX_READ}' was never awaited",
+                          RuntimeWarning)
   previous = sys.unraisablehook
   if getattr(previous, "drops_orbax_reads", False):
     return
