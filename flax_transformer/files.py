@@ -140,7 +140,21 @@ def remove_tree(value: str | os.PathLike) -> None:
       with contextlib.suppress(FileNotFoundError):
         target.rmtree()
     return
-  shutil.rmtree(os.fspath(target), ignore_errors=True)
+  _rmtree(os.fspath(target))
+
+
+def _rmtree(path: str) -> None:
+  """shutil.rmtree, ignoring errors, except that a KeyboardInterrupt raised inside it (Ctrl-C,
+  or the CLI's SIGTERM: `cli.stopping`) comes out as itself. rmtree closes the folder's
+  descriptor in a `finally` unless it has marked it closed; a signal right after its first close
+  lands before the mark, and the second close's OSError (EBADF) would hide the stop behind a
+  traceback."""
+  try:
+    shutil.rmtree(path, ignore_errors=True)
+  except OSError as error:
+    if isinstance(error.__context__, KeyboardInterrupt):
+      raise error.__context__ from None
+    raise
 
 
 def storage_error(error: BaseException, where: str | os.PathLike, action: str = "use"
@@ -591,7 +605,7 @@ def new_folder(path: str | os.PathLike, flag: str) -> Iterator[Path]:
     yield staging
     os.rename(staging, path)  # Onto a missing path or an empty folder.
   except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
+    _rmtree(os.fspath(staging))
     raise
 
 

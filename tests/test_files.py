@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import stat
 
 import pytest
@@ -121,3 +122,30 @@ def test_a_new_folder_is_renamed_into_place_whole_or_not_at_all(tmp_path):
   with (pytest.raises(FileExistsError, match=r"--output .*model exists and is not empty"),
         files.new_folder(target, "--output")):
     pass
+
+
+def test_a_stop_inside_remove_tree_comes_out_as_the_stop(tmp_path, monkeypatch):
+  """A signal handled right after rmtree closed the folder's descriptor, before it marked it
+  closed: rmtree's second close fails (EBADF), and remove_tree raises the stop, not that
+  OSError (a traceback where the CLI prints one line)."""
+  real_close, closed = os.close, []
+
+  def close_then_stopped(fd):
+    real_close(fd)
+    if fd not in closed:  # The first close: the signal arrives as it returns.
+      closed.append(fd)
+      raise KeyboardInterrupt("SIGTERM")
+
+  def tree(name):  # Files only: the folder's descriptor is the one closed.
+    (tmp_path / name).mkdir()
+    for chunk in range(3):
+      (tmp_path / name / f"chunk_{chunk}.txt").write_text("a\n")
+    return tmp_path / name
+
+  monkeypatch.setattr(os, "close", close_then_stopped)
+  with pytest.raises(OSError) as plain:  # The control: shutil's own rmtree.
+    shutil.rmtree(tree("plain"), ignore_errors=True)
+  assert isinstance(plain.value.__context__, KeyboardInterrupt)
+  closed.clear()
+  with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+    files.remove_tree(tree("ours"))

@@ -36,7 +36,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -466,14 +465,14 @@ def _remove(partial: Path) -> None:
     return
   trash = partial.with_name(f"{partial.name}.removed.{os.getpid()}")
   os.replace(partial, trash)
-  shutil.rmtree(trash, ignore_errors=True)
+  files.remove_tree(trash)
 
 
 def _remove_leftovers(partial: Path) -> None:
   if files.is_remote(partial):
     return
   for leftover in partial.parent.glob(f"{partial.name}.removed.*"):
-    shutil.rmtree(leftover, ignore_errors=True)
+    files.remove_tree(leftover)
 
 
 # ------------------------------------------------------------------------------- streams
