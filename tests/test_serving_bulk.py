@@ -213,7 +213,7 @@ def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkey
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz.partial"]
   (tmp_path / ".out.txt.gz.x1y2.tmp").write_text("what a kill -9 mid-merge leaves\n")
   monkeypatch.undo()
-  monkeypatch.setattr(bulk.shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(
+  monkeypatch.setattr(files, "remove_tree", lambda *a, **k: (_ for _ in ()).throw(
       RuntimeError("killed while removing")))
   rerun = CountingTask(translator)
   with pytest.raises(RuntimeError, match="killed while removing"):
