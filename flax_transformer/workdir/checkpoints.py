@@ -367,6 +367,9 @@ def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], adv
       W/checkpoints/16 is unreadable: ValueError: OUT_OF_RANGE: Error reading ... Saved steps:
       [8, 16]. Pass --step ...".
   """
+  # Before the read, not after it fails: a read's task can fail and be collected while the
+  # failure is still on its way to `read()`'s caller (CI under load, 2026-11-29).
+  _drop_stray_orbax_reads()
   with _tracebacks_of_stray_reads_dropped():
     try:
       return read()
@@ -394,7 +397,6 @@ def _tracebacks_of_stray_reads_dropped(settle_seconds: float = 0.2,
   try:
     yield
   except BaseException:
-    _drop_stray_orbax_reads()
     deadline, size = time.monotonic() + most_seconds, -1
     while size != held.tell() and time.monotonic() < deadline:
       size = held.tell()
@@ -420,8 +422,8 @@ def _drop_stray_orbax_reads() -> None:
   tensorstore future, with its bare error, which names the checkpoint's folder (CI,
   2026-11-29), or, for a read that never started, as "RuntimeWarning: coroutine
   '_read_array_index_and_device_put' was never awaited" (a warning; under load, 2026-11-29).
-  All are dropped from now on in this process, for reads of orbax's alone and errors that name
-  a checkpoint whose read failed."""
+  All are dropped in this process from the first read on (a call installs the hooks once), for
+  reads of orbax's alone and errors that name a checkpoint whose read failed."""
   warnings.filterwarnings("ignore", rf"coroutine '([\w<>]+\.)*{_ORBAX_READ}' was never awaited",
                           RuntimeWarning)
   previous = sys.unraisablehook
