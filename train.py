@@ -30,7 +30,7 @@ from ml_collections import config_flags
 
 from flax_transformer.errors import Error, bug_report
 from flax_transformer.experiment_flags import config_flag_problem, define_config_flag
-from flax_transformer.runtime import distributed, host_memory
+from flax_transformer.runtime import distributed, host_memory, log_output
 from flax_transformer.runtime.compilation_cache import enable_compilation_cache
 from flax_transformer.training import trainer
 from flax_transformer.training.preemption import Preempted
@@ -89,8 +89,7 @@ def main(argv):
     distributed.leave(stop.exit_code)  # One of several processes: ends here.
     sys.exit(stop.exit_code)
   except Error as error:  # A fault of the job or its inputs that the user can fix: one line.
-    # The last line: a data thread still finishing a batch logs nothing after it.
-    logging.set_verbosity(logging.ERROR)
+    log_output.silence()  # The last line: a data thread still logging writes nothing after it.
     sys.exit(f"error: {error}")
   except Exception:  # A bug: its traceback, and how to report it.
     traceback.print_exc()
