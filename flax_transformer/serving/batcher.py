@@ -169,7 +169,8 @@ class Batcher:
     max_wait_ms: how long the oldest queued piece waits for its batch to fill.
     max_queue: most sentences queued (not yet searched); `submit` raises `QueueFull` beyond.
     batching_mode: "exact" or "fill" (module docstring).
-    observe: called with a `BatchReport` after each search, in the worker thread.
+    observe: called with a `BatchReport` after each search, before its requests are answered,
+      in the worker thread.
   """
 
   def __init__(self, translator: Translator, *, max_wait_ms: float = 5.0,
@@ -416,11 +417,13 @@ class Batcher:
           piece.request.pieces_left -= 1
           if piece.request.pieces_left == 0 and not piece.request.dropped:
             finished.append(piece.request)
-    for request in finished:
-      request.future.set_result(list(request.answers))
+    # Observed before answering: a client that reads /metrics after its answer finds its search
+    # counted (and a test that reads the reports after its answers finds them there).
     if self.observe:
       self.observe(dataclasses.replace(report, requests=len(requests),
                                        seconds=time.perf_counter() - start))
+    for request in finished:
+      request.future.set_result(list(request.answers))
 
   def _start(self, request: _Request) -> bool:
     """Whether the request is still wanted: its future is marked running at its first search
