@@ -9,6 +9,7 @@ web page in a browser: test_serving_server_page.py.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 import sys
@@ -338,6 +339,33 @@ def test_a_failing_batch_answers_500_to_its_requests_only(translator, sentences,
     assert answer.status_code == 500 or answer.json() == {"translatedText": text}
   assert len([r for r in caplog.records if r.exc_info]) == 1
   assert after.json() == {"translatedText": expected[0]}
+
+
+def _observed_search(translator, lines: list[str]):
+  """Searches `lines` as one job queued before the worker starts (so its future is known to
+  `observe` whatever the timing): the future, and (failed, whether the future was done) as
+  `observe` saw each search."""
+  seen, job = [], {}
+  batcher = Batcher(translator, max_wait_ms=0,
+                    observe=lambda report: seen.append((report.failed, job["future"].done())))
+  job["future"] = batcher.submit(Job(tuple(lines)))
+  batcher.start()
+  concurrent.futures.wait([job["future"]], timeout=120)
+  assert batcher.close(10)
+  return job["future"], seen
+
+
+def test_a_search_is_observed_before_its_requests_are_answered(translator, sentences):
+  """`observe` (the /metrics counts) sees each search while its request is still unanswered,
+  for a search that succeeds and for one that fails: a client that reads /metrics after its
+  answer finds its search counted."""
+  future, seen = _observed_search(translator, sentences[:3])
+  assert [s.hypotheses[0][0] for s in future.result()] == translator.translate(sentences[:3])
+  assert seen and set(seen) == {(False, False)}, seen  # One search per bucket.
+  future, seen = _observed_search(_Exploding(translator), ["the king will explode"])
+  with pytest.raises(Exception, match="the search of its batch failed"):
+    future.result()
+  assert seen == [(True, False)]
 
 
 def test_clients_that_go_away_do_not_change_other_answers(translator, sentences):

@@ -403,10 +403,10 @@ class Batcher:
     except Exception as error:
       _log.exception("The search of a batch of %d requests failed; they are answered 500.",
                      len(requests))
-      self._fail(requests.values(), BatchFailed(f"the search of its batch failed ({error!r})"))
       if self.observe:
         self.observe(BatchReport(sum(len(p.indices) for b in live for p in b), len(requests),
                                  0, 0, 0, time.perf_counter() - start, failed=True))
+      self._fail(requests.values(), BatchFailed(f"the search of its batch failed ({error!r})"))
       return
     with self._lock:
       for (request, index), answer in answers:
