@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from flax_transformer.cli import configs, serving, stopping, translation, workdirs
 from flax_transformer.cli.arguments import Parser
 from flax_transformer.errors import Error, bug_report
-from flax_transformer.runtime import distributed
+from flax_transformer.runtime import distributed, log_output
 
 # Quiet TensorFlow-style C++ logs from dependencies; must precede their import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except stopping.Stopped as stop:
       last_words(stop)
       if argv is None:  # Nothing more to do: not even the interpreter's exit (XLA's threads
-        stopping.exit_now(stop.exit_code)  # may still run a search, and crash at its end).
+        log_output.exit_now(stop.exit_code)  # may still run a search, and crash at its end).
       status = stop.exit_code
   if argv is None:
     stopping.exiting_on_signals(status)

@@ -8,9 +8,10 @@ import argparse
 import importlib.util
 import sys
 
-from flax_transformer.cli import arguments, stopping
+from flax_transformer.cli import arguments
 from flax_transformer.cli.arguments import add_command
 from flax_transformer.errors import InputError
+from flax_transformer.runtime import log_output
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
 SERVE_INSTALL = "pip install 'flax-transformer[serve]'"
@@ -66,7 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
   if not http_server.serve(translator, options, service, announce=announce,
                            progress=sys.stderr.isatty()):
     print("flax-transformer serve: stopped during its warm-up.", file=sys.stderr, flush=True)
-    stopping.exit_now(0)  # The worker thread may be compiling; nothing of it is kept.
+    log_output.exit_now(0)  # The worker thread may be compiling; nothing of it is kept.
   print("flax-transformer serve: stopped; every request taken was answered.", file=sys.stderr,
         flush=True)
   return 0

@@ -16,8 +16,9 @@ import os
 import signal
 import sys
 import threading
-import typing
 from collections.abc import Callable, Iterator
+
+from flax_transformer.runtime import log_output
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -62,7 +63,7 @@ def raising_on_signals(last_words: Callable[[Stopped], None]) -> Iterator[None]:
   def unraisable(info: sys.UnraisableHookArgs) -> None:
     if isinstance(info.exc_value, Stopped):
       last_words(info.exc_value)
-      exit_now(info.exc_value.exit_code)
+      log_output.exit_now(info.exc_value.exit_code)
     previous_hook(info)
 
   previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}
@@ -84,13 +85,6 @@ def exiting_on_signals(status: int) -> None:
   if threading.current_thread() is not threading.main_thread():
     return
   for signum in SIGNALS:
-    signal.signal(signum, lambda signum, frame: exit_now(status))
+    signal.signal(signum, lambda signum, frame: log_output.exit_now(status))
 
 
-def exit_now(status: int) -> typing.NoReturn:
-  """Ends the process now with `status`, after what it printed, without the interpreter's exit
-  (its atexit callbacks, its wait for threads)."""
-  for stream in (sys.stdout, sys.stderr):
-    with contextlib.suppress(Exception):
-      stream.flush()
-  os._exit(status)

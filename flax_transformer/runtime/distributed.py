@@ -28,7 +28,6 @@ without the crash that JAX's own exit can meet in process 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import os
@@ -37,6 +36,7 @@ import time
 from collections.abc import Mapping
 
 from flax_transformer.errors import Error
+from flax_transformer.runtime import log_output
 
 # (name, type, help) of the flags train.py (absl) and the CLI (argparse) share.
 FLAGS = (
@@ -196,7 +196,4 @@ def leave(status: int) -> None:
     if hosts_service:
       time.sleep(SERVICE_LINGER_SECONDS)
   logging.shutdown()  # Flushes every handler (absl's stderr too).
-  for stream in (sys.stdout, sys.stderr):
-    with contextlib.suppress(Exception):
-      stream.flush()
-  os._exit(status)
+  log_output.exit_now(status)

@@ -1,4 +1,5 @@
-"""The end of a process's log output, so that the one error line it prints stays its last line.
+"""The end of a process's output: the one error line it prints stays its last line, and what it
+printed is flushed before it ends without the interpreter's exit.
 
 `train.py` prints "error: ..." when a job fails; a data thread can be logging at that moment.
 Raising the verbosity first is not enough: a record already past the level check, on its way to
@@ -8,9 +9,11 @@ length filter" line under the error of a damaged checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
-
-from absl import logging
+import os
+import sys
+import typing
 
 
 def _drop(record: std_logging.LogRecord) -> None:
@@ -21,6 +24,8 @@ def silence() -> None:
   """From now on no log record reaches absl's handler's stream (stderr), from any thread: a
   record being written finishes first (it holds the handler's lock), and every later one, those
   already past the level check included, is dropped. Call it right before the last line."""
+  from absl import logging  # Here: exit_now, for the commands, needs no absl.
+
   logging.set_verbosity(logging.ERROR)  # Fewer records are made at all.
   handler = logging.get_absl_handler().python_handler
   handler.acquire()
@@ -29,3 +34,12 @@ def silence() -> None:
   finally:
     handler.release()
   handler.flush()
+
+
+def exit_now(status: int) -> typing.NoReturn:
+  """Ends the process now with `status`, after what it printed, without the interpreter's exit
+  (its atexit callbacks, its wait for threads)."""
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  os._exit(status)
