@@ -8,6 +8,7 @@ MODE 'flags' (coordinator, count and index given) or 'srun' (nothing given: the 
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -210,3 +211,41 @@ def test_two_hosts_killed_in_a_gs_workdir_resume_bitwise(gcs, tmp_path):
   assert not (killed / ".lock").exists()  # Released at the end.
   shards = {p.name for p in (killed / "checkpoints" / "16" / "params").iterdir()}
   assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # Each process wrote its own.
+
+
+def test_a_signal_to_one_host_stops_both_at_one_step_and_they_resume(tmp_path):
+  """SIGTERM reaches only process 1 (a scheduler that preempts one node): the processes agree
+  at the next all-gather (every 10 steps), both save the same step and exit with 143 without a
+  traceback, and a restart of both resumes from that step and finishes."""
+  workdir = tmp_path / "preempted"
+  run = {"train__num_train_steps": 40, "train__log_every_steps": 1,
+         "checkpoint__save_every_steps": 4}
+  trainers = _two_trainers(workdir, tmp_path, **run)
+  try:
+    deadline = time.monotonic() + 300
+    while not (workdir / "checkpoints" / "4" / "commit_success.txt").exists():
+      assert all(t.poll() is None for t in trainers), trainers[0].stderr.read()[-2000:]
+      assert time.monotonic() < deadline, "no checkpoint 4 within the deadline"
+      time.sleep(0.05)
+    trainers[1].send_signal(signal.SIGTERM)
+    errors = [t.communicate(timeout=240)[1] for t in trainers]
+  finally:
+    for t in trainers:
+      t.kill()
+      t.wait()
+  assert [t.returncode for t in trainers] == [143, 143], "\n".join(e[-2000:] for e in errors)
+  stops = [re.findall(r"Stopped by (\w+) after step (\d+)", e) for e in errors]
+  assert stops[0] == stops[1] and len(stops[0]) == 1, stops
+  name, step = stops[0][0][0], int(stops[0][0][1])
+  # Process 0 saw no signal of its own: it learned of process 1's at the all-gather.
+  assert name == "SIGTERM" and step in (10, 20, 30), stops
+  assert not any("Traceback" in e for e in errors), "\n".join(e[-2000:] for e in errors)
+  checkpoint = workdir / "checkpoints" / str(step)
+  assert (checkpoint / "commit_success.txt").exists()
+  shards = {p.name for p in (checkpoint / "params").iterdir()}
+  assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # Each process saved its own.
+  resumed = _finish(_two_trainers(workdir, tmp_path, **run))
+  assert all(f"Restored step {step}" in e for e in resumed), resumed[0][-2000:]
+  from flax_transformer.workdir import restore_params
+
+  assert restore_params(str(workdir))[1] == 40
