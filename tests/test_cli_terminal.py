@@ -100,16 +100,16 @@ def _as_shown(raw: bytes) -> list[str]:
 @pytest.mark.slow  # Starts the command on a tiny model (about 15 s).
 def test_a_terminal_shows_translations_and_progress_on_lines_of_their_own(bulk_workdir,
                                                                          tmp_path):
-  """stdout and stderr the same terminal, the input a pipe of three lines: the translations come
-  out on lines of their own, then the summary; the progress line was erased before each."""
+  """stdout and stderr the same terminal, the input a pipe of three lines, no --input or
+  --output (standard input and output, the defaults): the translations come out on lines of
+  their own, then the summary; the progress line was erased before each."""
   source = tmp_path / "in.txt"
   lines = write_input(source, 3, seed=3, empty_every=100)
   assert main(translate_args(bulk_workdir, source, tmp_path / "ref.txt", "--method", "greedy")) == 0
   expected = (tmp_path / "ref.txt").read_text().splitlines()
   leader, follower = pty.openpty()
-  run = cli("translate", "--workdir", str(bulk_workdir), "--input", "-", "--output", "-",
-            "--method", "greedy", devices=1, stdin=subprocess.PIPE, stdout=follower,
-            stderr=follower)
+  run = cli("translate", "--workdir", str(bulk_workdir), "--method", "greedy", devices=1,
+            stdin=subprocess.PIPE, stdout=follower, stderr=follower)
   os.close(follower)
   run.stdin.write("".join(line + "\n" for line in lines))
   run.stdin.close()

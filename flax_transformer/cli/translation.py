@@ -95,9 +95,10 @@ def add_commands(commands) -> None:
       "flax-transformer translate --workdir workdirs/default --input test.src --output out.txt")
   arguments.add_checkpoint_arguments(translate, ensemble=True)
   arguments.add_settings_arguments(translate)
-  translate.add_argument("--input", required=True, help="UTF-8 text, one sentence a line; '-'.")
-  translate.add_argument("--output", required=True,
-                         help="Output file ('-' for stdout; gzip when it ends in .gz).")
+  translate.add_argument("--input", default="-", help="UTF-8 text, one sentence a line (default: "
+                         "'-', standard input: each line typed or piped in comes back at once).")
+  translate.add_argument("--output", default="-", help="Output file (gzip when it ends in .gz; "
+                         "default: '-', standard output). A file job resumes; a stream does not.")
   translate.add_argument("--target_prefix", default=None, help="A file of line-aligned target "
                          "prefixes that each translation starts with (an empty line: none).")
   arguments.add_phrase_arguments(translate)
