@@ -359,6 +359,21 @@ def test_a_command_reads_its_workdir_once(workdir, workdir_test_split, tmp_path,
   assert calls == {"config.json": 1, "vocabulary": 1, "settings": 1}
 
 
+def test_score_without_output_prints_what_it_writes_to_a_file(workdir, workdir_test_split,
+                                                              tmp_path, capsys):
+  """--output defaults to '-': the scores on stdout, one a line, the file job's bytes."""
+  source, target = tmp_path / "src.txt", tmp_path / "tgt.txt"
+  source.write_text("".join(s + "\n" for s, _ in workdir_test_split[:5]))
+  target.write_text("".join(t + "\n" for _, t in workdir_test_split[:5]))
+  flags = ["score", "--workdir", str(workdir), "--src", str(source), "--tgt", str(target)]
+  assert main([*flags, "--output", str(tmp_path / "scores.txt")]) == 0
+  capsys.readouterr()
+  assert main(flags) == 0
+  printed = capsys.readouterr().out
+  assert printed == (tmp_path / "scores.txt").read_text()
+  assert len(printed.splitlines()) == 5 and all(float(x) < 0 for x in printed.splitlines())
+
+
 def test_warmup_compiles_every_shape_first_and_changes_no_output(workdir, workdir_test_split,
                                                                  tmp_path, capsys):
   source = tmp_path / "in.txt"

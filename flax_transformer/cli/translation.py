@@ -121,7 +121,8 @@ def add_commands(commands) -> None:
                                    "target_lang")
   score.add_argument("--src", required=True, help="Source sentences, one a line.")
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
-  score.add_argument("--output", required=True, help="One score a line ('-' for stdout).")
+  score.add_argument("--output", default="-",
+                     help="One score a line (default: '-', standard output).")
   score.add_argument("--normalize", action="store_true", help="Divide by target tokens (+EOS).")
   arguments.add_bulk_arguments(score)
   score.set_defaults(run=run_score, kept=kept_by_bulk_job)
