@@ -169,6 +169,16 @@ def _finish(trainers: list[subprocess.Popen]) -> list[str]:
   return errors
 
 
+def _wait_for_commit(workdir, step: int, trainers: list[subprocess.Popen]) -> None:
+  """Returns once checkpoint `step` is committed; fails with process 0's stderr if a trainer
+  exits first or 300 s pass."""
+  deadline = time.monotonic() + 300
+  while not (workdir / "checkpoints" / str(step) / "commit_success.txt").exists():
+    assert all(t.poll() is None for t in trainers), trainers[0].stderr.read()[-2000:]
+    assert time.monotonic() < deadline, f"no checkpoint {step} within the deadline"
+    time.sleep(0.05)
+
+
 def test_two_hosts_killed_in_a_gs_workdir_resume_bitwise(gcs, tmp_path):
   """Two processes (jax.distributed on 127.0.0.1) train into one gs:// workdir: process 0 holds
   the lease and writes config, metrics and events, both write their checkpoint shards. Killed
@@ -185,11 +195,7 @@ def test_two_hosts_killed_in_a_gs_workdir_resume_bitwise(gcs, tmp_path):
   _finish(_two_trainers(straight, tmp_path))
   trainers = _two_trainers(killed, tmp_path)
   try:
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "8" / "commit_success.txt").exists():
-      assert all(t.poll() is None for t in trainers), trainers[0].stderr.read()[-2000:]
-      assert time.monotonic() < deadline, "no checkpoint 8 within the deadline"
-      time.sleep(0.05)
+    _wait_for_commit(killed, 8, trainers)
     for t in trainers:
       t.send_signal(signal.SIGKILL)
   finally:
@@ -222,11 +228,7 @@ def test_a_signal_to_one_host_stops_both_at_one_step_and_they_resume(tmp_path):
          "checkpoint__save_every_steps": 4}
   trainers = _two_trainers(workdir, tmp_path, **run)
   try:
-    deadline = time.monotonic() + 300
-    while not (workdir / "checkpoints" / "4" / "commit_success.txt").exists():
-      assert all(t.poll() is None for t in trainers), trainers[0].stderr.read()[-2000:]
-      assert time.monotonic() < deadline, "no checkpoint 4 within the deadline"
-      time.sleep(0.05)
+    _wait_for_commit(workdir, 4, trainers)
     trainers[1].send_signal(signal.SIGTERM)
     errors = [t.communicate(timeout=240)[1] for t in trainers]
   finally:
