@@ -9,8 +9,10 @@ Elsewhere (a log file, a pipe) it draws nothing; `close` prints one summary line
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 _WIDTH = 30
@@ -49,11 +51,23 @@ class ProgressBar:
     self.counters: dict[str, int] = {}
     self.interactive = enabled and self.stream.isatty()
     self._began = time.perf_counter()
+    self._waited = 0.0
     self._drawn = 0.0
 
   @property
   def elapsed(self) -> float:
-    return time.perf_counter() - self._began
+    """Seconds since the bar was made, less those spent in `waiting`."""
+    return time.perf_counter() - self._began - self._waited
+
+  @contextlib.contextmanager
+  def waiting(self) -> Iterator[None]:
+    """Time spent inside is not the job's (a person typing the next line at a terminal, a
+    slow producer upstream of a pipe): rates, the ETA and the summary leave it out."""
+    began = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._waited += time.perf_counter() - began
 
   def advance(self, count: int, **counters: int) -> None:
     """Adds `count` done, and to named counters such as tokens=... (shown as rates)."""

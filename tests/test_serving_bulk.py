@@ -159,6 +159,36 @@ def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only():
       assert text == summary + "\n"  # Quiet but for the summary when not a terminal.
 
 
+def test_a_stream_summary_leaves_out_the_time_spent_waiting_for_input(tmp_path, monkeypatch,
+                                                                    capsys):
+  """At a terminal the next line comes when the user types it: a minute of typing before each
+  of two lines is not the job's time, and its rate says how fast it translates."""
+  import types
+
+  from flax_transformer import progress
+
+  now = [1000.0]
+  monkeypatch.setattr(progress, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+  def typed():
+    for line in ("a house", "a dog"):
+      now[0] += 60.0  # The user types.
+      yield [(line,)]
+
+  class Upper:
+    verb, line_per_record = "Translated", True
+
+    def __call__(self, first_line, records, advance):
+      now[0] += 0.25  # The search.
+      advance(len(records), 3)
+      return bulk.ChunkOutput(texts=("".join(r[0].upper() + "\n" for r in records),))
+
+  bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"))
+  assert (tmp_path / "out.txt").read_text() == "A HOUSE\nA DOG\n"
+  summary = capsys.readouterr().err.strip().splitlines()[-1]
+  assert summary == "Translated 2 sentences in 0.5 s (4.0 sentences/s, 12 target tokens/s)."
+
+
 # --------------------------------------------------------------------------- the file job
 class CountingTask(TranslationTask):
   """A TranslationTask that counts its chunks and can crash after a given number."""

@@ -503,7 +503,12 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
   with contextlib.ExitStack() as stack:
     stack.enter_context(bar)
     writers = [stack.enter_context(files.AtomicWriter(path)) for path in (output, *extra_outputs)]
-    for records in chunks:
+    chunks = iter(chunks)
+    while True:
+      with bar.waiting():  # Reading standard input waits for whoever writes it.
+        records = next(chunks, None)
+      if records is None:
+        break
       done = _checked_output(task(first_line, records, advance), len(writers))
       bar.clear()  # On a terminal, stdout's lines must not land on the progress line.
       for writer, text in zip(writers, done.texts, strict=True):
