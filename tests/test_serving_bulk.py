@@ -183,10 +183,14 @@ def test_a_stream_summary_leaves_out_the_time_spent_waiting_for_input(tmp_path, 
       advance(len(records), 3)
       return bulk.ChunkOutput(texts=("".join(r[0].upper() + "\n" for r in records),))
 
-  bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"))
+  bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"), from_stdin=True)
   assert (tmp_path / "out.txt").read_text() == "A HOUSE\nA DOG\n"
   summary = capsys.readouterr().err.strip().splitlines()[-1]
   assert summary == "Translated 2 sentences in 0.5 s (4.0 sentences/s, 12 target tokens/s)."
+  # Reading a file is the job's own time: a slow read (here 60 s a chunk) counts.
+  bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"))
+  summary = capsys.readouterr().err.strip().splitlines()[-1]
+  assert summary == "Translated 2 sentences in 120.5 s (0.0 sentences/s, 0 target tokens/s)."
 
 
 # --------------------------------------------------------------------------- the file job

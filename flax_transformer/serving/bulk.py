@@ -490,11 +490,14 @@ def record_chunks(inputs: Sequence[str], chunk_lines: int
 
 
 def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
-                   output: str, extra_outputs: Sequence[str] = ()) -> JobResult:
+                   output: str, extra_outputs: Sequence[str] = (), *,
+                   from_stdin: bool = False) -> JobResult:
   """Runs `task` over `chunks` of records in order, writing each chunk's output when it is
   done: to stdout ('-', flushed per chunk) or to a temporary file renamed onto `output` at the
   end (and so for each of `extra_outputs`). Nothing to resume: for standard input, or output
-  to standard output."""
+  to standard output. `from_stdin`: the chunks come from standard input, so the time spent
+  waiting for them (a person typing, a slow writer upstream) is left out of the rates; reading
+  a file is the job's own time."""
   start = time.perf_counter()
   truncated = unmet = 0
   bar = ProgressBar(None, unit="sentences")
@@ -505,7 +508,7 @@ def run_stream_job(chunks: Iterable[Sequence[tuple[str, ...]]], task: ChunkTask,
     writers = [stack.enter_context(files.AtomicWriter(path)) for path in (output, *extra_outputs)]
     chunks = iter(chunks)
     while True:
-      with bar.waiting():  # Reading standard input waits for whoever writes it.
+      with bar.waiting() if from_stdin else contextlib.nullcontext():
         records = next(chunks, None)
       if records is None:
         break

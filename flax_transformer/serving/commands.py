@@ -190,7 +190,8 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
       chunks = ([(line,) for line in lines] for lines in chunks)
     task = _warm(make_task(translator(opened, settings, restore_point(opened, checkpoint))),
                  warmup)
-    return bulk.run_stream_job(chunks, task, output, extra_outputs)
+    return bulk.run_stream_job(chunks, task, output, extra_outputs,
+                               from_stdin=list(inputs) == ["-"])
   mine = processes.join(sharing.coordinator_address, sharing.num_processes, sharing.process_id)
   checkpoint = restore_point(opened, checkpoint, output)
   job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
