@@ -388,6 +388,26 @@ def test_parameter_counts_match_the_paper():
   assert 208e6 <= count_parameters(ModelConfig.big(37000)) <= 218e6  # paper: 213M
 
 
+@pytest.mark.parametrize("gain", [1.0, 2**-0.5])
+def test_attention_kernels_start_xavier_uniform_over_model_and_all_heads(gain):
+  """Q, K, V kernels [D, N, H] are drawn from U(-a, a) with a = gain * sqrt(6 / (D + N*H)),
+  the output's [N, H, D] with gain 1: fairseq's initialization at gain 1/sqrt(2) (D 128, 4
+  heads: std 0.0625 and 0.088). Fans from the kernel's own axes (N and H for Q) would give
+  other bounds."""
+  dim, heads = 128, 4
+  module = attention.MultiHeadAttention(num_heads=heads, head_dim=dim // heads,
+                                        qkv_init_gain=gain)
+  x = jnp.ones((1, 2, dim), jnp.float32)
+  params = nn.unbox(module.init(jax.random.key(3), x, x, None))["params"]
+  bound = np.sqrt(6.0 / (dim + dim))
+  for name, limit in [("query", gain * bound), ("key", gain * bound), ("value", gain * bound),
+                      ("output", bound)]:
+    kernel = np.asarray(params[name]["kernel"], np.float64)  # 16,384 draws
+    assert np.abs(kernel).max() <= limit * (1 + 1e-6), name
+    assert np.abs(kernel).max() >= 0.99 * limit, name  # Reaches its bound: not a narrower law.
+    assert kernel.std() == pytest.approx(limit / np.sqrt(3.0), rel=0.02), name
+
+
 # Every parameter's path and shape: the layout of every checkpoint written so far. A refactor
 # that renames, moves or reshapes one breaks `Translator` on existing workdirs.
 ATTENTION_PARAMS = {"query/kernel": (D, N, D // N), "key/kernel": (D, N, D // N),

@@ -236,6 +236,7 @@ class MultiHeadAttention(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   implementation: str | None = None
   use_bias: bool = False
+  qkv_init_gain: float = 1.0  # Xavier-uniform gain of the Q, K, V kernels (fairseq: 1/sqrt(2)).
   quantized: bool = False  # int8 projections (serving, `model.quantization`).
 
   def setup(self):
@@ -249,12 +250,13 @@ class MultiHeadAttention(nn.Module):
           features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=self.use_bias,
           dtype=self.dtype, kernel_axes=("heads", "kv", "embed"))
       return
-    init = nn.initializers.xavier_uniform()
+    init = nn.initializers.xavier_uniform()  # Over (D, N*H): DenseGeneral flattens first.
+    qkv_init = nn.initializers.variance_scaling(self.qkv_init_gain**2, "fan_avg", "uniform")
     zeros = nn.initializers.zeros
     projection = dict(
         features=(self.num_heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
         param_dtype=self.param_dtype,
-        kernel_init=nn.with_logical_partitioning(init, ("embed", "heads", "kv")),
+        kernel_init=nn.with_logical_partitioning(qkv_init, ("embed", "heads", "kv")),
         bias_init=nn.with_logical_partitioning(zeros, ("heads", "kv")))
     self.query = nn.DenseGeneral(**projection)
     self.key = nn.DenseGeneral(**projection)

@@ -53,6 +53,9 @@ class ModelConfig:
   layer_norm_epsilon: float = checked_field(1e-6, POSITIVE)  # Marian (Hugging Face) uses 1e-5.
   # Options that Marian (OPUS-MT) and fairseq checkpoints need; the defaults are the paper's.
   attention_bias: bool = False  # Biases on the attention's Q, K, V and output projections.
+  # The Xavier-uniform gain of the Q, K and V kernels at initialization (the output's is 1):
+  # fairseq's is 1/sqrt(2) (0.7071...), for one matrix shared by Q, K and V. Training only.
+  qkv_init_gain: float = checked_field(1.0, POSITIVE)
   activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN; gelu is exact (erf), swish = SiLU.
   # Sinusoid features: "interleaved" sin/cos (the paper) or "halves" [sin..., cos...] (t2t,
   # Marian); the same values, permuted. "fairseq": [sin..., cos...] with the frequencies

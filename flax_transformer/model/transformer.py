@@ -207,7 +207,8 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
       num_heads=config.num_heads, head_dim=config.head_dim,
       dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
       param_dtype=config.parameter_dtype, implementation=config.attention_implementation,
-      use_bias=config.attention_bias, quantized=config.quantization == "int8")
+      use_bias=config.attention_bias, qkv_init_gain=config.qkv_init_gain,
+      quantized=config.quantization == "int8")
 
 
 def _feed_forward(config: ModelConfig) -> FeedForward:
