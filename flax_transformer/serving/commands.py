@@ -184,14 +184,14 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
                        f"files (got {', '.join(inputs)}).")
     if len(inputs) > 1:
       files.check_line_aligned({path: files.count_lines(path) for path in inputs})
-    chunks = (files.prompt_chunks("-", chunk_lines) if list(inputs) == ["-"]
+    from_stdin = list(inputs) == ["-"]
+    chunks = (files.prompt_chunks("-", chunk_lines) if from_stdin
               else bulk.record_chunks(inputs, chunk_lines))
-    if list(inputs) == ["-"]:
+    if from_stdin:
       chunks = ([(line,) for line in lines] for lines in chunks)
     task = _warm(make_task(translator(opened, settings, restore_point(opened, checkpoint))),
                  warmup)
-    return bulk.run_stream_job(chunks, task, output, extra_outputs,
-                               from_stdin=list(inputs) == ["-"])
+    return bulk.run_stream_job(chunks, task, output, extra_outputs, from_stdin=from_stdin)
   mine = processes.join(sharing.coordinator_address, sharing.num_processes, sharing.process_id)
   checkpoint = restore_point(opened, checkpoint, output)
   job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
