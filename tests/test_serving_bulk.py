@@ -159,6 +159,20 @@ def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only():
       assert text == summary + "\n"  # Quiet but for the summary when not a terminal.
 
 
+def test_rates_under_one_a_second_give_the_time_each_takes():
+  """tqdm's convention: a slow job reads '2.0 s/sentence', never '0.0 sentences/s'."""
+  from flax_transformer.progress import format_rate
+
+  assert format_rate(3, 1.5, "sentences") == "2.0 sentences/s"
+  assert format_rate(1, 2.0, "sentences") == "2.0 s/sentence"
+  assert format_rate(2, 1.0, "steps") == "2.0 steps/s"
+  assert format_rate(1, 1.0, "steps") == "1.0 steps/s"
+  assert format_rate(3, 2.0, "target tokens", decimals=0) == "2 target tokens/s"
+  assert format_rate(1, 4.0, "target tokens", decimals=0) == "4.0 s/target token"
+  assert format_rate(0, 5.0, "sentences") == "0.0 sentences/s"  # Nothing done yet.
+  assert format_rate(12_345, 1.0, "target tokens", decimals=0) == "12,345 target tokens/s"
+
+
 def test_a_stream_summary_leaves_out_the_time_spent_waiting_for_input(tmp_path, monkeypatch,
                                                                     capsys):
   """At a terminal the next line comes when the user types it: a minute of typing before each
@@ -190,7 +204,8 @@ def test_a_stream_summary_leaves_out_the_time_spent_waiting_for_input(tmp_path, 
   # Reading a file is the job's own time: a slow read (here 60 s a chunk) counts.
   bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"))
   summary = capsys.readouterr().err.strip().splitlines()[-1]
-  assert summary == "Translated 2 sentences in 120.5 s (0.0 sentences/s, 0 target tokens/s)."
+  # Under one a second, a rate says how long each takes (not "0.0 sentences/s").
+  assert summary == "Translated 2 sentences in 120.5 s (60.2 s/sentence, 20.1 s/target token)."
 
 
 # --------------------------------------------------------------------------- the file job
