@@ -10,6 +10,10 @@ skipped), one file per (seed, protocol): the output of, for each seed's workdir,
 
 Files that tried different grids (windows x beams x normalizations x length penalties) are
 reported in separate tables, so that a mean never mixes two protocols. Prints Markdown.
+
+A lever against the recipe, on val: `--against select_s1.log select_lever_s1.log` gives, per
+file, its val lc.norm.tok minus the base's at each point of the grid both tried (min / max /
+mean, and the mean per candidate), and each one's best point.
 """
 
 from __future__ import annotations
@@ -53,6 +57,62 @@ def read_selection(path: Path) -> dict:
           "settings": {name: test[name] for name in SETTINGS}, "val": val, "test": test}
 
 
+def val_grid(path: Path) -> dict[tuple, float]:
+  """Val lc.norm.tok per (candidate, beam, normalization, length penalty) of one selection."""
+  grid = {}
+  for number, line in enumerate(path.read_text().splitlines(), start=1):
+    if line.startswith("{"):
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
+      if row.get("benchmark") == "multi30k_select" and row["split"] == "val":
+        grid[(row["candidate"], *(row.get(name) for name in SETTINGS))] = row["bleu_lc_norm_tok"]
+  return grid
+
+
+def compare_grids(base: dict[tuple, float], other: dict[tuple, float]) -> dict:
+  """`other` minus `base` at the points both tried: min, max, mean, the mean per candidate,
+  and each grid's best point. Raises ValueError when they share no point."""
+  shared = [key for key in base if key in other]
+  if not shared:
+    raise ValueError("the two selections share no point of the val grid.")
+  differences = [other[key] - base[key] for key in shared]
+  per_candidate = {}
+  for candidate in dict.fromkeys(key[0] for key in shared):
+    values = [other[key] - base[key] for key in shared if key[0] == candidate]
+    per_candidate[candidate] = statistics.fmean(values)
+  best = lambda grid: max(grid.items(), key=lambda item: item[1])
+  return {"points": len(shared), "min": min(differences), "max": max(differences),
+          "mean": statistics.fmean(differences), "per_candidate": per_candidate,
+          "best_base": best(base), "best_other": best(other)}
+
+
+def comparison_report(base_path: Path, paths: list[Path]) -> str:
+  """Markdown: a row per file, its val grid against `base_path`'s."""
+  base = val_grid(base_path)
+  if not base:
+    raise ValueError(f"{base_path}: no val lines of multi30k_select.")
+  out = [f"Val lc.norm.tok minus {base_path}'s, at the grid points both tried:\n",
+         "| selection | points | min / max / mean | mean per candidate | best point |",
+         "|---|---:|---|---|---|"]
+  for path in paths:
+    other = val_grid(path)
+    try:
+      c = compare_grids(base, other)
+    except ValueError as error:
+      raise ValueError(f"{path} against {base_path}: {error}") from None
+    (candidate, beam, normalization, alpha), score = c["best_other"]
+    out.append(f"| {path} | {c['points']} | {c['min']:+.2f} / {c['max']:+.2f} / "
+               f"{c['mean']:+.2f} | " + ", ".join(
+                   f"{name} {value:+.2f}" for name, value in c["per_candidate"].items()) +
+               f" | {score:.2f} ({candidate}, beam {beam}, {normalization} {alpha}) |")
+  (candidate, beam, normalization, alpha), score = c["best_base"]
+  out.append(f"\nThe base's best point: {score:.2f} ({candidate}, beam {beam}, "
+             f"{normalization} {alpha}).")
+  return "\n".join(out)
+
+
 def _spread(values: list[float]) -> str:
   mean = statistics.fmean(values)
   if len(values) == 1:
@@ -92,8 +152,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("logs", type=Path, nargs="+", help="multi30k_select.py's output, one "
                       "file per seed and protocol")
+  parser.add_argument("--against", type=Path, metavar="BASE_LOG",
+                      help="print each log's val grid minus this selection's instead")
   args = parser.parse_args()
   try:
+    if args.against:
+      print(comparison_report(args.against, args.logs))
+      return
     selections = [read_selection(path) for path in args.logs]
   except (OSError, ValueError) as error:
     parser.exit(2, f"multi30k_seeds: {error}\n")
