@@ -89,7 +89,11 @@ def test_the_command_prints_a_row_per_lever_and_names_a_bad_file(tmp_path):
   damaged.write_text(base.read_text().replace('"val"', '"val', 1))
   other_grid = tmp_path / "other.log"
   other_grid.write_text(base.read_text().replace('"beam_size": 5', '"beam_size": 4'))
+  no_score = tmp_path / "no_score.log"
+  no_score.write_text(base.read_text().replace('"bleu_lc_norm_tok"', '"bleu_lc"', 1))
   for path, message in [(damaged, f"multi30k_seeds: {damaged}, line 1: not JSON"),
+                        (no_score, f"multi30k_seeds: {no_score}, line 1: no bleu_lc_norm_tok "
+                                   "field."),
                         (other_grid, f"multi30k_seeds: {other_grid} against {base}: the two "
                                      "selections share no point of the val grid.")]:
     run = subprocess.run([sys.executable, str(SCRIPT), "--against", str(base), str(path)],

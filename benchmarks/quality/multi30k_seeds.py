@@ -27,9 +27,12 @@ CHOSEN = "test_2016_flickr (chosen on val)"
 SETTINGS = ("beam_size", "length_normalization", "length_penalty")
 
 
-def read_selection(path: Path) -> dict:
-  """One selection run: its workdir, grid, chosen (candidate, settings), the chosen setting's
-  val and test scores. Raises ValueError naming the file if it holds no finished selection."""
+_FIELDS = ("workdir", "candidate", "split", "bleu_lc_norm_tok")
+
+
+def _selection_rows(path: Path) -> list[dict]:
+  """The JSON lines multi30k_select.py printed to `path`. Raises ValueError naming the file and
+  line of one that is not JSON or lacks a field the reports read."""
   rows = []
   for number, line in enumerate(path.read_text().splitlines(), start=1):
     if line.startswith("{"):
@@ -38,18 +41,32 @@ def read_selection(path: Path) -> dict:
       except json.JSONDecodeError as error:
         raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
       if row.get("benchmark") == "multi30k_select":
+        missing = [name for name in _FIELDS if name not in row]
+        if missing:
+          raise ValueError(f"{path}, line {number}: no {', '.join(missing)} field.")
         rows.append(row)
+  return rows
+
+
+def _point(row: dict) -> tuple:
+  """A row's point of the selection grid: (candidate, beam, normalization, length penalty)."""
+  return (row["candidate"], *(row.get(name) for name in SETTINGS))
+
+
+def read_selection(path: Path) -> dict:
+  """One selection run: its workdir, grid, chosen (candidate, settings), the chosen setting's
+  val and test scores. Raises ValueError naming the file if it holds no finished selection."""
+  rows = _selection_rows(path)
   chosen = [row for row in rows if row["split"] == CHOSEN]
   if len(chosen) != 1 or len({row["workdir"] for row in rows}) != 1:
     raise ValueError(f"{path}: expected the JSON lines of one finished multi30k_select run "
                      f"(one '{CHOSEN}' line), found {len(chosen)} such lines.")
   [test] = chosen
-  key = lambda row: (row["candidate"], *(row.get(name) for name in SETTINGS))
   val_rows = [row for row in rows if row["split"] == "val"]
-  val = [row for row in val_rows if key(row) == key(test)]
+  val = [row for row in val_rows if _point(row) == _point(test)]
   if len(val) != 1:
     raise ValueError(f"{path}: {len(val)} val lines for the setting chosen on val, "
-                     f"{key(test)}; expected 1.")
+                     f"{_point(test)}; expected 1.")
   val = val[0]
   grid = (tuple(sorted({row["candidate"] for row in val_rows})),
           *(tuple(sorted({row[name] for row in val_rows})) for name in SETTINGS))
@@ -59,16 +76,8 @@ def read_selection(path: Path) -> dict:
 
 def val_grid(path: Path) -> dict[tuple, float]:
   """Val lc.norm.tok per (candidate, beam, normalization, length penalty) of one selection."""
-  grid = {}
-  for number, line in enumerate(path.read_text().splitlines(), start=1):
-    if line.startswith("{"):
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as error:
-        raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
-      if row.get("benchmark") == "multi30k_select" and row["split"] == "val":
-        grid[(row["candidate"], *(row.get(name) for name in SETTINGS))] = row["bleu_lc_norm_tok"]
-  return grid
+  return {_point(row): row["bleu_lc_norm_tok"] for row in _selection_rows(path)
+          if row["split"] == "val"}
 
 
 def compare_grids(base: dict[tuple, float], other: dict[tuple, float]) -> dict:
