@@ -103,6 +103,9 @@ class DataConfig:
   vocab_path: str = ""  # '' = train SentencePiece into the workdir (reused on restart).
   vocab_size: int = checked_field(1000, (lambda v: v >= 8, ">= 8"))
   vocab_model_type: Literal["unigram", "bpe"] = "unigram"
+  # BPE-dropout (Provilkov et al., 2020) on train pairs: each merge skipped with this probability,
+  # a new segmentation of each pair every epoch; a BPE vocabulary only; 0 = off.
+  bpe_dropout: float = checked_field(0.0, FRACTION)
   vocab_max_chars: int = checked_field(10_000_000, POSITIVE)  # Training text sampled for the vocab.
   max_length: int = checked_field(32, (lambda v: v >= 2, ">= 2 (tokens including EOS)"))
   batch_tokens: int = checked_field(4096, POSITIVE)  # Global token budget per train step.
@@ -403,6 +406,7 @@ def load(
         f"config.model.quantization={experiment.model.quantization!r} is for serving only: "
         "train with 'none', then translate with --precision int8 (Translator precision='int8').")
   _check_lengths(experiment)
+  _check_bpe_dropout(experiment)
   _check_batch(experiment, *_device_counts(num_devices, num_processes))
   return experiment
 
@@ -434,6 +438,18 @@ def _device_counts(num_devices: int | None, num_processes: int | None) -> tuple[
     num_devices = jax.device_count() if num_devices is None else num_devices
     num_processes = jax.process_count() if num_processes is None else num_processes
   return num_devices, num_processes
+
+
+def _check_bpe_dropout(experiment: Experiment) -> None:
+  """A vocabulary this run trains must be BPE for data.bpe_dropout, said before it is trained (a
+  given or fine-tuned one is checked where it is loaded: data.pipeline)."""
+  data = experiment.data
+  if (data.bpe_dropout and not data.vocab_path and not experiment.train.init_from
+      and data.vocab_model_type != "bpe"):
+    raise ConfigError(
+        f"config.data.bpe_dropout={data.bpe_dropout} needs a BPE vocabulary: set "
+        f"config.data.vocab_model_type='bpe' (here {data.vocab_model_type!r}) or "
+        "config.data.bpe_dropout=0.")
 
 
 def _check_lengths(experiment: Experiment) -> None:

@@ -222,14 +222,17 @@ _READ_CHUNK = 256  # Examples read (one array_record call) and tokenized (one Se
 class _TokenizeAndFilter:
   """(chunk index, examples) -> [{'inputs', 'targets'}] int32 ids ending with EOS, kept if short.
 
-  Chunk i holds the shuffled examples [i * C, (i + 1) * C) of the endless train stream. Counts
-  kept and dropped pairs and logs them at the end of each epoch it sees (the counts are per
-  process, and per grain worker when num_workers > 0).
+  Chunk i holds the shuffled examples [i * C, (i + 1) * C) of the endless train stream. With
+  `data.bpe_dropout`, its sources and targets are segmented under BPE-dropout with seeds drawn
+  from (data.seed, i), so a pair's segmentation changes every epoch and a restored iterator
+  sees the uninterrupted run's. Counts kept and dropped pairs and logs them at the end of each
+  epoch it sees (the counts are per process, and per grain worker when num_workers > 0).
   """
 
   def __init__(self, tokenizer: TextTokenizer, data: DataConfig, epoch_size: int,
                alignments: bool = False):
     self.tokenizer, self.max_length, self.epoch_size = tokenizer, data.max_length, epoch_size
+    self.bpe_dropout, self.seed = data.bpe_dropout, data.seed
     self.pair = _Pair(data.source_lang, data.target_lang)
     self.word_pairs = _WordPairs(data) if alignments else None
     self._pieces: list[str] | None = None  # id -> piece, read once (with alignments).
@@ -239,8 +242,15 @@ class _TokenizeAndFilter:
 
   def __call__(self, chunk_index: int, examples: list[Any]) -> list[dict[str, np.ndarray]]:
     pairs = [self.pair(example) for example in examples]
-    sources = self.tokenizer.tokenize_batch([source for source, _ in pairs])
-    targets = self.tokenizer.tokenize_target_batch([target for _, target in pairs])
+    if self.bpe_dropout:
+      source_seed, target_seed = np.random.SeedSequence([self.seed, chunk_index]).generate_state(2)
+      sources = self.tokenizer.tokenize_batch_dropout(  # type: ignore[attr-defined]
+          [source for source, _ in pairs], dropout=self.bpe_dropout, seed=int(source_seed))
+      targets = self.tokenizer.tokenize_batch_dropout(  # type: ignore[attr-defined]
+          [target for _, target in pairs], dropout=self.bpe_dropout, seed=int(target_seed))
+    else:
+      sources = self.tokenizer.tokenize_batch([source for source, _ in pairs])
+      targets = self.tokenizer.tokenize_target_batch([target for _, target in pairs])
     keep = [len(source) < self.max_length and len(target) < self.max_length
             for source, target in zip(sources, targets, strict=True)]
     self._count(chunk_index * _READ_CHUNK, keep)
@@ -324,6 +334,20 @@ class _Flatten(grain.experimental.FlatMapTransform):
     return element
 
 
+def _check_bpe_dropout(data: DataConfig, tokenizer: TextTokenizer) -> None:
+  """One line, before anything is read or compiled, when `data.bpe_dropout` cannot apply."""
+  if not data.bpe_dropout:
+    return
+  model_type = getattr(tokenizer, "model_type", None)
+  if model_type != "bpe":
+    what = (f"a SentencePiece {model_type} model" if model_type else
+            f"a {type(tokenizer).__name__}")
+    raise ConfigError(
+        f"config.data.bpe_dropout={data.bpe_dropout} needs a SentencePiece BPE vocabulary, but "
+        f"{tokenizer.path or 'the vocabulary'} is {what}; train one with "
+        "config.data.vocab_model_type='bpe' or set config.data.bpe_dropout=0.")
+
+
 def train_dataset(data: DataConfig, tokenizer: TextTokenizer, *, process_index: int = 0,
                   process_count: int = 1, alignments: bool = False) -> grain.IterDataset:
   """The endless packed train dataset of one process (see the module docstring); with
@@ -331,6 +355,7 @@ def train_dataset(data: DataConfig, tokenizer: TextTokenizer, *, process_index: 
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, process_count={process_count}).")
   rows = data.rows_per_process(process_count)
+  _check_bpe_dropout(data, tokenizer)
   reader = open_split(data, data.train_split, alignments=alignments)
   shard = grain.MapDataset.source(reader)[process_index::process_count]
   if len(shard) == 0:

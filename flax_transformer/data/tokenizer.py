@@ -14,6 +14,10 @@ Sources and targets are tokenized by separate methods (`tokenize` / `tokenize_ta
 `_batch` forms) although this vocabulary treats them alike: a workdir imported from Marian
 (`flax_transformer.data.marian_tokenizer`) tokenizes each side with its own SentencePiece model,
 and every caller goes through the `TextTokenizer` protocol that both kinds implement.
+
+`Tokenizer.tokenize_batch_dropout` is BPE-dropout (Provilkov et al., 2020) for training
+(`flax_transformer.data.bpe_dropout`): each merge is skipped with a probability, so a word comes
+out in varying segmentations; the ids depend on the texts, the probability and a seed alone.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import sentencepiece as spm
 
 from flax_transformer.conventions import EOS_ID, PAD_ID, UNK_ID
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import to_path
+
+if TYPE_CHECKING:
+  from flax_transformer.data.bpe_dropout import BpeDropout
 
 # Vocabularies at least this big reserve 256 byte pieces, so any character round-trips; smaller
 # (toy) vocabularies keep every id for real pieces.
@@ -77,6 +84,7 @@ class Tokenizer:
     self._proto = model_proto
     self.path = path
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self._bpe_dropout: BpeDropout | None = None  # Built on the first `tokenize_batch_dropout`.
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
       raise InputError(
@@ -102,6 +110,14 @@ class Tokenizer:
     """The serialized SentencePiece model (what a vocab.model file holds)."""
     return self._proto
 
+  @property
+  def model_type(self) -> str:
+    """The SentencePiece algorithm the model was trained with: 'unigram', 'bpe', 'word', 'char'."""
+    from sentencepiece import sentencepiece_model_pb2  # protobuf: imported by training only.
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(self._proto)
+    return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(model.trainer_spec.model_type).lower()
+
   def tokenize(self, text: str) -> list[int]:
     """Token ids of `text`, without EOS."""
     return self._sp.encode(text, out_type=int)
@@ -109,6 +125,16 @@ class Tokenizer:
   def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, without EOS (one call into SentencePiece)."""
     return self._sp.encode(list(texts), out_type=int)
+
+  def tokenize_batch_dropout(self, texts: Sequence[str], *, dropout: float,
+                             seed: int) -> list[list[int]]:
+    """Token ids of each text, without EOS, under BPE-dropout: each merge skipped with
+    probability `dropout` (0 gives `tokenize_batch`'s ids). The same (texts, dropout, seed) give
+    the same ids in any process. BPE models only (`model_type`); `data.bpe_dropout`."""
+    if self._bpe_dropout is None:
+      from flax_transformer.data.bpe_dropout import BpeDropout  # Training only (protobuf).
+      self._bpe_dropout = BpeDropout(self._proto)
+    return self._bpe_dropout.tokenize_batch(texts, dropout=dropout, seed=seed)
 
   def tokenize_target(self, text: str) -> list[int]:
     """Token ids of a target sentence, without EOS: the same as `tokenize` (shared vocabulary)."""
