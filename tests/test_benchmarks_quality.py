@@ -1,5 +1,6 @@
 """benchmarks/quality/multi30k_seeds.py's lever comparison: a lever's val grid against the
-recipe's, point by point, computed here independently from the rows the files hold."""
+recipe's, point by point, computed here independently from the rows the files hold; and
+multi30k_select.py's one-line refusal of a data folder or workdir it cannot read."""
 
 from __future__ import annotations
 
@@ -100,3 +101,27 @@ def test_the_command_prints_a_row_per_lever_and_names_a_bad_file(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.strip().startswith(message), run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_the_selection_names_missing_data_and_workdirs_in_one_line(tmp_path):
+  """A wrong --data_dir used to be a gzip traceback after the first checkpoint had loaded."""
+  select = REPO / "benchmarks" / "quality" / "multi30k_select.py"
+  data, run_dir = tmp_path / "data", tmp_path / "run"
+  (run_dir / "checkpoints").mkdir(parents=True)
+  data.mkdir()
+  (data / "val.en.gz").write_bytes(b"")
+
+  def error_line(workdir):
+    run = subprocess.run([sys.executable, str(select), "--workdir", str(workdir), "--data_dir",
+                          str(data)], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    return run.stderr.splitlines()[-1]
+
+  assert error_line(run_dir).endswith(
+      f"--data_dir: no {data}/val.de.gz, {data}/test_2016_flickr.en.gz, "
+      f"{data}/test_2016_flickr.de.gz (Multi30k's gzipped val and test2016 files, as in "
+      "../shared/data/multi30k).")
+  for name in ("val.de.gz", "test_2016_flickr.en.gz", "test_2016_flickr.de.gz"):
+    (data / name).write_bytes(b"")
+  assert error_line(tmp_path / "none").endswith(
+      f"--workdir: {tmp_path}/none has no checkpoints/ folder.")

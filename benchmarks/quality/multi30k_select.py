@@ -71,6 +71,13 @@ def main() -> None:
   parser.add_argument("--max_sentences", type=int, default=None,
                       help="Only the first N of each split (a quick check of the plumbing).")
   args = parser.parse_args()
+  files = [args.data_dir / f"{name}.{lang}.gz" for name in ("val", "test_2016_flickr")
+           for lang in (args.source_lang, args.target_lang)]
+  if missing := [str(f) for f in files if not f.is_file()]:
+    parser.error(f"--data_dir: no {', '.join(missing)} (Multi30k's gzipped val and test2016 "
+                 "files, as in ../shared/data/multi30k).")
+  if not (args.workdir / "checkpoints").is_dir():
+    parser.error(f"--workdir: {args.workdir} has no checkpoints/ folder.")
 
   def split(name: str) -> tuple[list[str], list[str]]:
     return (_read(args.data_dir / f"{name}.{args.source_lang}.gz")[:args.max_sentences],
