@@ -194,6 +194,21 @@ def test_a_restored_iterator_sees_the_uninterrupted_segmentations(setup):
   assert sum(len(_examples(b)) for b in straight) > 300  # The run crosses an epoch boundary.
 
 
+def test_hosts_draw_their_own_segmentations(setup):
+  """Each process (host) reads its own shard with the same chunk numbers: the draws must still
+  differ, or the same text at the same place in two shards would be split alike."""
+  data, tokenizer = setup
+  examples = [{data.source_lang: s, data.target_lang: t}
+              for s, t in pipeline.split_texts(data, data.train_split)[:200]]
+  per_process = [pipeline._TokenizeAndFilter(tokenizer, data, 300, process_index=p)(7, examples)
+                 for p in (0, 1, 0)]
+  assert [e["inputs"].tolist() for e in per_process[0]] == \
+      [e["inputs"].tolist() for e in per_process[2]]
+  differ = sum(a["inputs"].tolist() != b["inputs"].tolist()
+               for a, b in zip(per_process[0], per_process[1], strict=True))
+  assert differ > len(examples) // 3
+
+
 @pytest.mark.slow  # Spawns processes.
 def test_worker_processes_give_the_same_segmentations(setup):
   """grain workers tokenize in other processes: their segmentations are the in-process ones."""

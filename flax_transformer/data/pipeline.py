@@ -224,15 +224,16 @@ class _TokenizeAndFilter:
 
   Chunk i holds the shuffled examples [i * C, (i + 1) * C) of the endless train stream. With
   `data.bpe_dropout`, its sources and targets are segmented under BPE-dropout with seeds drawn
-  from (data.seed, i), so a pair's segmentation changes every epoch and a restored iterator
-  sees the uninterrupted run's. Counts kept and dropped pairs and logs them at the end of each
-  epoch it sees (the counts are per process, and per grain worker when num_workers > 0).
+  from (data.seed, process index, i), so a pair's segmentation changes every epoch and a
+  restored iterator sees the uninterrupted run's. Counts kept and dropped pairs and logs them at
+  the end of each epoch it sees (the counts are per process, and per grain worker when
+  num_workers > 0).
   """
 
   def __init__(self, tokenizer: TextTokenizer, data: DataConfig, epoch_size: int,
-               alignments: bool = False):
+               alignments: bool = False, process_index: int = 0):
     self.tokenizer, self.max_length, self.epoch_size = tokenizer, data.max_length, epoch_size
-    self.bpe_dropout, self.seed = data.bpe_dropout, data.seed
+    self.bpe_dropout, self.seed, self.process_index = data.bpe_dropout, data.seed, process_index
     self.pair = _Pair(data.source_lang, data.target_lang)
     self.word_pairs = _WordPairs(data) if alignments else None
     self._pieces: list[str] | None = None  # id -> piece, read once (with alignments).
@@ -243,7 +244,8 @@ class _TokenizeAndFilter:
   def __call__(self, chunk_index: int, examples: list[Any]) -> list[dict[str, np.ndarray]]:
     pairs = [self.pair(example) for example in examples]
     if self.bpe_dropout:
-      source_seed, target_seed = np.random.SeedSequence([self.seed, chunk_index]).generate_state(2)
+      source_seed, target_seed = np.random.SeedSequence(
+          [self.seed, self.process_index, chunk_index]).generate_state(2)
       sources = self.tokenizer.tokenize_batch_dropout(  # type: ignore[attr-defined]
           [source for source, _ in pairs], dropout=self.bpe_dropout, seed=int(source_seed))
       targets = self.tokenizer.tokenize_batch_dropout(  # type: ignore[attr-defined]
@@ -363,7 +365,8 @@ def train_dataset(data: DataConfig, tokenizer: TextTokenizer, *, process_index: 
                      f"{process_index} of {process_count}.")
   ds = shard.shuffle(seed=data.seed).repeat()  # A new permutation each epoch.
   ds = ds.batch(_READ_CHUNK, batch_fn=list)  # Chunks may straddle epochs, as the stream does.
-  ds = ds.map_with_index(_TokenizeAndFilter(tokenizer, data, len(shard), alignments))
+  ds = ds.map_with_index(_TokenizeAndFilter(tokenizer, data, len(shard), alignments,
+                                            process_index))
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
   ds = grain.experimental.FlatMapIterDataset(ds, _Flatten())
   length = {"inputs": data.max_length, "targets": data.max_length}
