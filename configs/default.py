@@ -39,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   data.vocab_size = 512  # Pieces of the trained shared vocabulary.
   data.vocab_model_type = "unigram"  # "unigram" | "bpe".
   data.bpe_dropout = 0.0  # BPE-dropout on train pairs: merges skipped with this probability.
+  data.bpe_dropout_rule = "paper"  # "paper" (a skipped merge retried next step) | "sentencepiece".
   data.vocab_max_chars = 2_000_000  # Characters of training text sampled to train the vocab.
   data.max_length = 32  # Longest train pair in tokens (incl. EOS), also the packed row length.
   data.batch_tokens = 4096  # Global target tokens per step; rows = batch_tokens // max_length.

@@ -106,6 +106,9 @@ class DataConfig:
   # BPE-dropout (Provilkov et al., 2020) on train pairs: each merge skipped with this probability,
   # a new segmentation of each pair every epoch; a BPE vocabulary only; 0 = off.
   bpe_dropout: float = checked_field(0.0, FRACTION)
+  # A skipped merge is retried after the next merge ('paper', Provilkov et al.'s Algorithm 1) or
+  # never ('sentencepiece', SentencePiece's enable_sampling: the same probability splits more).
+  bpe_dropout_rule: Literal["paper", "sentencepiece"] = "paper"
   vocab_max_chars: int = checked_field(10_000_000, POSITIVE)  # Training text sampled for the vocab.
   max_length: int = checked_field(32, (lambda v: v >= 2, ">= 2 (tokens including EOS)"))
   batch_tokens: int = checked_field(4096, POSITIVE)  # Global token budget per train step.

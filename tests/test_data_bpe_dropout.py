@@ -4,7 +4,9 @@ distribution), seeded in any process; and the train pipeline that uses it (new s
 each epoch, exact resume, worker processes, bad configs)."""
 
 import collections
+import functools
 import gzip
+import itertools
 import json
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from flax_transformer import config as config_lib
 from flax_transformer import experiment_flags
@@ -49,23 +52,24 @@ def test_without_dropout_it_is_sentencepieces_own_bpe_on_every_train_line(multi3
       sp.encode(texts, out_type=int)
 
 
-def test_samples_follow_sentencepieces_own_bpe_dropout_distribution(multi30k):
-  """SentencePiece samples by the same rule (each merge skipped with probability p) from an
-  unseeded generator: the two must agree in distribution, checked on whole sentences' lengths
-  and on the segmentations of single words."""
+def test_the_sentencepiece_rule_follows_sentencepieces_own_sampler(multi30k):
+  """SentencePiece samples by this rule (each merge skipped with probability p, never retried)
+  from an unseeded generator: the two must agree in distribution, checked on whole sentences'
+  lengths and on the segmentations of single words."""
   texts, tokenizer = multi30k
   sp = spm.SentencePieceProcessor(model_proto=tokenizer.proto)
   ours = BpeDropout(tokenizer.proto)
   sample = texts[:20000]
-  a = np.array(list(map(len, ours.tokenize_batch(sample, dropout=0.1, seed=1))))
+  a = np.array(list(map(len, ours.tokenize_batch(sample, dropout=0.1, seed=1,
+                                                 rule="sentencepiece"))))
   b = np.array(list(map(len, sp.encode(sample, out_type=int, enable_sampling=True, alpha=0.1))))
   plain = np.array(list(map(len, sp.encode(sample, out_type=int))))
   assert a.mean() > plain.mean() + 1  # Dropout splits pieces: far more than the noise below.
   assert abs(a.mean() - b.mean()) < 5 * np.sqrt(a.var() / len(a) + b.var() / len(b))
   for word in ("something", "Mann", "skateboarding"):
     n = 10000
-    ours_counts = collections.Counter(map(tuple, ours.tokenize_batch([word] * n, dropout=0.3,
-                                                                     seed=2)))
+    ours_counts = collections.Counter(map(tuple, ours.tokenize_batch(
+        [word] * n, dropout=0.3, seed=2, rule="sentencepiece")))
     theirs = collections.Counter(map(tuple, sp.encode([word] * n, out_type=int,
                                                       enable_sampling=True, alpha=0.3)))
     # Each segmentation common enough to count: the two counts differ by less than 5 standard
@@ -75,6 +79,70 @@ def test_samples_follow_sentencepieces_own_bpe_dropout_distribution(multi30k):
     for k in common:
       a_k, b_k = ours_counts[k], theirs[k]
       assert abs(a_k - b_k) < 5 * np.sqrt(a_k + b_k), (word, k, a_k, b_k)
+
+
+def _algorithm_1(word: str, scores: dict[str, float], p: float) -> dict[tuple[str, ...], float]:
+  """Provilkov et al.'s Algorithm 1, exactly, by enumeration: the probability of each
+  segmentation of `word`. Each step drops every possible merge independently with probability
+  p and applies the highest-scoring survivor (the leftmost on a tie); the word is done when
+  every possible merge is dropped. Merge k in that order survives first with (1 - p) p^k."""
+
+  @functools.cache
+  def outcomes(state: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    merges = sorted((-scores[a + b], i) for i, (a, b) in enumerate(itertools.pairwise(state))
+                    if a + b in scores)
+    out = collections.Counter({state: p ** len(merges)})
+    for k, (_, i) in enumerate(merges):
+      merged = state[:i] + (state[i] + state[i + 1],) + state[i + 2:]
+      for segmentation, q in outcomes(merged).items():
+        out[segmentation] += (1 - p) * p**k * q
+    return out
+
+  return dict(outcomes(tuple(word)))
+
+
+def _departures(counts: collections.Counter, exact: dict, n: int) -> list:
+  """The segmentations whose count departs from n * probability by 5 binomial standard
+  deviations or more, the rare ones (expected < 20) pooled into one."""
+  bad, rare_count, rare_mass = [], 0, 0.0
+  for segmentation in set(counts) | set(exact):
+    q = exact.get(segmentation, 0.0)
+    if n * q < 20:
+      rare_count, rare_mass = rare_count + counts[segmentation], rare_mass + q
+    elif abs(counts[segmentation] - n * q) >= 5 * np.sqrt(n * q * (1 - q)):
+      bad.append((segmentation, counts[segmentation], round(n * q, 1)))
+  if abs(rare_count - n * rare_mass) >= 5 * np.sqrt(n * rare_mass * (1 - rare_mass)) + 1:
+    bad.append(("rare", rare_count, round(n * rare_mass, 1)))
+  return bad
+
+
+def test_the_paper_rule_follows_algorithm_1_exactly_enumerated(multi30k):
+  """The default rule against Provilkov et al.'s Algorithm 1 enumerated in full for single
+  words: every segmentation's frequency over 20,000 samples within 5 standard deviations of
+  its exact probability. SentencePiece's rule, a different distribution, must fail the check."""
+  _, tokenizer = multi30k
+  model = sentencepiece_model_pb2.ModelProto()
+  model.ParseFromString(tokenizer.proto)
+  scores = {piece.piece: piece.score for piece in model.pieces
+            if piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL}
+  sp = spm.SentencePieceProcessor(model_proto=tokenizer.proto)
+  ours = BpeDropout(tokenizer.proto)
+  n, caught = 20000, 0
+  for word, p in [("Mann", 0.1), ("something", 0.1), ("skateboarding", 0.1),
+                  ("something", 0.3), ("Fahrradfahrer", 0.3)]:
+    exact = _algorithm_1("\u2581" + word, scores, p)
+    assert abs(sum(exact.values()) - 1) < 1e-12
+    assert len(exact) >= 4  # Several outcomes, or the comparison says little.
+    for rule in ("paper", "sentencepiece"):
+      counts = collections.Counter(
+          tuple(sp.id_to_piece(ids)) for ids in ours.tokenize_batch([word] * n, dropout=p,
+                                                                     seed=7, rule=rule))
+      bad = _departures(counts, exact, n)
+      if rule == "paper":
+        assert not bad, (word, p, bad)
+      else:
+        caught += bool(bad)
+  assert caught == 5  # The check tells the two rules apart on every word.
 
 
 def test_every_sample_spells_the_text_and_more_dropout_splits_more(multi30k):
@@ -122,6 +190,8 @@ def test_bad_probabilities_seeds_and_models_are_one_clear_error():
     bpe.tokenize_batch_dropout(["a man"], dropout=1.0, seed=0)
   with pytest.raises(ValueError, match=r"seed -1 is not in \[0, 2\*\*32\)"):
     bpe.tokenize_batch_dropout(["a man"], dropout=0.1, seed=-1)
+  with pytest.raises(ValueError, match=r"rule 'hf' is not one of 'paper', 'sentencepiece'"):
+    bpe.tokenize_batch_dropout(["a man"], dropout=0.1, seed=0, rule="hf")  # type: ignore[arg-type]
   unigram = train_tokenizer(texts, vocab_size=60, model_type="unigram")
   assert (bpe.model_type, unigram.model_type) == ("bpe", "unigram")
   with pytest.raises(ValueError, match=r"needs a SentencePiece BPE model; this one is unigram"):
@@ -209,6 +279,22 @@ def test_hosts_draw_their_own_segmentations(setup):
   assert differ > len(examples) // 3
 
 
+def test_the_configured_rule_decides_how_much_is_split(setup):
+  """config.data.bpe_dropout_rule reaches the segmentation: SentencePiece's rule, which never
+  retries a skipped merge, splits the same pairs into more pieces at the same probability."""
+  data, tokenizer = setup
+  examples = [{data.source_lang: s, data.target_lang: t}
+              for s, t in pipeline.split_texts(data, data.train_split)[:200]]
+  pieces = {}
+  for rule in ("paper", "sentencepiece"):
+    ruled = parse_group(DataConfig, {**vars(data), "bpe_dropout_rule": rule})
+    out = pipeline._TokenizeAndFilter(tokenizer, ruled, 300)(7, examples)
+    pieces[rule] = sum(len(e["inputs"]) + len(e["targets"]) for e in out)
+  plain = sum(len(tokenizer.tokenize(s)) + len(tokenizer.tokenize(t)) + 2
+              for s, t in pipeline.split_texts(data, data.train_split)[:200])
+  assert plain < pieces["paper"] < pieces["sentencepiece"], (plain, pieces)
+
+
 @pytest.mark.slow  # Spawns processes.
 def test_worker_processes_give_the_same_segmentations(setup):
   """grain workers tokenize in other processes: their segmentations are the in-process ones."""
@@ -229,6 +315,8 @@ def test_worker_processes_give_the_same_segmentations(setup):
     (dict(bpe_dropout=1.0, vocab_model_type="bpe"), {},
      r"config\.data\.bpe_dropout must be in \[0, 1\), got 1\.0\."),
     (dict(bpe_dropout=-0.1, vocab_model_type="bpe"), {}, r"config\.data\.bpe_dropout must be in"),
+    (dict(bpe_dropout=0.1, vocab_model_type="bpe", bpe_dropout_rule="hf"), {},
+     r"config\.data\.bpe_dropout_rule must be one of \('paper', 'sentencepiece'\), got 'hf'\."),
 ])
 def test_bad_configs_name_the_key(data, train, match):
   config = experiment_flags.load_config_file(CONFIGS / "default.py", None)

@@ -1,15 +1,21 @@
 """BPE-dropout (Provilkov et al., 2020) over a SentencePiece BPE model, seeded.
 
-`BpeDropout(model_proto).tokenize_batch(texts, dropout=p, seed=s)` segments each text as
-SentencePiece's BPE does (`bpe_model.cc`: the adjacent pair whose merged piece scores highest is
-merged first, the leftmost on a tie), except that each merge about to be applied is skipped with
-probability p and that pair is not merged again; p = 0 gives SentencePiece's own ids.
+`BpeDropout(model_proto).tokenize_batch(texts, dropout=p, seed=s, rule=...)` segments each text
+as SentencePiece's BPE does (`bpe_model.cc`: the adjacent pair whose merged piece scores highest
+is merged first, the leftmost on a tie), except that each merge about to be applied is skipped
+with probability p; p = 0 gives SentencePiece's own ids. Two rules for a skipped merge:
 
-SentencePiece samples too (`encode(..., enable_sampling=True, alpha=p)`, the same rule), but from
-an absl::BitGen that absl salts per process: one seed gives other segmentations in another
-process, so a resumed run or a grain worker would not see the segmentations the uninterrupted
-run saw. Here the draws come from NumPy's PCG64 seeded with (seed, text index), the same in any
-process, thread and platform.
+  'paper'          Provilkov et al.'s Algorithm 1: at every step each possible merge is dropped
+                   anew, the best survivor is applied, and the word is done when all possible
+                   merges are dropped at once. A skipped pair is retried after the next merge
+                   (as subword-nmt, YouTokenToMe and Hugging Face tokenizers do).
+  'sentencepiece'  SentencePiece's `enable_sampling` (Marian's `--sentencepiece-alphas`): a
+                   skipped pair is never merged again, so the same p splits far more.
+
+SentencePiece samples from an absl::BitGen that absl salts per process: one seed gives other
+segmentations in another process, so a resumed run or a grain worker would not see the
+segmentations the uninterrupted run saw. Here the draws come from NumPy's PCG64 seeded with
+(seed, text index), the same in any process, thread and platform.
 
 The text is SentencePiece's normalized form (`normalize`: NFKC, whitespace as U+2581 '▁'), cut
 before each '▁': no piece of a BPE model trained with `split_by_whitespace` holds '▁' past its
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import sentencepiece as spm
@@ -30,6 +37,28 @@ from flax_transformer.errors import InputError
 
 _SPACE = "\u2581"
 _Type = sentencepiece_model_pb2.ModelProto.SentencePiece.Type
+Rule = Literal["paper", "sentencepiece"]
+RULES: tuple[Rule, ...] = ("paper", "sentencepiece")
+
+
+class _Draws:
+  """Uniform draws in [0, 1) from PCG64 seeded with (seed, k), taken in blocks as needed (a
+  block's values are the stream's next ones, so the block size changes no draw)."""
+
+  __slots__ = ("_block", "_rng", "_used", "_values")
+
+  def __init__(self, seed: int, k: int, block: int):
+    self._rng = np.random.default_rng([seed, k])
+    self._block = max(block, 16)
+    self._values: list[float] = []
+    self._used = 0
+
+  def next(self) -> float:
+    if self._used == len(self._values):
+      self._values = self._rng.random(self._block).tolist()
+      self._used = 0
+    self._used += 1
+    return self._values[self._used - 1]
 
 
 class BpeDropout:
@@ -62,9 +91,12 @@ class BpeDropout:
                          "user-defined pieces.")
     self._byte_fallback = model.trainer_spec.byte_fallback and len(self._bytes) == 256
 
-  def tokenize_batch(self, texts: Sequence[str], *, dropout: float,
-                     seed: int) -> list[list[int]]:
-    """Ids of each text (no EOS); text k draws from PCG64 seeded with (seed, k)."""
+  def tokenize_batch(self, texts: Sequence[str], *, dropout: float, seed: int,
+                     rule: Rule = "paper") -> list[list[int]]:
+    """Ids of each text (no EOS); text k draws from PCG64 seeded with (seed, k). `rule`: what
+    becomes of a skipped merge (the module docstring)."""
+    if rule not in RULES:
+      raise InputError(f"BPE-dropout rule {rule!r} is not one of {', '.join(map(repr, RULES))}.")
     if not 0.0 <= dropout < 1.0:
       raise InputError(f"BPE-dropout probability {dropout} is not in [0, 1).")
     if not 0 <= seed < 2**32:
@@ -72,24 +104,23 @@ class BpeDropout:
     out = []
     for k, text in enumerate(texts):
       normalized = self._normalizer.normalize(text)
-      # At most one draw per pair pushed: len - 1 at the start, 2 per merge after.
-      draws = (np.random.default_rng([seed, k]).random(3 * len(normalized)) if dropout
-               else None)
+      # The 'sentencepiece' rule draws at most once per pair pushed (len - 1 at the start, 2 per
+      # merge after): one block. The 'paper' rule redraws skipped pairs: more blocks as needed.
+      draws = _Draws(seed, k, 3 * len(normalized)) if dropout else None
       ids: list[int] = []
       start = 0
-      used = 0
       while start < len(normalized):
         end = normalized.find(_SPACE, start + 1)
         end = len(normalized) if end < 0 else end
-        used = self._word(normalized[start:end], dropout, draws, used, ids)
+        self._word(normalized[start:end], dropout, draws, rule == "paper", ids)
         start = end
       out.append(ids)
     return out
 
-  def _word(self, word: str, dropout: float, draws: np.ndarray | None, used: int,
-            ids: list[int]) -> int:
-    """Appends the ids of `word` (no '▁' past its first character) to `ids`; returns the number
-    of draws used so far."""
+  def _word(self, word: str, dropout: float, draws: _Draws | None, retry: bool,
+            ids: list[int]) -> None:
+    """Appends the ids of `word` (no '▁' past its first character) to `ids`. `retry`: a skipped
+    pair goes back on the agenda after the next merge (the 'paper' rule)."""
     pieces = self._pieces
     symbols = list(word)  # '' once merged into its left neighbour
     after = list(range(1, len(word))) + [-1]  # the next live symbol
@@ -106,15 +137,20 @@ class BpeDropout:
 
     for left in range(len(word) - 1):
       push(left, left + 1)
+    skipped: list[tuple[float, int, int, int]] = []
     while agenda:
-      _, left, right, length = heapq.heappop(agenda)
+      top = heapq.heappop(agenda)
+      _, left, right, length = top
       if (not symbols[left] or not symbols[right]
           or len(symbols[left]) + len(symbols[right]) != length):
         continue  # Stale: one side was merged into another piece since it was pushed.
-      if draws is not None:
-        used += 1
-        if draws[used - 1] < dropout:
-          continue  # Dropped: this pair is not merged.
+      if draws is not None and draws.next() < dropout:
+        if retry:
+          skipped.append(top)  # Dropped for this step: back on the agenda after the next merge.
+        continue  # Under the 'sentencepiece' rule, dropped for good.
+      for entry in skipped:
+        heapq.heappush(agenda, entry)
+      skipped.clear()
       symbols[left] += symbols[right]
       symbols[right] = ""
       after[left] = after[right]
@@ -130,7 +166,6 @@ class BpeDropout:
       else:
         ids.extend(self._fallback(symbols[index]))
       index = after[index]
-    return used
 
   def _fallback(self, character: str) -> list[int]:
     """The ids of a character outside the vocabulary: its UTF-8 bytes, or the unknown id."""

@@ -233,7 +233,8 @@ class _TokenizeAndFilter:
   def __init__(self, tokenizer: TextTokenizer, data: DataConfig, epoch_size: int,
                alignments: bool = False, process_index: int = 0):
     self.tokenizer, self.max_length, self.epoch_size = tokenizer, data.max_length, epoch_size
-    self.bpe_dropout, self.seed, self.process_index = data.bpe_dropout, data.seed, process_index
+    self.bpe_dropout, self.bpe_dropout_rule = data.bpe_dropout, data.bpe_dropout_rule
+    self.seed, self.process_index = data.seed, process_index
     self.pair = _Pair(data.source_lang, data.target_lang)
     self.word_pairs = _WordPairs(data) if alignments else None
     self._pieces: list[str] | None = None  # id -> piece, read once (with alignments).
@@ -247,9 +248,11 @@ class _TokenizeAndFilter:
       source_seed, target_seed = np.random.SeedSequence(
           [self.seed, self.process_index, chunk_index]).generate_state(2)
       sources = self.tokenizer.tokenize_batch_dropout(  # type: ignore[attr-defined]
-          [source for source, _ in pairs], dropout=self.bpe_dropout, seed=int(source_seed))
+          [source for source, _ in pairs], dropout=self.bpe_dropout, seed=int(source_seed),
+          rule=self.bpe_dropout_rule)
       targets = self.tokenizer.tokenize_batch_dropout(  # type: ignore[attr-defined]
-          [target for _, target in pairs], dropout=self.bpe_dropout, seed=int(target_seed))
+          [target for _, target in pairs], dropout=self.bpe_dropout, seed=int(target_seed),
+          rule=self.bpe_dropout_rule)
     else:
       sources = self.tokenizer.tokenize_batch([source for source, _ in pairs])
       targets = self.tokenizer.tokenize_target_batch([target for _, target in pairs])

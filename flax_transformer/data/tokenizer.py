@@ -34,7 +34,7 @@ from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import to_path
 
 if TYPE_CHECKING:
-  from flax_transformer.data.bpe_dropout import BpeDropout
+  from flax_transformer.data.bpe_dropout import BpeDropout, Rule
 
 # Vocabularies at least this big reserve 256 byte pieces, so any character round-trips; smaller
 # (toy) vocabularies keep every id for real pieces.
@@ -126,15 +126,16 @@ class Tokenizer:
     """Token ids of each text, without EOS (one call into SentencePiece)."""
     return self._sp.encode(list(texts), out_type=int)
 
-  def tokenize_batch_dropout(self, texts: Sequence[str], *, dropout: float,
-                             seed: int) -> list[list[int]]:
+  def tokenize_batch_dropout(self, texts: Sequence[str], *, dropout: float, seed: int,
+                             rule: Rule = "paper") -> list[list[int]]:
     """Token ids of each text, without EOS, under BPE-dropout: each merge skipped with
-    probability `dropout` (0 gives `tokenize_batch`'s ids). The same (texts, dropout, seed) give
-    the same ids in any process. BPE models only (`model_type`); `data.bpe_dropout`."""
+    probability `dropout` (0 gives `tokenize_batch`'s ids), a skipped merge retried after the
+    next one (`rule='paper'`) or never (`'sentencepiece'`). The same (texts, dropout, seed, rule)
+    give the same ids in any process. BPE models only (`model_type`); `data.bpe_dropout`."""
     if self._bpe_dropout is None:
       from flax_transformer.data.bpe_dropout import BpeDropout  # Training only (protobuf).
       self._bpe_dropout = BpeDropout(self._proto)
-    return self._bpe_dropout.tokenize_batch(texts, dropout=dropout, seed=seed)
+    return self._bpe_dropout.tokenize_batch(texts, dropout=dropout, seed=seed, rule=rule)
 
   def tokenize_target(self, text: str) -> list[int]:
     """Token ids of a target sentence, without EOS: the same as `tokenize` (shared vocabulary)."""
