@@ -346,7 +346,9 @@ def test_a_given_unigram_vocabulary_is_refused_before_anything_is_read(setup, tm
   given = parse_group(DataConfig, {**vars(data), "vocab_path": str(path),
                                    "vocab_model_type": "unigram"})
   with pytest.raises(ConfigError, match=rf"config\.data\.bpe_dropout=0\.2 needs a SentencePiece "
-                     rf"BPE vocabulary, but {path} is a SentencePiece unigram model; train one "
-                     r"with config\.data\.vocab_model_type='bpe' or set config\.data\.bpe_dropout"
-                     r"=0\."):
+                     rf"BPE vocabulary, but {path} is a SentencePiece unigram model \(a "
+                     r"vocabulary given by config\.data\.vocab_path or kept from "
+                     r"config\.train\.init_from is used as it is\): set config\.data\.bpe_dropout"
+                     r"=0, or train a new one with config\.data\.vocab_model_type='bpe' and "
+                     r"neither\.$"):
     pipeline.train_iterator(given, Tokenizer.load(path))

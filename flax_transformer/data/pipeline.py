@@ -349,8 +349,10 @@ def _check_bpe_dropout(data: DataConfig, tokenizer: TextTokenizer) -> None:
             f"a {type(tokenizer).__name__}")
     raise ConfigError(
         f"config.data.bpe_dropout={data.bpe_dropout} needs a SentencePiece BPE vocabulary, but "
-        f"{tokenizer.path or 'the vocabulary'} is {what}; train one with "
-        "config.data.vocab_model_type='bpe' or set config.data.bpe_dropout=0.")
+        f"{tokenizer.path or 'the vocabulary'} is {what} (a vocabulary given by "
+        "config.data.vocab_path or kept from config.train.init_from is used as it is): set "
+        "config.data.bpe_dropout=0, or train a new one with config.data.vocab_model_type='bpe' "
+        "and neither.")
 
 
 def train_dataset(data: DataConfig, tokenizer: TextTokenizer, *, process_index: int = 0,
