@@ -2,6 +2,8 @@
 clearly; a non-finite loss or gradient norm stops the loop naming the step and keeps the last
 good checkpoint."""
 
+import signal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,3 +169,33 @@ def test_replicated_arrays_are_written_in_slices_only_where_a_slice_is_worth_its
   assert step == 3
   for name, want in params.items():
     np.testing.assert_array_equal(np.asarray(restored[name]), want)
+
+
+def test_a_stop_signal_during_a_read_is_a_stop_not_an_unreadable_checkpoint(tmp_path):
+  """orbax's reads run in threads and wrap what interrupts them: a Ctrl-C or stop signal raised
+  during a restore reaches `read_checkpoint` inside another error. It must come out as itself
+  (the CLI then prints its stop line), and the checkpoint must not be remembered as damaged."""
+  from flax_transformer.cli.stopping import Stopped
+  from flax_transformer.workdir import checkpoints as workdir_checkpoints
+
+  path = tmp_path / "checkpoints" / "1"
+  stop = Stopped(signal.SIGTERM)
+
+  def read():
+    try:
+      raise stop
+    except Stopped as interrupt:
+      raise RuntimeError("a read task failed") from interrupt
+
+  with pytest.raises(Stopped) as raised:
+    workdir_checkpoints.read_checkpoint(read, path, [1], "Pass --step")
+  assert raised.value is stop
+  assert str(path) not in workdir_checkpoints._FAILED_CHECKPOINTS
+
+  def damaged():  # Without an interrupt in it, a failed read still names the file.
+    raise ValueError("OUT_OF_RANGE: Error reading")
+
+  with pytest.raises(workdir_checkpoints.UnreadableCheckpointError,
+                     match=r"is unreadable: ValueError: OUT_OF_RANGE: Error reading\. Saved "
+                           r"steps: \[1\]\. Pass --step\."):
+    workdir_checkpoints.read_checkpoint(damaged, path, [1], "Pass --step")

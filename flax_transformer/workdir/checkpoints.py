@@ -376,6 +376,11 @@ def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], adv
     except _ShapeMismatch:
       raise  # A readable checkpoint of other shapes: the caller's error, not the file's.
     except Exception as error:
+      interrupt = _interrupt_in(error)
+      if interrupt is not None:
+        # Ctrl-C or a stop signal (cli.stopping's Stopped) raised while orbax's reads ran, and
+        # wrapped by them: the command was stopped; the file is not to blame (CI, 2026-11-30).
+        raise interrupt from None
       _FAILED_CHECKPOINTS.update({str(path), os.path.abspath(path)} if "://" not in str(path)
                                  else {str(path)})
       steps = f" Saved steps: {list(saved)}." if saved else ""
@@ -476,6 +481,21 @@ def _matching(target: Any, metadata: Any) -> Any:
     raise _ShapeMismatch("The checkpoint's parameters differ from the model's (checkpoint vs "
                          f"model): {'; '.join(differing[:10])}.")
   return target
+
+
+def _interrupt_in(error: BaseException) -> KeyboardInterrupt | None:
+  """The KeyboardInterrupt (Ctrl-C, or cli.stopping's Stopped) among `error`'s causes and
+  contexts, if any."""
+  pending, seen = [error], set()
+  while pending:
+    error = pending.pop()
+    if error is None or id(error) in seen:
+      continue
+    if isinstance(error, KeyboardInterrupt):
+      return error
+    seen.add(id(error))
+    pending += [error.__cause__, error.__context__]
+  return None
 
 
 def _first_line(error: BaseException) -> str:
