@@ -114,8 +114,9 @@ def test_n_steps_restart_n_steps_equals_2n_steps(straight_run, shared):
 
 
 def test_bpe_dropout_n_steps_restart_n_steps_equals_2n_steps(shared):
-  """Under BPE-dropout each epoch's segmentations come from seeds of the stream position (about
-  three epochs in 2N steps here): a restart resumes them, so the halves end as the straight run."""
+  """Under BPE-dropout each epoch's segmentations come from seeds of the stream position: a
+  restart resumes them, so the halves end as the straight run. 2N steps read about 430 pairs of
+  the 400, so the second epoch's first draws come after the restart."""
   if is_remote(shared[0]):
     pytest.skip("the data stream's state: checked on local storage")
   dropout = {"data__vocab_model_type": "bpe", "data__bpe_dropout": 0.1}
