@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU report on a lent NVIDIA machine, in as few device calls as possible:
 #   bash benchmarks/gpu_report.sh ITEM [ITEM ...]     (A+B runs items A and B at once)
+# What each call carries is made first, on the CPU: bash benchmarks/gpu_prepare.sh [FLAX_GIT_DIR].
 # The runbook (what to carry, the items, the calls, a dry run on a CPU): docs/benchmarks.md,
 # "The device runbook".
 set -uo pipefail
