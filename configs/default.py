@@ -88,6 +88,10 @@ def get_config() -> ml_collections.ConfigDict:
   # suspended that long during a save, or storage that stopped answering); nothing is lost, and
   # the same command resumes from the last complete checkpoint. Orbax's own default is 1200 s.
   checkpoint.save_timeout_seconds = 6 * 3600
+  # A restart restores the data stream's position too, so a resumed run is the straight run.
+  # False (a job moved to another number of processes or config.data.num_workers, which cannot
+  # take the saved position): the stream starts from its beginning instead.
+  checkpoint.restore_data_position = True
 
   # --- eval: periodic evaluation on data.eval_split, and the final test split.
   config.eval = evaluation = ml_collections.ConfigDict()

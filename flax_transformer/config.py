@@ -233,6 +233,10 @@ class CheckpointConfig:
   # Wall time an async save may take before the job stops, naming it: a job suspended longer
   # during a save (SIGSTOP, Slurm's suspend, Ctrl-Z) or storage that stopped answering.
   save_timeout_seconds: int = checked_field(6 * 3600, POSITIVE)
+  # A restart also restores the data stream's position (exact resume). False: the checkpoint's
+  # parameters, optimizer state, step and RNG only, the stream started from its beginning; for
+  # a job moved to another number of processes or grain workers, which cannot take the position.
+  restore_data_position: bool = True
 
   def __post_init__(self):
     check_fields(self)

@@ -1,7 +1,9 @@
 """Checkpoints: params restore on one device from an 8-device FSDP run; a mismatched model fails
 clearly; a non-finite loss or gradient norm stops the loop naming the step and keeps the last
-good checkpoint."""
+good checkpoint; a data position saved by another number of processes or grain workers is
+refused before a restore, in one line."""
 
+import json
 import signal
 
 import jax
@@ -199,3 +201,53 @@ def test_a_stop_signal_during_a_read_is_a_stop_not_an_unreadable_checkpoint(tmp_
                      match=r"is unreadable: ValueError: OUT_OF_RANGE: Error reading\. Saved "
                            r"steps: \[1\]\. Pass --step\."):
     workdir_checkpoints.read_checkpoint(damaged, path, [1], "Pass --step")
+
+
+def _position_files(path, states: dict[str, object]) -> None:
+  """A checkpoint folder whose data_iter item holds `states` ({file name: JSON or raw text})."""
+  folder = path / checkpoints.DATA_ITER_ITEM
+  folder.mkdir(parents=True)
+  for name, state in states.items():
+    (folder / name).write_text(state if isinstance(state, str) else json.dumps(state))
+
+
+# What grain's train iterators save (pipeline.train_iterator): in this process, and 2 workers.
+IN_PROCESS = {"parent": {"parent": {"next_index": 7}, "next_index_in_buffer": 0},
+              "next_row": 0, "counter": 3}
+TWO_WORKERS = {"next_index_in_cycle": 1, "next_index_in_datasets": 2,
+               "iterators_in_use_indices": [0, 1], "iterators_in_use_states": [IN_PROCESS] * 2,
+               "exhausted": [0, 0], "future_states": {}}
+
+
+@pytest.mark.parametrize("files, workers, message", [
+    ({"process_0-of-1.json": IN_PROCESS}, 0, None),
+    ({"process_0-of-1.json": TWO_WORKERS}, 2, None),
+    ({"process_0-of-1.json": TWO_WORKERS}, 0,
+     r"saved with config\.data\.num_workers=2; this run has 0 .* Rerun with "
+     r"--config\.data\.num_workers=2 .*restore_data_position=False\.$"),
+    ({"process_0-of-1.json": IN_PROCESS}, 3, r"num_workers=0; this run has 3 "),
+    ({"process_0-of-2.json": IN_PROCESS, "process_1-of-2.json": IN_PROCESS}, 0,
+     r"holds the data positions of 2 processes; this job runs 1\. .* run the job on 2 "
+     r"processes to continue exactly"),
+    ({}, 0, r"holds no data position .*restore_data_position=False\.$"),
+])
+def test_a_data_position_is_checked_against_the_processes_and_workers_before_a_restore(
+    tmp_path, files, workers, message):
+  path = tmp_path / "checkpoints" / "16"
+  _position_files(path, files)
+  if message is None:
+    checkpoints.check_data_position(path, workers, [16], "advice")
+  else:
+    with pytest.raises(checkpoints.DataPositionMismatchError, match=message):
+      checkpoints.check_data_position(path, workers, [16], "advice")
+
+
+def test_a_damaged_data_position_is_an_unreadable_checkpoint(tmp_path):
+  from flax_transformer.workdir import UnreadableCheckpointError
+
+  path = tmp_path / "checkpoints" / "16"
+  _position_files(path, {"process_0-of-1.json": '{"parent": {"par'})
+  with pytest.raises(UnreadableCheckpointError,
+                     match=r"checkpoints/16 is unreadable: JSONDecodeError: .* Saved steps: "
+                           r"\[8, 16\]\. move it aside"):
+    checkpoints.check_data_position(path, 0, [8, 16], "move it aside")

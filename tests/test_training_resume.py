@@ -10,6 +10,7 @@ only the first one pays for compiling.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -199,6 +200,39 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
   _assert_identical(_params(workdir)[0], _params(reference)[0])
   if is_remote(workdir):  # The lease was deleted at the stop: nothing to take over.
     assert not (workdir / ".lock").exists() and "Took over the lease" not in resumed.stderr
+
+
+def test_a_restart_with_another_worker_count_stops_in_one_line_or_continues_without_the_position(
+    request, shared):
+  """A data position fits only the number of grain workers that saved it (each worker reads its
+  own slice of the stream). A restart with another `data.num_workers` stops in one line that
+  names the saved count, before anything compiles, and leaves the workdir as it was; with
+  `checkpoint.restore_data_position=False` it continues from the checkpoint instead."""
+  if is_remote(shared[0]):
+    pytest.skip("grain workers: checked on local storage")
+  source, _ = request.getfixturevalue("straight_run_with_workers")
+  workdir = shared[0] / "another_worker_count"
+  shutil.copytree(source, workdir)
+  more = {**WORKERS, "train__num_train_steps": TOTAL_STEPS + 8}
+  latest = workdir / "checkpoints" / str(TOTAL_STEPS)
+  for workers in (0, 1):
+    refused = _train(workdir, shared, check=False, **{**more, "data__num_workers": workers})
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: The checkpoint {latest} holds a data position saved with "
+                           f"config.data.num_workers=2; this run has {workers} "), last
+    assert "Rerun with --config.data.num_workers=2 to continue exactly" in last, last
+    assert last.endswith("--config.checkpoint.restore_data_position=False."), last
+    assert "Traceback" not in refused.stderr and "unreadable" not in refused.stderr
+    assert "Compiled the train step" not in refused.stderr
+    assert saved_steps(workdir) == [16, TOTAL_STEPS]
+    assert json.loads((workdir / "config.json").read_text())["data"]["num_workers"] == 2
+  continued = _train(workdir, shared, **{**more, "data__num_workers": 0,
+                                         "checkpoint__restore_data_position": False})
+  assert (f"Restored step {TOTAL_STEPS} from {workdir / 'checkpoints'} without its data "
+          "position") in continued.stderr
+  assert _params(workdir)[1] == TOTAL_STEPS + 8
+  assert json.loads((workdir / "config.json").read_text())["data"]["num_workers"] == 0
 
 
 def test_kill_9_in_the_middle_of_a_save_resumes_exactly_from_the_save_before(straight_run,

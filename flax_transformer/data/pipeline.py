@@ -429,6 +429,20 @@ def train_iterator(data: DataConfig, tokenizer: TextTokenizer, *, process_index:
                             process_count=process_count, alignments=alignments))
 
 
+def position_worker_count(state: Mapping[str, Any]) -> int | None:
+  """The `data.num_workers` of the train iterator whose `get_state()` `state` is: 0 for one that
+  reads in the training process, N for N grain worker processes, None for a form not known here.
+
+  A position fits only an iterator of the same count: grain's workers each read their own slice
+  of the stream, and their positions cycle over them (`mp_prefetch`'s interleave state).
+  """
+  if "iterators_in_use_indices" in state:  # One iterator per worker, read in turn.
+    return len(state["iterators_in_use_indices"])
+  if "parent" in state:  # The in-process chain: the batcher's state over its parent's.
+    return 0
+  return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Eval batches.
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from flax_transformer.exports import lazy_exports
 
 _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
     "CheckpointMismatchError": "checkpoints:CheckpointMismatchError",
+    "DataPositionMismatchError": "checkpoints:DataPositionMismatchError",
     "NonFiniteStepError": "loop:NonFiniteStepError",
     "Preempted": "preemption:Preempted",
     "SaveTimeoutError": "checkpoints:SaveTimeoutError",

@@ -8,8 +8,10 @@ this module adds what only training reads and writes: the optimizer state, step 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from flax_transformer import workdir as workdir_lib
+from flax_transformer.data import pipeline
 from flax_transformer.errors import Error
 from flax_transformer.files import is_remote, to_path
 from flax_transformer.training.state import TrainState
@@ -31,6 +34,11 @@ DATA_ITER_ITEM = "data_iter"
 
 class CheckpointMismatchError(Error, ValueError):
   """The checkpoint's parameters do not have the configured model's shapes."""
+
+
+class DataPositionMismatchError(CheckpointMismatchError):
+  """The checkpoint's data position was saved by another number of processes or grain workers
+  than this job's, so this job's iterator cannot take it."""
 
 
 class SaveTimeoutError(Error, TimeoutError):
@@ -138,13 +146,16 @@ def close(manager: ocp.CheckpointManager) -> None:
 
 def restore(
     manager: ocp.CheckpointManager, step: int, abstract: TrainState, shardings: TrainState,
-    data_iter: Any | None,
+    data_iter: Any | None, *, num_workers: int = 0,
 ) -> TrainState:
-  """Restores step `step` into `shardings` (and `data_iter`'s position, in place).
+  """Restores step `step` into `shardings` (and `data_iter`'s position, in place; `data_iter`
+  reads with `num_workers` grain workers, `config.data.num_workers`).
 
   Raises:
     CheckpointMismatchError: naming the parameters whose shapes differ from the model's, or
       for a checkpoint of parameters alone (an imported model).
+    DataPositionMismatchError: the data position was saved by another number of processes or
+      of grain workers (checked before anything is restored).
     workdir.UnreadableCheckpointError: a file of the checkpoint cannot be read; the message
       names the checkpoint, why, the saved steps and how to continue from the previous one.
   """
@@ -158,6 +169,8 @@ def restore(
   metadata = workdir_lib.read_checkpoint(lambda: manager.item_metadata(step)[PARAMS_ITEM],
                                          path, saved, advice)
   check_params_match(path, metadata, abstract.params)
+  if data_iter is not None:
+    check_data_position(path, num_workers, saved, advice)
   target = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
   items = {
@@ -173,6 +186,46 @@ def restore(
   return TrainState(
       step=rest["step"], params=restored[PARAMS_ITEM], opt_state=rest["opt_state"],
       rng=rest["rng"])
+
+
+_POSITION_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")  # grain's, one per process.
+_WITHOUT_POSITION = ("or continue from the checkpoint with the data stream started from its "
+                     "beginning: --config.checkpoint.restore_data_position=False")
+
+
+def check_data_position(path: os.PathLike, num_workers: int, saved: list[int],
+                        advice: str) -> None:
+  """Raises DataPositionMismatchError when the data position saved in checkpoint `path` does
+  not fit this process's train iterator: saved by another number of processes (grain writes
+  `process_I-of-N.json` for each) or by an iterator with another `config.data.num_workers`.
+  `saved` and `advice` name the way out of an unreadable position file."""
+  folder = to_path(path) / DATA_ITER_ITEM
+  counts = set()
+  for name in workdir_lib.read_checkpoint(
+      lambda: [p.name for p in folder.iterdir()] if folder.is_dir() else [], path, saved, advice):
+    if match := _POSITION_FILE.fullmatch(name):
+      counts.add(int(match.group(2)))
+  if not counts:
+    raise DataPositionMismatchError(
+        f"The checkpoint {path} holds no data position ({folder} has no process_*.json); "
+        f"{_WITHOUT_POSITION}.")
+  processes = jax.process_count()
+  if counts != {processes}:
+    was = " or ".join(str(n) for n in sorted(counts))
+    raise DataPositionMismatchError(
+        f"The checkpoint {path} holds the data positions of {was} processes; this job runs "
+        f"{processes}. A position cannot move to another number of processes: run the job on "
+        f"{was} processes to continue exactly where it stopped, {_WITHOUT_POSITION}.")
+  own = folder / f"process_{jax.process_index()}-of-{processes}.json"
+  state = workdir_lib.read_checkpoint(lambda: json.loads(own.read_text()), path, saved, advice)
+  workers = pipeline.position_worker_count(state) if isinstance(state, dict) else None
+  if workers is not None and workers != num_workers:
+    raise DataPositionMismatchError(
+        f"The checkpoint {path} holds a data position saved with config.data.num_workers="
+        f"{workers}; this run has {num_workers} (grain's workers each read their own slice of "
+        f"the stream, so a position fits only the count that saved it). Rerun with "
+        f"--config.data.num_workers={workers} to continue exactly where it stopped, "
+        f"{_WITHOUT_POSITION}.")
 
 
 def continue_advice(path: os.PathLike, saved: list[int]) -> str:

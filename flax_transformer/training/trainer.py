@@ -151,7 +151,7 @@ def _setup(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
   record = _record(config, recipe.model.config, exp.preset)
   _log_config_changes(record, saved, workdir)
   try:
-    state = _restore_or_init(recipe, manager, train_iter, source)
+    state = _restore_or_init(recipe, manager, train_iter, source, exp)
   except BaseException:  # The iterator may be prefetching already (its state was restored).
     manager.close()
     train_iter.close()
@@ -190,8 +190,8 @@ def _record(config: Mapping[str, Any], model: ModelConfig, preset: str) -> dict[
 
 
 def _restore_or_init(recipe: recipe_lib.TrainRecipe, manager: ocp.CheckpointManager,
-                     train_iter: grain.DatasetIterator,
-                     source: init_from.Source | None) -> state_lib.TrainState:
+                     train_iter: grain.DatasetIterator, source: init_from.Source | None,
+                     exp: config_lib.Experiment) -> state_lib.TrainState:
   step = manager.latest_step()
   if step is None and source is not None:
     params = init_from.load_params(source, recipe.abstract_state.params,
@@ -200,9 +200,13 @@ def _restore_or_init(recipe: recipe_lib.TrainRecipe, manager: ocp.CheckpointMana
   if step is None:
     logging.info("No checkpoint in %s: starting from scratch.", manager.directory)
     return recipe.init_state()
+  with_position = exp.checkpoint.restore_data_position
   state = checkpoints.restore(manager, step, recipe.abstract_state, recipe.shardings,
-                              train_iter)
-  logging.info("Restored step %d from %s.", step, manager.directory)
+                              train_iter if with_position else None,
+                              num_workers=exp.data.num_workers)
+  logging.info("Restored step %d from %s%s.", step, manager.directory, "" if with_position else (
+      " without its data position (config.checkpoint.restore_data_position=False): the data "
+      "stream starts from its beginning"))
   return state
 
 
