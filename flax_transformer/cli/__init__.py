@@ -33,7 +33,7 @@ DESCRIPTION = (
     "explains a command. Ctrl-C (or SIGTERM) stops any command at once; a stopped translate or "
     "score resumes where it stopped when run again.")
 EXAMPLE = ('echo "the happy king does not swim" | flax-transformer translate --workdir '
-           "workdirs/default --input - --output -")
+           "workdirs/default")
 # Loggers whose facts the commands say themselves, once, in their own words (truncated lines).
 _SAID_BY_THE_COMMANDS = ("flax_transformer.serving.translator",)
 

@@ -2,7 +2,7 @@
 
     flax-transformer import-hf facebook/nllb-200-distilled-600M --workdir runs/nllb600m
     flax-transformer translate --workdir runs/nllb600m --source_lang eng_Latn \\
-        --target_lang deu_Latn --input - --output -
+        --target_lang deu_Latn
     flax-transformer export --workdir runs/nllb600m --format hf --output exported/
 
 `import_hf` reads a folder (or a Hub id, downloaded with `huggingface_hub`) of
