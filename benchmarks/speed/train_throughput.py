@@ -9,7 +9,9 @@ python benchmarks/speed/train_throughput.py --sizes=base,big --dtype=bfloat16 --
 
 Workloads (the same as the Flax examples/wmt comparison in DESIGN.md): small = vocab 8000,
 D 256, 3+3 layers, 4 heads, F 1024, 64 sentences x 32 tokens; base = vocab 32000, the paper's
-base model, 16 sentences x 64 tokens; big = vocab 32000, the paper's big model, 64 x 128.
+base model, 16 sentences x 64 tokens; big = vocab 32000, the paper's big model, 64 x 128;
+mini = the Multi30k recipe's step (`configs/multi30k_en_de.py:mini` at 7,168 slots: vocab
+10000, D 128, F 256, 4+4 layers, 112 rows x 64), not in the comparison.
 Every row is one full sentence (no padding), dropout 0.1; each size is measured with attention
 dropout 0.1 and 0.0 (`--attention_dropout`). The step is the training job's own jitted step
 (`flax_transformer.training.steps`), with Adam and label smoothing, on all local devices.
@@ -45,6 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import profile_summary
 
 SIZES = {  # name: (preset, vocab, rows, length)
+    "mini": ("mini", 10000, 112, 64),  # configs/multi30k_en_de.py:mini at 7,168 slots (issue 63).
     "small": ("small", 8000, 64, 32),
     "base": ("base", 32000, 16, 64),
     "big": ("big", 32000, 64, 128),
@@ -177,7 +180,8 @@ def _peak_memory() -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sizes", default="small,base", help="comma-separated: small,base,big")
+  parser.add_argument("--sizes", default="small,base",
+                      help="comma-separated: mini,small,base,big")
   parser.add_argument("--attention_dropout", default="0.1,0.0",
                       help="comma-separated attention dropout rates to measure")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
