@@ -36,7 +36,9 @@ def prepare_vocabulary(data: DataConfig, workdir: str | os.PathLike, *,
       process, atomically, with the same bytes: each process reads it back from the workdir.
 
   Raises:
-    builders.MissingDataError: `data.vocab_path` names no file.
+    builders.MissingDataError: `data.vocab_path` names no file, or the workdir holds
+      checkpoints but not the vocabulary they were trained with (never trained again: another
+      vocabulary would give the same ids to other pieces).
   """
   workdir = to_path(workdir)
   own = workdir_lib.vocabulary_files(workdir)
@@ -56,6 +58,13 @@ def prepare_vocabulary(data: DataConfig, workdir: str | os.PathLike, *,
   if own:
     logging.info("Reusing the vocabulary of %s.", workdir)
     return workdir_lib.load_tokenizer(workdir)
+  steps = workdir_lib.saved_steps(workdir)
+  if steps:
+    raise builders.MissingDataError(
+        f"{workdir} holds checkpoints (steps {steps}) but not {workdir_lib.VOCAB_FILE}, the "
+        f"vocabulary they were trained with: put it back into the workdir, or set "
+        f"config.data.vocab_path to a copy of it. A new one would not be trained: the same ids "
+        f"would name other pieces.")
   sentences = pipeline.tokenizer_sample(data)
   logging.info("Training a %s SentencePiece vocabulary of %d pieces on %d sentences (%d chars).",
                data.vocab_model_type, data.vocab_size, len(sentences), sum(map(len, sentences)))
