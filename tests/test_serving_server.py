@@ -189,6 +189,7 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": ["a\\nb"]}', "holds a line break"),
     (b'{"sentences": ["a"], "beam_size": 0}', "beam_size: Input should be greater than or"),
     (b'{"sentences": ["a"], "bogus": 1}', "bogus: Extra inputs are not permitted"),
+    (b'{"text": ["a"]}', "sentences: Field required; text: Extra inputs are not permitted"),
     (b'{"sentences": ["a", "b"], "target_prefix": ["x"]}', "1 target_prefix for 2 sentences"),
     (b'{"sentences": ["a"], "method": "sample", "constraints": [["x"]]}', "Invalid request: "),
     (b'{"sentences": ["a"], "n": 9}', "9 hypotheses per sentence need"),

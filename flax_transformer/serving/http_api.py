@@ -481,16 +481,18 @@ def _count(value: Any, name: str) -> int:
   return count
 
 
-def _validation_line(errors: Sequence[dict[str, Any]]) -> str:
-  """FastAPI's validation errors as one line: the first one, where and what."""
+def _validation_line(errors: Sequence[dict[str, Any]], shown: int = 3) -> str:
+  """FastAPI's validation errors as one line: each (the first `shown`), where and what."""
   if not errors:
     return "Invalid request"
-  first = errors[0]
-  where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-  if first.get("type") == "json_invalid":
+  if any(error.get("type") == "json_invalid" for error in errors):
     return "Invalid JSON format"
-  more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-  return f"Invalid request: {where or 'body'}: {first.get('msg', 'invalid')}{more}"
+  parts = []
+  for error in errors[:shown]:
+    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    parts.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+  more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
+  return f"Invalid request: {'; '.join(parts)}{more}"
 
 
 class Guard:
