@@ -12,7 +12,7 @@
 # The image's package list is read from the device tool's KINDS.md ($KINDS_MD), so what the
 # image already holds is never carried: the wheels are the resolution of pyproject.toml's
 # dependencies (and CTranslate2, for the ct2 items) for CPython 3.12 on manylinux x86-64, less
-# the image's packages. Rerunning it replaces both folders.
+# the image's packages. Rerunning it replaces both folders; a run that fails leaves the last ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -43,10 +43,11 @@ mkdir -p .git/info
 for folder in /.whl/ /.gpu/; do
   grep -qxF "$folder" .git/info/exclude 2>/dev/null || echo "$folder" >> .git/info/exclude
 done
-rm -rf .whl .gpu
-mkdir -p .whl .gpu/data .gpu/bench
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+# Built aside and swapped in at the end: a failure leaves the last good folders in place.
+WHL=$TMP/whl GPU=$TMP/gpu
+mkdir -p "$WHL" "$GPU/data" "$GPU/bench"
 
 # pyproject.toml's runtime dependencies, and CTranslate2.
 python3 - "$CT2" > "$TMP/requirements.txt" <<'EOF'
@@ -82,15 +83,15 @@ carried=0
 while read -r name version; do
   if grep -qxF "$name" <<< "$image" && ! grep -qw -- "$name" <<< "$ALWAYS_CARRY"; then continue; fi
   if ls "$TMP/built/" 2>/dev/null | grep -qi "^${name//-/_}-$version-"; then
-    cp "$TMP/built/"*.whl .whl/ 2>/dev/null || true
+    cp "$TMP/built/"*.whl "$WHL"/ 2>/dev/null || true
   else
-    python3 -m pip download -q --no-deps --only-binary=:all: "${target[@]}" -d .whl \
+    python3 -m pip download -q --no-deps --only-binary=:all: "${target[@]}" -d "$WHL" \
       "$name==$version" || die "no Python 3.12 wheel of $name==$version."
   fi
   carried=$((carried + 1))
 done < "$TMP/resolved.txt"
 # Only the wheels of the carried packages (the built ones were copied as a set).
-python3 - .whl "$TMP/resolved.txt" <<'EOF'
+python3 - "$WHL" "$TMP/resolved.txt" <<'EOF'
 import pathlib, sys
 keep = {line.split()[0] for line in open(sys.argv[2])}
 for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
@@ -98,21 +99,24 @@ for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
     wheel.unlink()
 EOF
 
-cp -r "$DATA/multi30k" .gpu/data/
-[ -d "$DATA/wmt14-en-de-test" ] && cp -r "$DATA/wmt14-en-de-test" .gpu/data/
-cp ../shared/bench/*.py .gpu/bench/ 2>/dev/null || echo "gpu_prepare: no ../shared/bench: the sbs_* items will skip."
+cp -r "$DATA/multi30k" "$GPU/data/"
+[ -d "$DATA/wmt14-en-de-test" ] && cp -r "$DATA/wmt14-en-de-test" "$GPU/data/"
+cp ../shared/bench/*.py "$GPU/bench/" 2>/dev/null || echo "gpu_prepare: no ../shared/bench: the sbs_* items will skip."
 if [ -n "$FLAX_GIT_DIR" ]; then
   # A `fetch` snapshot lacks its largest files, and git archive reports those outside the path
   # too: the check is that every file of examples/wmt came out.
-  git --git-dir="$FLAX_GIT_DIR" archive HEAD examples/wmt 2> "$TMP/archive.err" | tar -x -C .gpu
+  git --git-dir="$FLAX_GIT_DIR" archive HEAD examples/wmt 2> "$TMP/archive.err" | tar -x -C "$GPU"
   git --git-dir="$FLAX_GIT_DIR" ls-tree -r --name-only HEAD examples/wmt | sort > "$TMP/wmt.want"
-  (cd .gpu && find examples/wmt -type f | sort) > "$TMP/wmt.got"
+  (cd "$GPU" && find examples/wmt -type f | sort) > "$TMP/wmt.got"
   cmp -s "$TMP/wmt.want" "$TMP/wmt.got" \
     || die "examples/wmt did not come out whole from $FLAX_GIT_DIR: $(cat "$TMP/archive.err")"
   echo "gpu_prepare: Flax's examples/wmt at $(git --git-dir="$FLAX_GIT_DIR" rev-parse --short HEAD) in .gpu/examples/wmt."
 fi
 
-size=$(du -sm .whl .gpu | awk '{s += $1} END {print s}')
+size=$(du -sm "$WHL" "$GPU" | awk '{s += $1} END {print s}')
+(( size <= 64 )) || die "the two folders would hold ${size} MB, more than a call carries."
+rm -rf .whl .gpu
+mv "$WHL" .whl
+mv "$GPU" .gpu
 echo "gpu_prepare: $carried packages in .whl ($(ls .whl | wc -l) wheels), .gpu ready; ${size} MB to carry (64 MiB a call at most)."
-(( size <= 64 )) || die "the two folders hold ${size} MB, more than a call carries."
 echo 'gpu_prepare: each call: run(command="bash benchmarks/gpu_report.sh ITEM ...", carry=[".whl", ".gpu"]).'
