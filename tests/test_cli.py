@@ -179,6 +179,14 @@ def test_evaluate_command_scores_with_sacrebleu(trained_workdir, tmp_path, capsy
                "--target_lang", "fr", "--json"]) == 0
   assert json.loads(capsys.readouterr().out)["bleu_lc_norm_tok_signature"].startswith(
       "lc.norm.tok:fr|")
+  # For people: what was scored (the checkpoint, the search) above the BLEU lines.
+  assert main(["evaluate", "--workdir", str(workdir), "--src", str(src), "--ref", str(ref)]) == 0
+  search = config["search"]
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == (f"step 400 of {workdir}, beam {search['beam_size']}, "
+                      f"length penalty {search['length_penalty']:g} "
+                      f"({search['length_normalization']}), finish rule {search['finish_rule']}:")
+  assert lines[1] == f"BLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})"
   # A reference file with another line count is refused with exit status 2.
   ref2 = tmp_path / "short.ref"
   ref2.write_text("a\n")

@@ -52,8 +52,26 @@ def run_evaluate(args: argparse.Namespace) -> int:
                              forbid=args.forbid)
   arguments.report_truncated("evaluate", scores["truncated"], args.src)
   arguments.report_unmet("evaluate", scores.get("unmet", 0), args.constraints)
-  print(json.dumps(scores, indent=2) if args.json else summary(scores))
+  if args.json:
+    print(json.dumps(scores, indent=2))
+  else:
+    print(_measured(scores, args.workdir), summary(scores), sep="\n")
   return 0
+
+
+def _measured(scores: dict, workdir: str | None) -> str:
+  """What `evaluate` scored, in one line: the checkpoint(s) and the search."""
+  checkpoint = scores["checkpoint"]
+  if isinstance(checkpoint, list):
+    what = f"an ensemble of {len(checkpoint)} checkpoints ({', '.join(checkpoint)})"
+  else:
+    what = f"{checkpoint} (step {scores['step']})" if checkpoint else (
+        f"step {scores['step']} of {workdir}")
+  search = {"greedy": "greedy", "sample": "sampling"}.get(scores["method"])
+  if search is None:
+    search = (f"beam {scores['beam_size']}, length penalty {scores['length_penalty']:g} "
+              f"({scores['length_normalization']}), finish rule {scores['finish_rule']}")
+  return f"{what}, {search}:"
 
 
 def _moses_language(code: str | None) -> str | None:
