@@ -241,6 +241,28 @@ def test_body_over_the_limit_is_413_and_api_keys_403(translator):
   assert good.status_code == v1_good.status_code == 200
 
 
+def test_a_beam_over_the_servers_limit_is_400_and_its_own_beam_is_allowed(translator):
+  """A beam's memory grows with its size: one request for a huge beam would exhaust the
+  server's memory, so beams over --max_beam_size are refused, except the server's own."""
+  own = translator.settings.search.beam_size
+  batcher, app = _serve(translator, max_beam_size=own - 1)
+
+  async def run():
+    async with _client(app) as client:
+      return [await client.post("/v1/translate", json={"sentences": ["the king sleeps"],
+                                                       **fields})
+              for fields in ({"beam_size": own + 1}, {"beam_size": 10**6}, {"beam_size": own},
+                             {"method": "greedy"})]
+
+  over, huge, *allowed = asyncio.run(run())
+  batcher.close(10)
+  assert over.status_code == huge.status_code == 400
+  assert over.json() == {"error": f"Invalid request: beam_size {own + 1} is over this server's "
+                                  f"limit of {own - 1} (its --max_beam_size)."}
+  assert huge.json()["error"].startswith("Invalid request: beam_size 1000000 is over")
+  assert [answer.status_code for answer in allowed] == [200, 200]
+
+
 def test_full_queue_answers_429_at_once(translator):
   """With the worker busy (not started yet), a request that does not fit in the queue is
   answered 429 with Retry-After at once; the queued one is answered once the worker runs."""
@@ -411,8 +433,8 @@ def test_sampling_keys_are_each_requests_own_line_numbers(translator, sentences)
 
 def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, monkeypatch,
                                                    capsys):
-  """`flax-transformer serve`: a port in use, an empty --api_keys file and a missing [serve]
-  extra are each one line on stderr and status 2, no traceback."""
+  """`flax-transformer serve`: a port in use, an empty --api_keys file, a bad limit and a
+  missing [serve] extra are each one line on stderr and status 2, no traceback."""
   import socket
 
   from flax_transformer.cli import main
@@ -424,7 +446,8 @@ def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, mo
   empty = tmp_path / "keys.txt"
   empty.write_text("# no key\n\n")
   runs = [(["--port", str(port)], f"Cannot listen on 127.0.0.1:{port}: Address already in use."),
-          (["--api_keys", str(empty)], f"--api_keys {empty} holds no key (one a line).")]
+          (["--api_keys", str(empty)], f"--api_keys {empty} holds no key (one a line)."),
+          (["--max_beam_size", "0"], "--max_beam_size must be >= 1, got 0.")]
   for flags, words in runs:
     assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
     err = capsys.readouterr().err

@@ -29,8 +29,11 @@ def run_serve(args: argparse.Namespace) -> int:
   """`serve`: restores the model, binds, compiles (--warmup), prints its address, serves until
   SIGTERM or SIGINT and drains."""
   check_serve_extra()
-  if args.max_wait_ms < 0 or args.max_queue < 1 or args.max_body_bytes < 1:
-    raise InputError("--max_wait_ms must be >= 0, --max_queue and --max_body_bytes >= 1.")
+  if args.max_wait_ms < 0:
+    raise InputError(f"--max_wait_ms must be >= 0, got {args.max_wait_ms}.")
+  for flag in ("max_queue", "max_body_bytes", "max_beam_size"):
+    if getattr(args, flag) < 1:
+      raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
   if args.drain_seconds <= 0:
     raise InputError(f"--drain_seconds must be > 0, got {args.drain_seconds}.")
   from flax_transformer.serving import Service, commands, http_server
@@ -57,7 +60,8 @@ def run_serve(args: argparse.Namespace) -> int:
                     languages=languages)
   options = http_server.ServerOptions(
       host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-      batching_mode=args.batching, warmup=args.warmup, drain_seconds=args.drain_seconds)
+      max_beam_size=args.max_beam_size, batching_mode=args.batching, warmup=args.warmup,
+      drain_seconds=args.drain_seconds)
 
   def announce(address: str) -> None:
     print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
@@ -101,6 +105,10 @@ def add_commands(commands) -> None:
                      help="How long a queued sentence waits for its batch to fill (default 5).")
   serve.add_argument("--max_queue", type=int, default=2048, help="Most sentences waiting; a "
                      "request that does not fit is answered 429 at once (default 2048).")
+  serve.add_argument("--max_beam_size", type=int, default=16,
+                     help="The largest beam_size a request may ask for (default 16; the "
+                     "server's own --beam_size is always allowed): a beam's memory grows with "
+                     "its size.")
   serve.add_argument("--batching", choices=("exact", "fill"), default="exact",
                      help="exact: merge requests whose sentences translate would search in the "
                      "same batch shape (answers equal translate's, byte for byte); fill: fill "

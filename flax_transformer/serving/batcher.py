@@ -168,6 +168,9 @@ class Batcher:
     translator: what searches; only the worker thread calls it once started.
     max_wait_ms: how long the oldest queued piece waits for its batch to fill.
     max_queue: most sentences queued (not yet searched); `submit` raises `QueueFull` beyond.
+    max_beam_size: the largest beam a job's settings may ask for (the translator's own is always
+      allowed; None: no limit). A beam's memory grows with its size (cache, logits [rows x beam,
+      vocabulary]): one request of an unbounded server could exhaust the process's memory.
     batching_mode: "exact" or "fill" (module docstring).
     observe: called with a `BatchReport` after each search, before its requests are answered,
       in the worker thread.
@@ -175,16 +178,20 @@ class Batcher:
 
   def __init__(self, translator: Translator, *, max_wait_ms: float = 5.0,
                max_queue: int = 2048, batching_mode: str = "exact",
-               observe: Callable[[BatchReport], None] | None = None):
+               observe: Callable[[BatchReport], None] | None = None,
+               max_beam_size: int | None = None):
     if batching_mode not in BATCHING_MODES:
       raise InputError(f"batching_mode must be one of {', '.join(BATCHING_MODES)}, got "
                        f"{batching_mode!r}.")
     if max_wait_ms < 0 or max_queue < 1:
       raise InputError(f"max_wait_ms must be >= 0 and max_queue >= 1, got {max_wait_ms} and "
                        f"{max_queue}.")
+    if max_beam_size is not None and max_beam_size < 1:
+      raise InputError(f"max_beam_size must be >= 1, got {max_beam_size}.")
     self.translator = translator
     self.max_wait = max_wait_ms / 1000
     self.max_queue = max_queue
+    self.max_beam_size = max_beam_size
     self.batching_mode = batching_mode
     self.observe = observe
     self.ready = threading.Event()  # Set once the warm-up is done.
@@ -216,6 +223,10 @@ class Batcher:
     if options.precision != self.translator.settings.precision:
       raise InputError("precision is chosen when the server starts (--precision).")
     beams = options.search.beam_size if options.search.method == "beam" else 1
+    most = self.max_beam_size
+    if most is not None and beams > max(most, self.translator.settings.search.beam_size):
+      raise InputError(f"beam_size {beams} is over this server's limit of {most} (its "
+                       "--max_beam_size).")
     if not 1 <= job.n <= beams:
       raise InputError(f"{job.n} hypotheses per sentence need method 'beam' with beam_size >= "
                        f"{job.n} (this search gives {beams}).")
