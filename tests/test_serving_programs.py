@@ -96,6 +96,44 @@ def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monke
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
+@pytest.mark.parametrize("exported", [True, False], ids=["exported", "jitted"])
+def test_a_bound_keeps_the_own_programs_drops_the_oldest_others_and_frees_them(
+    tokenizer, stored_in, monkeypatch, exported):  # noqa: F811
+  """Each sampling top_k is a program of its own: bounded to 2 besides the own settings', the
+  store keeps the own program and the 2 most recently used others, JAX holds no executable of
+  a dropped one (without the bound, every top_k's stays alive), and a dropped program's
+  settings translate again exactly as before."""
+  if not exported:  # No folder: jitted programs (of the shared jitted search).
+    monkeypatch.setattr(programs, "_folder", lambda: None)
+  texts = sentences(2, seed=3, max_words=ONE_BUCKET_WORDS)  # One shape: one program each.
+  first = _translator(tokenizer, method="sample", seed=5)
+  own = first.settings.search.replace(length_penalty=0.0)
+  translator = _translator(tokenizer, method="sample", seed=5, search_fn=_fresh(first))
+  store = translator.search_fn
+  store.bound(2, lambda static: static["settings"] == own)
+  client = jax.devices()[0].client
+  expected = translator.translate_nbest(texts, n=1)
+  firsts = {k: translator.translate_nbest(texts, n=1, top_k=k) for k in (1, 2)}
+  before = len(client.live_executables())  # The own program, top_k 1 and 2, small jits.
+  for k in range(3, 7):
+    translator.translate_nbest(texts, n=1, top_k=k)
+    assert store.count == 3, k
+  # The own program (first used, kept) and the two most recent others.
+  assert sorted(dict(key[0])["settings"].top_k for key in store._programs) == [0, 5, 6]
+  assert len(client.live_executables()) <= before
+  assert translator.translate_nbest(texts, n=1) == expected
+  assert {k: translator.translate_nbest(texts, n=1, top_k=k) for k in (1, 2)} == firsts
+  assert len({tuple(map(tuple, v)) for v in firsts.values()} | {tuple(map(tuple, expected))}) > 1
+
+  unbounded = _translator(tokenizer, method="sample", seed=5, search_fn=_fresh(first))
+  unbounded.translate_nbest(texts, n=1)
+  alive = len(client.live_executables())
+  for k in range(3, 6):
+    unbounded.translate_nbest(texts, n=1, top_k=k)
+  assert unbounded.search_fn.count == 4 and len(client.live_executables()) >= alive + 3
+
+
+@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_compile_leaves_nothing_for_later_calls_to_compile(tokenizer, stored_in, monkeypatch):  # noqa: F811
   translator = _translator(tokenizer, batch_tokens=64, beam_size=2)
   built = []

@@ -243,24 +243,65 @@ def test_body_over_the_limit_is_413_and_api_keys_403(translator):
 
 def test_a_beam_over_the_servers_limit_is_400_and_its_own_beam_is_allowed(translator):
   """A beam's memory grows with its size: one request for a huge beam would exhaust the
-  server's memory, so beams over --max_beam_size are refused, except the server's own."""
+  server's memory, so beams over --max_beam_size are refused, except up to the server's own;
+  the answer names the limit that applies."""
   own = translator.settings.search.beam_size
-  batcher, app = _serve(translator, max_beam_size=own - 1)
 
-  async def run():
+  async def run(app, beams):
     async with _client(app) as client:
       return [await client.post("/v1/translate", json={"sentences": ["the king sleeps"],
                                                        **fields})
-              for fields in ({"beam_size": own + 1}, {"beam_size": 10**6}, {"beam_size": own},
-                             {"method": "greedy"})]
+              for fields in [{"beam_size": beam} for beam in beams] + [{"method": "greedy"}]]
 
-  over, huge, *allowed = asyncio.run(run())
+  batcher, app = _serve(translator, max_beam_size=own - 1)
+  over, huge, *allowed = asyncio.run(run(app, (own + 1, 10**6, own)))
   batcher.close(10)
   assert over.status_code == huge.status_code == 400
   assert over.json() == {"error": f"Invalid request: beam_size {own + 1} is over this server's "
-                                  f"limit of {own - 1} (its --max_beam_size)."}
-  assert huge.json()["error"].startswith("Invalid request: beam_size 1000000 is over")
+                                  f"limit of {own} (its own --beam_size)."}
+  assert huge.json() == {"error": "Invalid request: beam_size 1000000 is over this server's "
+                                  f"limit of {own} (its own --beam_size)."}
   assert [answer.status_code for answer in allowed] == [200, 200]
+
+  batcher, app = _serve(translator, max_beam_size=own + 1)
+  over, *allowed = asyncio.run(run(app, (own + 2, own + 1)))
+  batcher.close(10)
+  assert over.json() == {"error": f"Invalid request: beam_size {own + 2} is over this server's "
+                                  f"limit of {own + 1} (its --max_beam_size)."}
+  assert [answer.status_code for answer in allowed] == [200, 200]
+
+
+def test_requests_of_ever_new_settings_keep_at_most_max_programs_others(translator):
+  """Each sampling top_k is a program of its own: a server bounded to one besides its own
+  answers every top_k as translate does, keeps its own settings' program and one other (the
+  last), and /metrics says so; a top_k whose program was dropped answers alike again."""
+  from flax_transformer.serving import programs
+
+  shared = translator.search_fn  # Its own store: the module's translator stays unbounded.
+  own_store = programs.StoredPrograms(shared.jitted, shared.name)
+  bounded = Translator(translator.model_config, translator.params, translator.tokenizer,
+                       translator.settings, step=translator.step, search_fn=own_store)
+  batcher, app = _serve(bounded, max_programs=1)
+  line = ["the king sleeps"]  # One shape.
+  asks = [{}] + [{"method": "sample", "top_k": k, "seed": 3} for k in (1, 2, 3, 1)]
+
+  async def run():
+    async with _client(app) as client:
+      answers = [await client.post("/v1/translate", json={"sentences": line, **fields})
+                 for fields in asks]
+      return answers, (await client.get("/metrics")).text
+
+  answers, metrics = asyncio.run(run())
+  batcher.close(10)
+  for fields, answer in zip(asks, answers, strict=True):
+    expected = translator.translate_nbest(line, 1, **fields)
+    assert [[(h["text"], h["score"]) for h in t["hypotheses"]]
+            for t in answer.json()["translations"]] == [
+                [(text, float(score)) for text, score in hyps] for hyps in expected], fields
+  kept = sorted((dict(key[0])["settings"].method, dict(key[0])["settings"].top_k)
+                for key in own_store._programs)
+  assert kept == [("beam", 0), ("sample", 1)]
+  assert _metric(metrics, "flax_transformer_search_programs") == 2
 
 
 def test_full_queue_answers_429_at_once(translator):
@@ -447,7 +488,8 @@ def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, mo
   empty.write_text("# no key\n\n")
   runs = [(["--port", str(port)], f"Cannot listen on 127.0.0.1:{port}: Address already in use."),
           (["--api_keys", str(empty)], f"--api_keys {empty} holds no key (one a line)."),
-          (["--max_beam_size", "0"], "--max_beam_size must be >= 1, got 0.")]
+          (["--max_beam_size", "0"], "--max_beam_size must be >= 1, got 0."),
+          (["--max_programs", "0"], "--max_programs must be >= 1, got 0.")]
   for flags, words in runs:
     assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
     err = capsys.readouterr().err

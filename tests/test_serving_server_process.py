@@ -52,12 +52,12 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(trained_workdir):
   translator = Translator.from_workdir(trained_workdir, batch_tokens=512)
   expected = translator.translate(lines)
   process, address = start_server(trained_workdir, "--max_batch_tokens", "512",
-                                  "--drain_seconds", "60", "--max_beam_size", "3")
+                                  "--drain_seconds", "60", "--max_beam_size", "5")
   # The command's limit reaches the batcher: a huge beam is a 400, not a search.
   huge = httpx.post(f"{address}/v1/translate", json={"sentences": [lines[0]], "beam_size": 10**6},
                     timeout=60)
   assert (huge.status_code, huge.json()) == (400, {"error": "Invalid request: beam_size 1000000 "
-                                                   "is over this server's limit of 3 (its "
+                                                   "is over this server's limit of 5 (its "
                                                    "--max_beam_size)."})
 
   async def load() -> tuple[list, float, BaseException | None]:

@@ -31,7 +31,7 @@ def run_serve(args: argparse.Namespace) -> int:
   check_serve_extra()
   if args.max_wait_ms < 0:
     raise InputError(f"--max_wait_ms must be >= 0, got {args.max_wait_ms}.")
-  for flag in ("max_queue", "max_body_bytes", "max_beam_size"):
+  for flag in ("max_queue", "max_body_bytes", "max_beam_size", "max_programs"):
     if getattr(args, flag) < 1:
       raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
   if args.drain_seconds <= 0:
@@ -60,8 +60,8 @@ def run_serve(args: argparse.Namespace) -> int:
                     languages=languages)
   options = http_server.ServerOptions(
       host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-      max_beam_size=args.max_beam_size, batching_mode=args.batching, warmup=args.warmup,
-      drain_seconds=args.drain_seconds)
+      max_beam_size=args.max_beam_size, max_programs=args.max_programs,
+      batching_mode=args.batching, warmup=args.warmup, drain_seconds=args.drain_seconds)
 
   def announce(address: str) -> None:
     print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
@@ -109,6 +109,13 @@ def add_commands(commands) -> None:
                      help="The largest beam_size a request may ask for (default 16; the "
                      "server's own --beam_size is always allowed): a beam's memory grows with "
                      "its size.")
+  serve.add_argument("--max_programs", type=int, default=64,
+                     help="The most compiled search programs kept for requests whose settings "
+                     "differ from the server's own (one per set of search settings and batch "
+                     "shape; the server's own are always kept): beyond, the least recently used "
+                     "is dropped and compiled again when asked (default 64). Each sampling "
+                     "top_k or temperature is a program: unbounded, memory would grow without "
+                     "end.")
   serve.add_argument("--batching", choices=("exact", "fill"), default="exact",
                      help="exact: merge requests whose sentences translate would search in the "
                      "same batch shape (answers equal translate's, byte for byte); fill: fill "

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.errors import Error, InputError
-from flax_transformer.serving import batching
+from flax_transformer.serving import batching, programs
 from flax_transformer.serving.translator import Translator, decode_length, source_ids
 
 _log = logging.getLogger(__name__)
@@ -171,6 +171,12 @@ class Batcher:
     max_beam_size: the largest beam a job's settings may ask for (the translator's own is always
       allowed; None: no limit). A beam's memory grows with its size (cache, logits [rows x beam,
       vocabulary]): one request of an unbounded server could exhaust the process's memory.
+    max_programs: the most compiled search programs kept for settings other than the
+      translator's own (each set of static search settings and batch shape is one; the own
+      settings' are always kept): beyond, the least recently used is dropped, and compiled or
+      loaded again when asked (`serving.programs`). None: every one is kept. Each value of
+      sampling's `top_k` or `temperature` is a program of its own, so without a bound a client
+      could grow the server's memory without end.
     batching_mode: "exact" or "fill" (module docstring).
     observe: called with a `BatchReport` after each search, before its requests are answered,
       in the worker thread.
@@ -179,7 +185,7 @@ class Batcher:
   def __init__(self, translator: Translator, *, max_wait_ms: float = 5.0,
                max_queue: int = 2048, batching_mode: str = "exact",
                observe: Callable[[BatchReport], None] | None = None,
-               max_beam_size: int | None = None):
+               max_beam_size: int | None = None, max_programs: int | None = None):
     if batching_mode not in BATCHING_MODES:
       raise InputError(f"batching_mode must be one of {', '.join(BATCHING_MODES)}, got "
                        f"{batching_mode!r}.")
@@ -188,6 +194,11 @@ class Batcher:
                        f"{max_queue}.")
     if max_beam_size is not None and max_beam_size < 1:
       raise InputError(f"max_beam_size must be >= 1, got {max_beam_size}.")
+    if max_programs is not None and max_programs < 1:
+      raise InputError(f"max_programs must be >= 1, got {max_programs}.")
+    if max_programs is not None and isinstance(translator.search_fn, programs.StoredPrograms):
+      own = translator.settings.search.replace(length_penalty=0.0)  # As the search takes it.
+      translator.search_fn.bound(max_programs, lambda static: static.get("settings") == own)
     self.translator = translator
     self.max_wait = max_wait_ms / 1000
     self.max_queue = max_queue
@@ -208,6 +219,12 @@ class Batcher:
     """Sentences waiting for their search."""
     return self._queued
 
+  @property
+  def programs(self) -> int:
+    """Compiled search programs in memory (0 for a search that does not store programs)."""
+    search = self.translator.search_fn
+    return search.count if isinstance(search, programs.StoredPrograms) else 0
+
   def start(self, warmup: bool = False, progress: bool = False) -> None:
     """Starts the worker thread; with `warmup`, it first compiles every search shape of the
     translator's settings (`Translator.compile`) and sets `ready` after."""
@@ -224,9 +241,10 @@ class Batcher:
       raise InputError("precision is chosen when the server starts (--precision).")
     beams = options.search.beam_size if options.search.method == "beam" else 1
     most = self.max_beam_size
-    if most is not None and beams > max(most, self.translator.settings.search.beam_size):
-      raise InputError(f"beam_size {beams} is over this server's limit of {most} (its "
-                       "--max_beam_size).")
+    own = self.translator.settings.search.beam_size
+    if most is not None and beams > max(most, own):
+      raise InputError(f"beam_size {beams} is over this server's limit of {max(most, own)} "
+                       + ("(its --max_beam_size)." if most >= own else "(its own --beam_size)."))
     if not 1 <= job.n <= beams:
       raise InputError(f"{job.n} hypotheses per sentence need method 'beam' with beam_size >= "
                        f"{job.n} (this search gives {beams}).")

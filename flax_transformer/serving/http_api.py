@@ -198,7 +198,8 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
   """The ASGI app over a started `batcher`: the FastAPI app (its `.app`) inside the guard that
   limits bodies and counts answers. Without `metrics`, it makes its own and, if the batcher
   reports to nobody, makes it the batcher's `observe`."""
-  metrics = metrics or Metrics(lambda: batcher.queued, batcher.ready.is_set)
+  metrics = metrics or Metrics(lambda: batcher.queued, batcher.ready.is_set,
+                               lambda: batcher.programs)
   if batcher.observe is None:
     batcher.observe = metrics.observe_batch
   app = fastapi.FastAPI(

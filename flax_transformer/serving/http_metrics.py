@@ -28,10 +28,12 @@ class Metrics:
   Args:
     queued: the batcher's queue depth in sentences, read at each scrape.
     ready: whether the server has compiled and takes requests, read at each scrape.
+    programs: the compiled search programs in memory, read at each scrape.
   """
 
   def __init__(self, queued: Callable[[], float] = lambda: 0,
-               ready: Callable[[], bool] = lambda: True):
+               ready: Callable[[], bool] = lambda: True,
+               programs: Callable[[], float] = lambda: 0):
     self.registry = prom.CollectorRegistry()
     prefix = "flax_transformer_"
     self.requests = prom.Counter(f"{prefix}requests", "HTTP requests answered, by endpoint "
@@ -65,6 +67,10 @@ class Metrics:
     self.ready = prom.Gauge(f"{prefix}ready", "1 once the searches are compiled.",
                             registry=self.registry)
     self.ready.set_function(lambda: float(ready()))
+    self.programs = prom.Gauge(f"{prefix}search_programs", "Compiled search programs in "
+                               "memory: the server's own settings' and at most --max_programs "
+                               "others.", registry=self.registry)
+    self.programs.set_function(programs)
 
   def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
     """One answered request."""

@@ -45,6 +45,7 @@ class ServerOptions:
   max_wait_ms: float = 5.0
   max_queue: int = 2048
   max_beam_size: int | None = 16
+  max_programs: int | None = 64
   batching_mode: str = "exact"
   warmup: bool = False
   drain_seconds: float = 30.0
@@ -108,8 +109,9 @@ def serve(translator: Translator, options: ServerOptions, service: Service,
   host, port = sock.getsockname()[:2]
   address = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
   batcher = Batcher(translator, max_wait_ms=options.max_wait_ms, max_queue=options.max_queue,
-                    batching_mode=options.batching_mode, max_beam_size=options.max_beam_size)
-  metrics = Metrics(lambda: batcher.queued, batcher.ready.is_set)
+                    batching_mode=options.batching_mode, max_beam_size=options.max_beam_size,
+                    max_programs=options.max_programs)
+  metrics = Metrics(lambda: batcher.queued, batcher.ready.is_set, lambda: batcher.programs)
   batcher.observe = metrics.observe_batch
   app = make_app(batcher, service, metrics)
   config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",

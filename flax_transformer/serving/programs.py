@@ -16,15 +16,22 @@ program that cannot be exported (a backend's custom call that `jax.export` does 
 jitted as before. The folder is `<JAX's compilation cache folder>/flax_transformer_programs`: on
 and off with that cache (FLAX_TRANSFORMER_COMPILATION_CACHE='' turns both off), local folders
 only.
+
+Each program in memory is compiled ahead of time (`jax.jit(...).lower(...).compile()`): dropping
+it frees its executable, which JAX's cache of jitted functions would keep: a
+server (`StoredPrograms.bound`) keeps its own settings' programs and at most N others, the least
+recently used dropped beyond (each distinct set of static search settings, a sampling `top_k`
+or `temperature` for one, is a program of its own: ~13 MB each for the tiny model on CPU).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -48,14 +55,51 @@ class StoredPrograms:
   def __init__(self, jitted: Callable[..., Any], name: str):
     self.jitted = jitted
     self.name = name
-    self._programs: dict[tuple[Any, ...], Callable[..., Any]] = {}
+    # Least recently used first; `_kept`: the keys `bound`'s `keep` accepted (never dropped).
+    self._programs: collections.OrderedDict[tuple[Any, ...], Callable[..., Any]] = (
+        collections.OrderedDict())
+    self._kept: set[tuple[Any, ...]] = set()
+    self.max_programs: int | None = None
+    self._keep: Callable[[Mapping[str, Any]], bool] = lambda static: True
+
+  def bound(self, max_programs: int, keep: Callable[[Mapping[str, Any]], bool]) -> None:
+    """From now on, keeps every program whose static arguments `keep` accepts and at most
+    `max_programs` others: beyond, the least recently used of those is dropped (its executable
+    freed; a later call of its settings loads or compiles it again)."""
+    if max_programs < 1:
+      raise ValueError(f"max_programs must be >= 1, got {max_programs}.")
+    self.max_programs, self._keep = max_programs, keep
+    self._kept = {key for key in self._programs if keep(dict(key[0]))}
+    self._drop_beyond_bound()
+
+  @property
+  def count(self) -> int:
+    """Programs in memory."""
+    return len(self._programs)
 
   def __call__(self, params: Any, *arrays: Any, **static: Any) -> Any:
     key = (tuple(sorted(static.items())), jax.tree.structure(arrays), _avals((params, arrays)))
     program = self._programs.get(key)
     if program is None:
       program = self._programs[key] = self._program(params, arrays, static)
+      if self._keep(static):
+        self._kept.add(key)
+      self._drop_beyond_bound()
+    else:
+      self._programs.move_to_end(key)
     return program(params, *arrays)
+
+  def _drop_beyond_bound(self) -> None:
+    if self.max_programs is None:
+      return
+    others = [key for key in self._programs if key not in self._kept]  # Oldest first.
+    dropped = others[:max(0, len(others) - self.max_programs)]
+    for key in dropped:
+      del self._programs[key]
+    if dropped:
+      # JAX's caches of traces and lowerings keep each executable compiled from them; the
+      # programs kept here are compiled ahead of time and keep their own.
+      jax.clear_caches()
 
   def _program(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]
                ) -> Callable[..., Any]:
@@ -65,7 +109,7 @@ class StoredPrograms:
     bound = functools.partial(self.jitted, **static)
     folder = _folder()
     if folder is None:
-      return bound
+      return _own_program(bound, params, arrays)
     path = os.path.join(folder, f"{self._digest(params, arrays, static)}.bin")
     exported = _load(path) if os.path.isfile(path) else None
     if exported is None:
@@ -76,7 +120,7 @@ class StoredPrograms:
         serialized = exported.serialize()
       except Exception as error:  # E.g. a custom call jax.export does not allow.
         logging.info("The search of %s is jitted, not exported (%s).", self.name, error)
-        return bound
+        return _own_program(bound, params, arrays)
       try:
         os.makedirs(folder, exist_ok=True)
         files.atomic_write(path, bytes(serialized))
@@ -86,7 +130,7 @@ class StoredPrograms:
     def stored_search_batch(leaves, *arrays):  # The name of its XLA program and cache entry.
       return exported.call(leaves, *arrays)
 
-    call = jax.jit(stored_search_batch)
+    call = _compiled(stored_search_batch, jax.tree.leaves(params), *arrays)
     return lambda params, *arrays: call(jax.tree.leaves(params), *arrays)
 
   def _digest(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]) -> str:
@@ -97,6 +141,23 @@ class StoredPrograms:
         _avals((params, arrays)), jax.tree.structure(params),
         [d.device_kind for d in devices], len(devices), jax.default_backend())))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _own_program(search: Callable[..., Any], params: Any, arrays: tuple[Any, ...]
+                 ) -> Callable[..., Any]:
+  """`search` (a call of the shared jitted search, which keeps every executable it compiles)
+  compiled for these arguments as a program of its own."""
+
+  def search_batch(params, *arrays):  # The name of its XLA program and cache entry.
+    return search(params, *arrays)
+
+  return _compiled(search_batch, params, *arrays)
+
+
+def _compiled(function: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+  """`function` jitted and compiled ahead of time for `args`: its executable lives as long as
+  the returned object (a jitted function's stays in JAX's global cache of jitted functions)."""
+  return jax.jit(function).lower(*args).compile()
 
 
 def _load(path: str) -> export.Exported | None:

@@ -48,6 +48,7 @@ in one program (`decoding.bridge`, "Ensembles").
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -181,9 +182,11 @@ def _row_keys(key: Array, line_numbers: Array) -> Array:
 _row_keys_jit = jax.jit(_row_keys)
 # Its own logger: the CLI says the facts it logs (truncated sentences) itself, once per command.
 _log = logging.getLogger(__name__)
-# (search function, settings, rows, length, output length) of every search called in this
-# process: its first call is timed and logged (compiling, or loading from the cache).
-_SEEN_SHAPES: set[tuple[Any, ...]] = set()
+# (search function, settings, rows, length, output length) of the searches called in this
+# process, the most recent _MAX_SEEN: a first call is timed and logged (compiling, or loading
+# from the cache). Bounded: a server's requests can ask for ever new settings.
+_SEEN_SHAPES: collections.OrderedDict[tuple[Any, ...], None] = collections.OrderedDict()
+_MAX_SEEN = 4096
 
 
 @functools.cache
@@ -775,8 +778,12 @@ class Translator:
     start = time.perf_counter()
     outputs = self.search_fn(params, self._place(inputs), rng, length_penalty, *optional,
                              settings=settings, max_decode_len=decode_len, **static)
-    if shape not in _SEEN_SHAPES:  # The call above traced and compiled (or loaded) it.
-      _SEEN_SHAPES.add(shape)
+    if shape in _SEEN_SHAPES:
+      _SEEN_SHAPES.move_to_end(shape)
+    else:  # The call above traced and compiled (or loaded) it.
+      _SEEN_SHAPES[shape] = None
+      if len(_SEEN_SHAPES) > _MAX_SEEN:
+        _SEEN_SHAPES.popitem(last=False)
       _log.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
                    "(or loaded it from the persistent compilation cache).",
                    options.search.method, len(inputs), step.length, decode_len,
