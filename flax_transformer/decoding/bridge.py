@@ -156,13 +156,18 @@ def output_length_caps(inputs: Array, max_len_a: float, max_len_b: int | None) -
   The source length counts the non-padding tokens of each row of `inputs` [B, S] (its EOS
   included). Rows without any source token (batch padding) get 0: they end with EOS at the
   first step, so they never keep the search loop running. None (no per-sentence cap) when
-  max_len_a is 0 and max_len_b is None.
+  max_len_a is 0 and max_len_b is None. Caps beyond MAX_CAP (longer than any model's output)
+  are MAX_CAP: a max_len_b past int32 or a huge max_len_a means "no cap" then.
   """
   if max_len_a == 0 and max_len_b is None:
     return None
   source_lengths = jnp.sum(inputs != PAD_ID, axis=1).astype(jnp.float32)  # [B]
-  caps = jnp.floor(max_len_a * source_lengths + (max_len_b or 0))
-  return jnp.where(source_lengths > 0, jnp.maximum(caps, 0), 0).astype(jnp.int32)
+  # In float32 (max_len_b a float): an int past int32 would not enter the program.
+  caps = jnp.floor(max_len_a * source_lengths + float(max_len_b or 0))
+  return jnp.where(source_lengths > 0, jnp.clip(caps, 0, MAX_CAP), 0).astype(jnp.int32)
+
+
+MAX_CAP = 1 << 30  # The largest output length cap (tokens): past every model's max_len.
 
 
 FIXED_CACHE_ROWS = 8  # "auto" keeps the cache fixed for batches of this many rows or fewer.
