@@ -282,7 +282,8 @@ class SearchConfig:
       "step's K best extensions (CTranslate2, fairseq, Hugging Face; K = 1 is greedy); "
       "every_beam scores every beam's EOS at every step (wider, prefers shorter outputs).")
   max_len_a: float = checked_field(
-      1.0, NON_NEGATIVE, "At most max_len_a * source tokens + max_len_b output tokens.")
+      1.0, (lambda v: 0 <= v < float("inf"), "finite and >= 0"),
+      "At most max_len_a * source tokens + max_len_b output tokens.")
   max_len_b: int = checked_field(50, POSITIVE, "See max_len_a.")
   min_length: int = checked_field(0, NON_NEGATIVE, "Fewest output tokens before EOS.")
   temperature: float = checked_field(1.0, POSITIVE, "Sampling: divide the logits by this.")
@@ -317,7 +318,7 @@ class TranslateConfig:
   search: SearchConfig = SearchConfig()
   batch_tokens: int = checked_field(4096, (lambda v: v >= 8, ">= 8"),
                                     "Padded source tokens per batch and device.")
-  seed: int = checked_field(0, NON_NEGATIVE,
+  seed: int = checked_field(0, (lambda v: 0 <= v < 2**63, "in [0, 2**63)"),
                             "Sampling: line i draws from fold_in(key(seed), i).")
   precision: Literal["float32", "bfloat16", "int8"] = checked_field(
       "float32", doc="Serving precision: float32 (the model as trained), bfloat16 (weights and "

@@ -339,7 +339,7 @@ def test_empty_rows_end_at_once_and_change_no_other_row(model_and_variables):
   caps = output_length_caps(padded, 1.0, 50)
   np.testing.assert_array_equal(caps, [55, 53, 54, 0])
   # Past int32 (a request's max_len_b, a huge max_len_a): no cap, where it overflowed.
-  for a, b in ((1.0, 10**11), (1e300, 50), (0.0, 2**31)):
+  for a, b in ((1.0, 10**11), (1e300, 50), (0.0, 2**31), (float("inf"), 10**400)):
     np.testing.assert_array_equal(output_length_caps(padded, a, b), [1 << 30] * 3 + [0])
   options = dict(beam_size=2, max_decode_len=MAX_LEN, eos_id=EOS, max_len_a=1.0, max_len_b=50,
                  length_penalty=0.6, return_all=True)

@@ -193,6 +193,8 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": ["a", "b"], "target_prefix": ["x"]}', "1 target_prefix for 2 sentences"),
     (b'{"sentences": ["a"], "method": "sample", "constraints": [["x"]]}', "Invalid request: "),
     (b'{"sentences": ["a"], "n": 9}', "9 hypotheses per sentence need"),
+    (b'{"sentences": ["a"], "method": "sample", "seed": 100000000000000000000000}',
+     "seed must be in [0, 2**63), got 100000000000000000000000"),
     (b'{"sentences": ["a"], "target_lang": "fr"}', "fr is not supported (this server "
      "translates en to de)"),
 ]
@@ -212,6 +214,29 @@ def test_each_bad_request_is_one_line_400(translator):
       error = answer.json()["error"]
       assert words in error and "\n" not in error and list(answer.json()) == ["error"], (body,
                                                                                        error)
+  batcher.close(10)
+
+
+def test_lengths_past_int32_are_no_limit_not_a_500(translator):
+  """A max_len_b or min_length past int32 (a client's typo) crashed the search (500): each is
+  answered as the largest limit that changes anything (the model's max_len)."""
+  batcher, app = _serve(translator)
+  max_len = translator.model_config.max_len
+  line = ["the king sleeps"]
+  asks = [({"max_len_b": 10**11}, {"max_len_b": max_len}),
+          ({"min_length": 10**11}, {"min_length": max_len}),
+          ({"max_len_a": 1e300, "min_length": 10**11}, {"max_len_a": 1e6, "min_length": max_len})]
+
+  async def run():
+    async with _client(app) as client:
+      return [await client.post("/v1/translate", json={"sentences": line, **fields})
+              for fields, _ in asks]
+
+  for (fields, same), answer in zip(asks, asyncio.run(run()), strict=True):
+    assert answer.status_code == 200, (fields, answer.text)
+    expected = translator.translate_nbest(line, 1, **same)
+    assert [(h["text"], h["score"]) for h in answer.json()["translations"][0]["hypotheses"]] == [
+        (text, float(score)) for text, score in expected[0]], fields
   batcher.close(10)
 
 

@@ -162,8 +162,10 @@ def output_length_caps(inputs: Array, max_len_a: float, max_len_b: int | None) -
   if max_len_a == 0 and max_len_b is None:
     return None
   source_lengths = jnp.sum(inputs != PAD_ID, axis=1).astype(jnp.float32)  # [B]
-  # In float32 (max_len_b a float): an int past int32 would not enter the program.
-  caps = jnp.floor(max_len_a * source_lengths + float(max_len_b or 0))
+  # Each at most MAX_CAP (any more is the same), in float32: a Python int past int32 would not
+  # enter the program, nor a float past float32 without an overflow warning.
+  a, b = min(max_len_a, MAX_CAP), min(max_len_b or 0, MAX_CAP)
+  caps = jnp.floor(float(a) * source_lengths + float(b))
   return jnp.where(source_lengths > 0, jnp.clip(caps, 0, MAX_CAP), 0).astype(jnp.int32)
 
 
@@ -265,7 +267,8 @@ def prepare_search(
       word_continues=word_continues, forced_tokens=forced_tokens, batch_size=batch_size,
       max_decode_len=max_decode_len, eos_id=EOS_ID, bos_id=model.config.decoder_start_id,
       shared_state=cross,
-      max_lengths=output_length_caps(inputs, max_len_a, max_len_b), min_length=min_length,
+      max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
+      min_length=min(min_length, MAX_CAP),  # More is the same: no output is longer.
       resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,
       reorder_state=reorder_cache)
 
