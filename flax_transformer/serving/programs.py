@@ -17,11 +17,13 @@ jitted as before. The folder is `<JAX's compilation cache folder>/flax_transform
 and off with that cache (FLAX_TRANSFORMER_COMPILATION_CACHE='' turns both off), local folders
 only.
 
-Each program in memory is compiled ahead of time (`jax.jit(...).lower(...).compile()`): dropping
-it frees its executable, which JAX's cache of jitted functions would keep: a
-server (`StoredPrograms.bound`) keeps its own settings' programs and at most N others, the least
-recently used dropped beyond (each distinct set of static search settings, a sampling `top_k`
-or `temperature` for one, is a program of its own: ~13 MB each for the tiny model on CPU).
+A server (`StoredPrograms.bound`) keeps its own settings' programs and at most N others, the
+least recently used dropped beyond: each distinct set of static search settings (a sampling
+`top_k` or `temperature`, for one) is a program of its own, 8.8 MiB each for the tiny model
+through `serve` on CPU (docs/performance.md). Dropping one frees its executable, and
+`jax.clear_caches()` the traces JAX keeps of it (3.3 MiB each there). Programs are compiled ahead
+of time (`jax.jit(...).lower(...).compile()`) and held here only, so the kept ones survive that
+call, where a jitted function would compile again.
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ class StoredPrograms:
     for key in dropped:
       del self._programs[key]
     if dropped:
-      # JAX's caches of traces and lowerings keep each executable compiled from them; the
-      # programs kept here are compiled ahead of time and keep their own.
+      # JAX's caches keep the traces and lowerings of the dropped ones; the programs kept here
+      # are compiled ahead of time and keep their executables.
       jax.clear_caches()
 
   def _program(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]
@@ -156,7 +158,7 @@ def _own_program(search: Callable[..., Any], params: Any, arrays: tuple[Any, ...
 
 def _compiled(function: Callable[..., Any], *args: Any) -> Callable[..., Any]:
   """`function` jitted and compiled ahead of time for `args`: its executable lives as long as
-  the returned object (a jitted function's stays in JAX's global cache of jitted functions)."""
+  the returned object, and outlives `jax.clear_caches()` (which empties a jitted function's)."""
   return jax.jit(function).lower(*args).compile()
 
 
