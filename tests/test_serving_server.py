@@ -175,6 +175,9 @@ BAD_REQUESTS = [  # (body, what the one-line error says)
     (b'{"q": ["a", 3], "source": "en", "target": "de"}', "q must be a string or a list"),
     (b'{"q": [], "source": "en", "target": "de"}', "missing q parameter (an empty list)"),
     (b'{"q": "a\\u0000b", "source": "en", "target": "de"}', "holds a NUL character"),
+    # A lone surrogate (an emoji's pair cut in two): SentencePiece raised, a 500.
+    (b'{"q": ["a", "b \\ud83d"], "source": "en", "target": "de"}',
+     "q item 2 holds U+D83D at character 3, a lone surrogate: not Unicode text"),
     (b'{"q": "a", "target": "de"}', "missing source parameter"),
     (b'{"q": "a", "source": "en", "target": "fr"}', "fr is not supported"),
     (b'{"q": "a", "source": "en", "target": "de", "format": "html"}',
@@ -195,6 +198,10 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": ["a"], "n": 9}', "9 hypotheses per sentence need"),
     (b'{"sentences": ["a"], "method": "sample", "seed": 100000000000000000000000}',
      "seed must be in [0, 2**63), got 100000000000000000000000"),
+    (b'{"sentences": ["a\\udc00"]}', "sentences item 1 holds U+DC00 at character 2, a lone"),
+    (b'{"sentences": ["a"], "target_prefix": ["\\ud800"]}', "target_prefix item 1 holds U+D800"),
+    (b'{"sentences": ["a"], "constraints": [["\\ud800"]]}', "constraints, line 1: a phrase "
+     "holds U+D800 at character 1"),
     (b'{"sentences": ["a"], "target_lang": "fr"}', "fr is not supported (this server "
      "translates en to de)"),
 ]
@@ -428,6 +435,33 @@ def test_a_failing_batch_answers_500_to_its_requests_only(translator, sentences,
     assert answer.status_code == 500 or answer.json() == {"translatedText": text}
   assert len([r for r in caplog.records if r.exc_info]) == 1
   assert after.json() == {"translatedText": expected[0]}
+
+
+def test_a_bug_in_a_request_is_a_json_500_and_the_server_keeps_serving(translator, monkeypatch):
+  """An exception no handler expects (a bug) was answered by Starlette's plain-text "Internal
+  Server Error"; clients that parse every answer as JSON choked on it. It is LibreTranslate's
+  {"error": ...} now, the traceback still logged, and the next request is answered."""
+  batcher, app = _serve(translator)
+  expected = translator.translate(["the king sleeps"])[0]
+  monkeypatch.setattr(Batcher, "submit", lambda self, job: 1 / 0)
+
+  async def run():
+    # The app raises the bug again after answering (so that the server logs it); this
+    # transport passes it on to the test only with raise_app_exceptions.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+      answers = [await client.post(path, json=body) for path, body in (
+          ("/translate", _libre("the king sleeps")),
+          ("/v1/translate", {"sentences": ["the king sleeps"]}))]
+      monkeypatch.undo()
+      return answers, await client.post("/translate", json=_libre("the king sleeps"))
+
+  answers, after = asyncio.run(run())
+  batcher.close(10)
+  for answer in answers:
+    assert answer.status_code == 500 and answer.json() == {
+        "error": "Internal error (ZeroDivisionError): a bug in the server, which logged it."}
+  assert after.json() == {"translatedText": expected}
 
 
 def _observed_search(translator, lines: list[str]):

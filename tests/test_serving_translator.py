@@ -85,6 +85,55 @@ def test_a_one_pair_model_refuses_a_language_pair_per_sentence(tokenizer):
     Batcher(translator).submit(Job(("a man",), target_lang="de"))
 
 
+# (call, the one line it raises): what Python and JSON can hold and a file cannot. Before the
+# check, a str translated each of its characters, a lone surrogate raised SentencePiece's
+# "Unable to cast Python instance" RuntimeError (a 500 from serve) and None an AttributeError.
+BAD_TEXTS = [
+    (lambda t: t.translate("a man"),
+     "sentences must be a list of strings, got one str ('a man'); pass ['a man']."),
+    (lambda t: t.translate(["a man", None]), "sentences item 2 is None, not a string."),
+    (lambda t: t.translate([b"a man"]), "sentences item 1 is of type bytes, not a string."),
+    (lambda t: t.translate(7), "sentences must be a list of strings, got int."),
+    (lambda t: t.translate_nbest(["a man", "a \ud83d"]),
+     "sentences item 2 holds U+D83D at character 3, a lone surrogate: not Unicode text."),
+    (lambda t: t.translate_aligned(["\udc80"]),
+     "sentences item 1 holds U+DC80 at character 1, a lone surrogate: not Unicode text."),
+    (lambda t: t.translate(["a man"], target_prefix="a"),
+     "target_prefix must be a list of strings, got one str ('a'); pass ['a']."),
+    (lambda t: t.translate(["a man"], target_prefix=["a\ud800"]),
+     "target_prefix item 1 holds U+D800 at character 2, a lone surrogate: not Unicode text."),
+    (lambda t: t.translate(["a man"], constraints=[None]),
+     "constraints, line 1: give a list of phrases, got NoneType."),
+    (lambda t: t.translate(["a man"], constraints=[["\ud800"]], beam_size=2),
+     "constraints, line 1: a phrase holds U+D800 at character 1, a lone surrogate: not "
+     "Unicode text."),
+    (lambda t: t.translate(["a man"], forbid=[[3]]),
+     "forbid, line 1: a phrase is of type int, not a string."),
+    (lambda t: t.score("a man", ["a man"]),
+     "sources must be a list of strings, got one str ('a man'); pass ['a man']."),
+    (lambda t: t.score(["a man"], ["a \udfff"]),
+     "targets item 1 holds U+DFFF at character 3, a lone surrogate: not Unicode text."),
+]
+
+
+def test_texts_that_are_not_a_list_of_unicode_strings_are_one_line_before_any_search(
+    tokenizer, monkeypatch):
+  searched = []
+  translator = copy_translator(tokenizer)
+  with monkeypatch.context() as patch:  # Every search and scoring step goes through it.
+    patch.setattr(Translator, "_pipelined", lambda self, steps, call: searched.append(steps))
+    for call, message in BAD_TEXTS:
+      with pytest.raises(InputError) as error:
+        call(translator)
+      assert str(error.value) == message
+  assert not searched
+  # Any iterable of strings is taken as the list it gives.
+  translator = copy_translator(tokenizer)
+  lines = ["a man", "", "two dogs run"]
+  assert (translator.translate(tuple(lines)) == translator.translate(line for line in lines)
+          == translator.translate(lines) == ["a man", "", "two dogs run"])
+
+
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokenizer,
                                                                          monkeypatch):

@@ -2,7 +2,8 @@
 detokenize, input order), `batching` (length buckets and device batches), `bulk` (files of any
 size in chunks, several processes, resuming), `chunk_tasks` (what a bulk job does with a
 chunk), `phrases` (terminology constraints and forbidden phrases as users give them),
-`shortlist` (a target-language vocabulary shortlist, read from a text file), and the
+`shortlist` (a target-language vocabulary shortlist, read from a text file), `texts` (text as
+callers give it, checked: a list of strings, each valid Unicode), and the
 HTTP server: `batcher` (concurrent requests merged into the Translator's batches, one worker
 thread), `http_api` (the FastAPI app: LibreTranslate's endpoints and /v1), `http_metrics`
 (Prometheus), `http_page` (the web page) and `http_server` (uvicorn, signals, the ready line;
@@ -32,6 +33,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "programs": "programs",
     "serve": "http_server:serve",
     "shortlist": "shortlist",
+    "texts": "texts",
     "translate_lines": "translator:translate_lines",
     "translator": "translator",
 }

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.errors import Error, InputError
-from flax_transformer.serving import batching, programs
+from flax_transformer.serving import batching, programs, texts
 from flax_transformer.serving.translator import Translator, decode_length, source_ids
 
 _log = logging.getLogger(__name__)
@@ -236,6 +236,9 @@ class Batcher:
     """Queues `job`; its future gives one `Sentence` per line. Raises `InputError` for bad
     settings or a target prefix that does not fit, `QueueFull` when its sentences do not fit in
     the queue, `Closed` once `close` was called. Called from any thread."""
+    texts.text_list(job.sentences, "sentences")
+    if job.target_prefix is not None:
+      texts.text_list(job.target_prefix, "target_prefix")
     options = self.translator.settings.replace(**dict(job.settings))
     if options.precision != self.translator.settings.precision:
       raise InputError("precision is chosen when the server starts (--precision).")

@@ -40,6 +40,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.errors import Error, InputError
+from flax_transformer.serving import texts as serving_texts
 from flax_transformer.serving.batcher import (
   Batcher,
   BatchFailed,
@@ -214,6 +215,13 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
   @app.exception_handler(ApiError)
   async def api_error(request: fastapi.Request, error: ApiError) -> JSONResponse:
     return JSONResponse({"error": str(error)}, error.status, headers=error.headers)
+
+  @app.exception_handler(Exception)
+  async def bug(request: fastapi.Request, error: Exception) -> JSONResponse:
+    # Starlette's outermost middleware answers with this, then raises the error again: the
+    # traceback still goes to the log. Clients get the JSON shape of every other error.
+    return JSONResponse({"error": f"Internal error ({type(error).__name__}): a bug in the "
+                         "server, which logged it."}, 500)
 
   @app.exception_handler(RequestValidationError)
   async def invalid(request: fastapi.Request, error: RequestValidationError) -> JSONResponse:
@@ -463,8 +471,13 @@ def _texts(q: Any) -> tuple[list[str], bool]:
 
 
 def _check_lines(texts: Sequence[str], name: str, lines_allowed: bool = False) -> None:
-  """400 for a NUL character, or (unless `lines_allowed`) a line break, in any text."""
+  """400 for a lone surrogate (`serving.texts`), a NUL character, or (unless `lines_allowed`) a
+  line break, in any text."""
   for i, text in enumerate(texts):
+    try:
+      serving_texts.check_text(text, f"{name} item {i + 1}")
+    except InputError as error:
+      raise ApiError(400, f"Invalid request: {error}") from None
     if "\0" in text:
       raise ApiError(400, f"Invalid request: {name} item {i + 1} holds a NUL character")
     if not lines_allowed and ("\n" in text or "\r" in text):

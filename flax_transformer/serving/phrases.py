@@ -26,6 +26,7 @@ import numpy as np
 from flax_transformer.config import SearchConfig
 from flax_transformer.data import UNK_ID, words
 from flax_transformer.errors import InputError
+from flax_transformer.serving import texts
 
 KINDS = ("constraints", "forbid")
 # Padded sizes of a call's arrays: powers of two from these, at most the configured maxima.
@@ -101,11 +102,14 @@ def phrase_ids(kind: str, phrases: Sequence[Sequence[str]], *, tokenize: Callabl
     line = f"{where} {first_line + i}"
     if isinstance(row, str):
       raise InputError(f"{line}: give a list of phrases, got the string {row!r}.")
+    if not isinstance(row, Sequence):
+      raise InputError(f"{line}: give a list of phrases, got {type(row).__name__}.")
     if len(row) > search.max_constraints:
       raise InputError(f"{line}: {len(row)} {kind} phrases, more than "
                        f"config.search.max_constraints = {search.max_constraints}.")
     row_ids = []
     for phrase in row:
+      texts.check_text(phrase, f"{line}: a phrase")
       pieces = tokenize(phrase) if phrase.strip() else []
       if not pieces:
         raise InputError(f"{line}: the phrase {phrase!r} has no target pieces.")

@@ -75,7 +75,7 @@ from flax_transformer.model import precision
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
-from flax_transformer.serving import batching, phrases, programs
+from flax_transformer.serving import batching, phrases, programs, texts
 from flax_transformer.serving import shortlist as shortlist_lib
 from flax_transformer.serving.batching import (
   Step,
@@ -435,6 +435,7 @@ class Translator:
     word j (of the translation's whitespace-separated words) aligns to source word i, the
     source word it attends to most in the alignment layer and heads
     (`config.model.alignment_layer`, `alignment_heads`; `data.alignments`)."""
+    sentences = texts.text_list(sentences, "sentences")
     batches = self.iter_nbest(sentences, 1, params=params, target_prefix=target_prefix,
                               constraints=constraints, forbid=forbid, alignments=True,
                               languages=languages, **settings)
@@ -456,6 +457,7 @@ class Translator:
     `target_prefix`, the prefix's tokens are part of every hypothesis and of its score. With
     `constraints`, `forbid` and `languages`, as `translate` and `iter_nbest` say.
     """
+    sentences = texts.text_list(sentences, "sentences")
     batches = self.iter_nbest(sentences, n, params=params, target_prefix=target_prefix,
                               constraints=constraints, forbid=forbid, languages=languages,
                               **settings)
@@ -501,6 +503,9 @@ class Translator:
     of different pairs so). An unknown code is one line naming the nearest codes; a one-pair
     model refuses `languages` (its pair is its workdir's).
     """
+    sentences = texts.text_list(sentences, "sentences")
+    if target_prefix is not None:
+      target_prefix = texts.text_list(target_prefix, "target_prefix")
     options = self._options(settings)
     params = self._params(params)
     source_leads, target_leads = self._language_leads(options, languages, len(sentences))
@@ -622,6 +627,7 @@ class Translator:
     many-language model's targets start with the target language token, which is scored
     too: of `settings`' source_lang and target_lang, or of each pair's own (source_lang,
     target_lang) in `languages` (as `iter_nbest` takes them)."""
+    sources = texts.text_list(sources, "sources")
     batches = ((b.indices, [float(v) for v in b.log_probs / (b.target_tokens if normalize
                                                               else 1)])
                for b in self.iter_score(sources, targets, params=params, languages=languages,
@@ -632,6 +638,7 @@ class Translator:
                  params: Any = None, languages: Sequence[tuple[str, str]] | None = None,
                  **settings: Any) -> Iterator[Scored]:
     """Yields the scores of `score` step by step, in plan order."""
+    sources, targets = texts.text_list(sources, "sources"), texts.text_list(targets, "targets")
     files.check_line_aligned({"sources": len(sources), "targets": len(targets)})
     params = self._params(params)
     source_leads, target_leads = self._language_leads(self._options(settings), languages,
