@@ -250,6 +250,25 @@ def test_an_output_in_a_missing_folder_fails_before_restoring(tmp_path, capsys):
     assert f"error: Cannot write {missing}: the folder {missing.parent} does not exist" in error
 
 
+def test_an_input_that_is_a_folder_or_missing_is_one_line_naming_it(tmp_path, capsys):
+  """A folder given as --input was reported as "not found"."""
+  source, missing = tmp_path / "in.txt", tmp_path / "missing.txt"
+  source.write_text("a b c\n")
+  for bad, line in ((tmp_path, f"error: Input {tmp_path} is a folder, not a file."),
+                    (missing, f"error: Input file not found: {missing}")):
+    for command in (["translate", "--input", str(bad)],
+                    ["translate", "--input", str(bad), "--output", str(tmp_path / "out.txt")],
+                    ["evaluate", "--src", str(source), "--ref", str(bad)],
+                    ["score", "--src", str(bad), "--tgt", str(source)]):
+      assert main([*command, "--workdir", str(tmp_path / "no_workdir")]) == 2, command
+      error = capsys.readouterr().err
+      assert error.endswith(line + "\n") and error.count("\n") == 1, (command, error)
+  # A stream (no --output) has no chunks, and took a --chunk_lines of 0 without a word.
+  assert main(["translate", "--input", str(source), "--chunk_lines", "0", "--workdir",
+               str(tmp_path / "no_workdir")]) == 2
+  assert capsys.readouterr().err.endswith("error: --chunk_lines must be >= 1, got 0.\n")
+
+
 def test_serving_reads_a_workdir_a_trainer_holds(workdir, workdir_test_split, tmp_path):
   source = tmp_path / "in.txt"
   source.write_text(workdir_test_split[0][0] + "\n")

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from flax_transformer import files
-from flax_transformer.errors import Error, InputError, MissingFileError
+from flax_transformer.errors import Error, InputError
 from flax_transformer.files import Path, atomic_write, to_path
 from flax_transformer.progress import ProgressBar, counted
 from flax_transformer.runtime.processes import Processes
@@ -216,6 +216,12 @@ class FileJob:
     return (self.output, *self.extra_outputs)
 
 
+def check_chunk_lines(chunk_lines: int) -> None:
+  """One line unless `chunk_lines` (input lines per chunk) is >= 1."""
+  if chunk_lines < 1:
+    raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}.")
+
+
 def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
                   job: dict[str, Any], extra_outputs: Sequence[str] = ()) -> FileJob:
   """Checks the inputs (they exist, are UTF-8, have one line count) and any partial run's
@@ -227,11 +233,10 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
     job: what else identifies the job: {"command", "checkpoint", "settings"}.
     extra_outputs: more output files, line-aligned with `output` (part of the job's identity).
   """
-  if chunk_lines < 1:
-    raise InputError(f"chunk_lines must be >= 1, got {chunk_lines}.")
+  check_chunk_lines(chunk_lines)
   for path in inputs:
-    if not to_path(path).is_file():
-      raise MissingFileError(f"Input file not found: {path}")
+    with files.storage_faults(path, "read"):
+      files.check_input_file(path)
   partial = partial_dir(output)
   _remove_leftovers(partial)
   identities = [input_identity(path) for path in inputs]

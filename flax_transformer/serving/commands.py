@@ -132,6 +132,8 @@ def translate(parameters: Parameters, *, input: str, output: str,
   extra = [alignments] if alignments else []
   for path in (output, *extra):
     files.check_writable(path)
+  bulk.check_chunk_lines(chunk_lines)  # A stream has no chunks, but the flag is still wrong.
+  check_inputs(input, target_prefix, constraints, forbid)
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
                                           parameters.checkpoints, **parameters.settings)
   check_nbest(nbest, settings)
@@ -158,6 +160,8 @@ def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize:
   from flax_transformer.serving import chunk_tasks
 
   files.check_writable(output)
+  bulk.check_chunk_lines(chunk_lines)
+  check_inputs(src, tgt)
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
                                           parameters.checkpoints, **parameters.settings)
   return _run_bulk(opened, settings, checkpoint, command="score", inputs=[src, tgt],
@@ -166,6 +170,15 @@ def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize:
                    job_settings={"batch_tokens": settings.batch_tokens, "normalize": normalize,
                                  "precision": settings.precision},
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
+
+
+def check_inputs(*paths: str | None) -> None:
+  """One line for an input file (None: not given; '-': stdin) that is missing or a folder:
+  called before the workdir is opened, so that a typo fails first."""
+  for path in paths:
+    if path and path != "-":
+      with files.storage_faults(path, "read"):
+        files.check_input_file(path)
 
 
 def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
