@@ -464,6 +464,37 @@ def test_a_bug_in_a_request_is_a_json_500_and_the_server_keeps_serving(translato
   assert after.json() == {"translatedText": expected}
 
 
+def test_a_path_or_method_that_no_route_takes_is_one_json_line_naming_the_served_ones(
+    translator):
+  """Starlette answered {"detail": "Not Found"} to an unknown path (LibreTranslate's /detect
+  among them) and {"detail": "Method Not Allowed"}: the one answer not in {"error": ...}."""
+  batcher, app = _serve(translator)
+
+  async def run():
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as client:
+      return (await client.post("/detect", data={"q": "a man"}),
+              await client.get("/translat"), await client.post("/languages"),
+              await client.get("/v1/translate"))
+
+  detect, typo, languages, v1 = asyncio.run(run())
+  batcher.close(10)
+  assert detect.status_code == typo.status_code == 404
+  assert detect.json()["error"].startswith(
+      "No such path: POST /detect (this server does not detect languages; name the source). "
+      "This server answers ")
+  line = typo.json()["error"]
+  assert line.startswith("No such path: GET /translat. This server answers ")
+  for served in ("POST /translate", "GET /languages", "POST /v1/translate", "GET /health",
+                 "GET /metrics", "GET /docs"):
+    assert served in line
+  assert "oauth2" not in line and "\n" not in line
+  assert languages.status_code == v1.status_code == 405
+  assert languages.json() == {"error": "POST /languages is not allowed: use GET."}
+  assert v1.json() == {"error": "GET /v1/translate is not allowed: use POST."}
+  assert languages.headers["allow"] == "GET"
+
+
 def _observed_search(translator, lines: list[str]):
   """Searches `lines` as one job queued before the worker starts (so its future is known to
   `observe` whatever the timing): the future, and (failed, whether the future was done) as

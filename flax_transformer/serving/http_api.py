@@ -37,6 +37,7 @@ import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.errors import Error, InputError
@@ -223,6 +224,12 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
     return JSONResponse({"error": f"Internal error ({type(error).__name__}): a bug in the "
                          "server, which logged it."}, 500)
 
+  @app.exception_handler(HTTPException)
+  async def no_route(request: fastapi.Request, error: HTTPException) -> JSONResponse:
+    # Starlette's 404 and 405 said {"detail": "Not Found"}: the JSON shape of no other answer.
+    return JSONResponse({"error": _route_line(app, request, error)}, error.status_code,
+                        headers=error.headers)
+
   @app.exception_handler(RequestValidationError)
   async def invalid(request: fastapi.Request, error: RequestValidationError) -> JSONResponse:
     return JSONResponse({"error": _validation_line(error.errors())}, 400)
@@ -360,6 +367,23 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
     return HTMLResponse(page_html)
 
   return Guard(app, service.max_body_bytes, metrics)
+
+
+def _route_line(app: fastapi.FastAPI, request: fastapi.Request, error: HTTPException) -> str:
+  """One line for a request that no route takes (404, 405), naming the paths that are."""
+  asked = f"{request.method} {request.url.path}"
+  routes = sorted((route for route in app.routes if getattr(route, "methods", None)
+                   and "oauth2" not in route.path),  # The API's paths, then /docs and the page.
+                  key=lambda route: not getattr(route, "include_in_schema", False))
+  methods = {route.path: sorted(route.methods - {"HEAD"}) for route in routes}
+  if error.status_code == 405 and request.url.path in methods:
+    return f"{asked} is not allowed: use {' or '.join(methods[request.url.path])}."
+  if error.status_code != 404:
+    return f"{asked}: {error.detail}"
+  served = ", ".join(f"{' '.join(verbs)} {path}" for path, verbs in methods.items())
+  why = (" (this server does not detect languages; name the source)"
+         if request.url.path == "/detect" else "")
+  return f"No such path: {asked}{why}. This server answers {served}."
 
 
 def _languages(service: Service) -> list[dict[str, Any]]:
