@@ -30,6 +30,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from flax_transformer.conventions import MAX_LENGTH_PENALTY
 from flax_transformer.model.config import ModelConfig, model_config_from
 from flax_transformer.validation import (
     FRACTION,
@@ -272,7 +273,8 @@ class SearchConfig:
       "beam", doc="Beam search, greedy decoding or sampling.")
   beam_size: int = checked_field(4, POSITIVE, "Beams (K), for method 'beam'.")
   length_penalty: float = checked_field(
-      0.6, NON_NEGATIVE, "alpha of length_normalization, for method 'beam'.")
+      0.6, (lambda v: 0 <= v <= MAX_LENGTH_PENALTY, f"in [0, {MAX_LENGTH_PENALTY:g}]"),
+      "alpha of length_normalization, for method 'beam'.")
   length_normalization: Literal["gnmt", "fairseq"] = checked_field(
       "gnmt", doc="Beam search: a finished hypothesis of n tokens (EOS included) scores log p / "
       "divisor(n): gnmt ((5 + n) / 6) ** alpha (Flax, T5X); fairseq n ** alpha (also "

@@ -42,6 +42,9 @@ def test_default_config_is_valid():
     ("checkpoint", "save_every_steps", 0, "config.checkpoint.save_every_steps must be > 0"),
     ("search", "beam_size", 0, "config.search.beam_size must be > 0"),
     ("search", "top_p", 0.0, "config.search.top_p must be in (0, 1], got 0.0"),
+    ("search", "length_penalty", 1e300, "config.search.length_penalty must be in [0, 10], got "
+     "1e+300"),
+    ("search", "length_penalty", float("nan"), "config.search.length_penalty must be in [0, 10]"),
     ("search", "max_len_a", float("inf"),
      "config.search.max_len_a must be finite and >= 0, got inf"),
     ("search", "method", "nucleus", "config.search.method must be one of ('beam', 'greedy',"),

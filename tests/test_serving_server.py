@@ -191,6 +191,8 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": []}', "sentences: List should have at least 1 item"),
     (b'{"sentences": ["a\\nb"]}', "holds a line break"),
     (b'{"sentences": ["a"], "beam_size": 0}', "beam_size: Input should be greater than or"),
+    (b'{"sentences": ["a"], "length_penalty": 1e300}', "length_penalty: Input should be less "
+     "than or equal to 10"),
     (b'{"sentences": ["a"], "bogus": 1}', "bogus: Extra inputs are not permitted"),
     (b'{"text": ["a"]}', "sentences: Field required; text: Extra inputs are not permitted"),
     (b'{"sentences": ["a", "b"], "target_prefix": ["x"]}', "1 target_prefix for 2 sentences"),

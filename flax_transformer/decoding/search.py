@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flax_transformer.conventions import PAD_ID
+from flax_transformer.conventions import MAX_LENGTH_PENALTY, PAD_ID
 from flax_transformer.decoding.loop import ResizeState
 
 Array = jax.Array
@@ -187,14 +187,15 @@ class Ranking:
   the program.
   """
 
-  length_penalty: float | Array = 0.6  # alpha, >= 0
+  length_penalty: float | Array = 0.6  # alpha, in [0, MAX_LENGTH_PENALTY]
   length_normalization: str = flax.struct.field(pytree_node=False, default="gnmt")
   finish_rule: str = flax.struct.field(pytree_node=False, default="top_k")
 
   def __post_init__(self):
     alpha = self.length_penalty
-    if isinstance(alpha, int | float) and not alpha >= 0:
-      raise ValueError(f"Ranking: length_penalty must be >= 0, got {alpha!r}.")
+    if isinstance(alpha, int | float) and not 0 <= alpha <= MAX_LENGTH_PENALTY:
+      raise ValueError(f"Ranking: length_penalty must be in [0, {MAX_LENGTH_PENALTY:g}], got "
+                       f"{alpha!r}.")
     if self.length_normalization not in LENGTH_NORMALIZATIONS:
       raise ValueError(f"Ranking: length_normalization must be one of {LENGTH_NORMALIZATIONS}, "
                        f"got {self.length_normalization!r}.")

@@ -39,6 +39,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from flax_transformer.conventions import MAX_LENGTH_PENALTY
 from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.errors import Error, InputError
 from flax_transformer.serving import texts as serving_texts
@@ -140,7 +141,7 @@ class TranslateRequest(pydantic.BaseModel):
   n: int = pydantic.Field(1, ge=1, description="Hypotheses per sentence, best first.")
   method: Literal["beam", "greedy", "sample"] | None = None
   beam_size: int | None = pydantic.Field(None, ge=1)
-  length_penalty: float | None = pydantic.Field(None, ge=0)
+  length_penalty: float | None = pydantic.Field(None, ge=0, le=MAX_LENGTH_PENALTY)
   length_normalization: Literal["gnmt", "fairseq"] | None = None
   max_len_a: float | None = pydantic.Field(None, ge=0)
   max_len_b: int | None = pydantic.Field(None, ge=1)
