@@ -502,6 +502,32 @@ def check_writable(name: str) -> None:
     raise InputError(f"Cannot write {name}: the folder {folder} is not writable.")
 
 
+def check_distinct_outputs(inputs: Mapping[str, str | None],
+                           outputs: Mapping[str, str | None]) -> None:
+  """Raises InputError when an output (flag -> path; None and '-' are skipped) is the file of an
+  input or of another output: the job's atomic write would replace the text it was made from
+  (`translate --input f --output f` lost the sentences), or one output the other. Local paths
+  are compared after symbolic links are resolved, and as files when both exist (hard links)."""
+  seen: list[tuple[str, str]] = [(flag, path) for flag, path in inputs.items()
+                                 if path and path != "-"]
+  for flag, path in outputs.items():
+    if not path or path == "-":
+      continue
+    for other_flag, other in seen:
+      if _same_file(path, other):
+        raise InputError(f"{flag} {path} is the file of {other_flag} ({other}): the job would "
+                         f"write over a file it uses; give {flag} another path.")
+    seen.append((flag, path))
+
+
+def _same_file(a: str, b: str) -> bool:
+  if is_remote(a) or is_remote(b):
+    return os.fspath(a).rstrip("/") == os.fspath(b).rstrip("/")
+  if os.path.realpath(a) == os.path.realpath(b):
+    return True
+  return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
 def write_lines_atomically(path: str, lines: Sequence[str]) -> None:
   """Writes one line per item to `path` ('-' for stdout; gzip-compressed when it ends in .gz,
   as `read_lines` reads it) through a temporary file + rename, so a failure never leaves a

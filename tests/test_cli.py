@@ -269,6 +269,36 @@ def test_an_input_that_is_a_folder_or_missing_is_one_line_naming_it(tmp_path, ca
   assert capsys.readouterr().err.endswith("error: --chunk_lines must be >= 1, got 0.\n")
 
 
+def test_an_output_over_an_input_is_one_line_and_the_input_is_kept(tmp_path, capsys):
+  """`translate --input f --output f` replaced the sentences with their translations when the
+  job ended (its write is atomic, so it read them all first): the source was gone."""
+  source, other = tmp_path / "in.txt", tmp_path / "tgt.txt"
+  source.write_text("a b c\n")
+  other.write_text("x y\n")
+  (tmp_path / "link.txt").symlink_to(source)
+  os.link(other, tmp_path / "hard.txt")
+  cases = [
+      (["translate", "--input", str(source), "--output", str(source)], "--output", source,
+       "--input"),
+      (["translate", "--input", str(source), "--output", str(tmp_path / "link.txt")], "--output",
+       tmp_path / "link.txt", "--input"),
+      (["translate", "--input", str(source), "--constraints", str(other), "--output",
+        str(tmp_path / "hard.txt")], "--output", tmp_path / "hard.txt", "--constraints"),
+      (["translate", "--input", str(source), "--output", str(tmp_path / "o.txt"),
+        "--alignments", str(tmp_path / "o.txt")], "--alignments", tmp_path / "o.txt",
+       "--output"),
+      (["score", "--src", str(source), "--tgt", str(other), "--output", str(other)], "--output",
+       other, "--tgt"),
+  ]
+  for command, flag, path, other_flag in cases:
+    assert main([*command, "--workdir", str(tmp_path / "no_workdir")]) == 2, command
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and (
+        f"error: {flag} {path} is the file of {other_flag} (") in error, (command, error)
+    assert error.endswith(f"give {flag} another path.\n")
+  assert source.read_text() == "a b c\n" and other.read_text() == "x y\n"
+
+
 def test_serving_reads_a_workdir_a_trainer_holds(workdir, workdir_test_split, tmp_path):
   source = tmp_path / "in.txt"
   source.write_text(workdir_test_split[0][0] + "\n")

@@ -134,6 +134,9 @@ def translate(parameters: Parameters, *, input: str, output: str,
     files.check_writable(path)
   bulk.check_chunk_lines(chunk_lines)  # A stream has no chunks, but the flag is still wrong.
   check_inputs(input, target_prefix, constraints, forbid)
+  files.check_distinct_outputs(
+      {"--input": input, "--target_prefix": target_prefix, "--constraints": constraints,
+       "--forbid": forbid}, {"--output": output, "--alignments": alignments})
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
                                           parameters.checkpoints, **parameters.settings)
   check_nbest(nbest, settings)
@@ -162,6 +165,7 @@ def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize:
   files.check_writable(output)
   bulk.check_chunk_lines(chunk_lines)
   check_inputs(src, tgt)
+  files.check_distinct_outputs({"--src": src, "--tgt": tgt}, {"--output": output})
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
                                           parameters.checkpoints, **parameters.settings)
   return _run_bulk(opened, settings, checkpoint, command="score", inputs=[src, tgt],
