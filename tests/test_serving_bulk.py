@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import flax.linen as nn
@@ -30,7 +31,7 @@ from conftest import STORAGE_KINDS, listing, small_program_child_xla_flags, stor
 from jax.sharding import Mesh
 from test_serving_translator import WORDS, copy_translator, sentences
 
-from flax_transformer import ModelConfig, Transformer, files
+from flax_transformer import ModelConfig, Transformer, files, progress
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
@@ -39,6 +40,8 @@ from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.serving import bulk
 from flax_transformer.serving.batching import group_steps, plan_batches
 from flax_transformer.serving.chunk_tasks import TranslationTask
+
+import numpy_reference as ref
 
 pytestmark = pytest.mark.slow  # kill -9 and several processes.
 
@@ -140,14 +143,18 @@ def test_streaming_readers_agree_with_read_lines(tmp_path):
     files.count_lines(str(tmp_path / "bad.txt"))
 
 
-def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only():
+def test_progress_bar_draws_lines_rates_and_eta_on_a_terminal_only(monkeypatch):
   class Terminal(io.StringIO):
     def isatty(self):
       return True
 
+  # The bar's clock, set by hand: the real one moved on between the bar's start and its summary
+  # on a loaded machine (2,999 target tokens/s).
+  clock = [100.0]
+  monkeypatch.setattr(progress, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
   for stream in (Terminal(), io.StringIO()):
     bar = ProgressBar(1000, unit="sentences", start=200, stream=stream)
-    bar._began -= 2.0  # As if 2 s had passed.
+    clock[0] += 2.0
     bar.advance(300, **{"target tokens": 6000})
     bar.close("Translated")
     text = stream.getvalue()
@@ -468,20 +475,37 @@ def test_two_processes_share_a_gs_job_and_the_last_merges_under_the_lease(
   assert not list(bulk.partial_dir(str(output)).glob("*"))
 
 
+KILLED_JOB_LINES, KILLED_JOB_CHUNK_LINES = 500, 20
+KILLED_JOB_FLAGS = ["--chunk_lines", str(KILLED_JOB_CHUNK_LINES), "--method", "greedy",
+                    "--batch_tokens", "256"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_job(workdir, tmp_path_factory) -> Path:
+  """The killed jobs' reference: a local job on the same lines that nothing stopped (its
+  output). Both storage kinds compare with it: a gs:// job's bytes equal a local one's."""
+  folder = tmp_path_factory.mktemp("bulk_uninterrupted")
+  source, reference = folder / "in.txt", folder / "ref.txt"
+  write_input(source, KILLED_JOB_LINES, seed=5)
+  # The session's compilation cache (conftest's): the killed jobs load the programs it compiles.
+  run = cli(*translate_args(workdir, source, reference, *KILLED_JOB_FLAGS),
+            stderr=subprocess.PIPE)
+  log = run.communicate(timeout=300)[1]
+  assert run.returncode == 0, log[-3000:]
+  return reference
+
+
 @pytest.mark.parametrize("kind", STORAGE_KINDS)
-def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir, tmp_path,
+def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir, uninterrupted_job,
                                                                    request, tmp_path_factory):
   """Locally and gs:// to gs:// (input, OUT.partial's chunks and manifest, the output: objects
   on the emulator): kills at random moments lose only chunks in flight, a chunk once written is
   never written again, and the rerun's output is byte-identical to an uninterrupted run's."""
   folder = storage_folder(kind, request, tmp_path_factory, "bulk_kill")
-  source, output, reference = folder / "in.txt", folder / "out.txt", tmp_path / "ref.txt"
-  lines, chunk_lines, num_chunks = 500, 20, 25
+  source, output, reference = folder / "in.txt", folder / "out.txt", uninterrupted_job
+  lines, chunk_lines = KILLED_JOB_LINES, KILLED_JOB_CHUNK_LINES
+  num_chunks, flags = lines // chunk_lines, KILLED_JOB_FLAGS
   write_input(source, lines, seed=5)
-  flags = ["--chunk_lines", str(chunk_lines), "--method", "greedy", "--batch_tokens", "256"]
-  # The session's compilation cache (conftest's): both kinds load the programs it compiles.
-  run = cli(*translate_args(workdir, source, reference, *flags), stderr=subprocess.PIPE)
-  assert run.communicate(timeout=300)[1] is not None and run.returncode == 0
   partial, rng = bulk.partial_dir(str(output)), random.Random(0)
   before: dict[str, tuple[int, int]] = {}
   for target in sorted(rng.sample(range(1, num_chunks - 1), 3)):  # [2, 13, 14], then 0.08-0.15 s.
@@ -598,21 +622,20 @@ def test_score_command_equals_the_forward_pass_one_pair_at_a_time(workdir, tmp_p
             "--output", str(output), "--chunk_lines", "8", "--batch_tokens", "128"]
     assert main(args + ([flag] if flag else [])) == 0
   params, _ = workdir_lib.restore_params(workdir)
-  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=64))
-  forward = jax.jit(model.apply)  # One pair at a time: a batch of one, no padding.
+  config = ModelConfig.tiny(tokenizer.vocab_size, max_len=64)
   expected, normalized = [], []
   for source, target in zip(sources, targets, strict=True):
+    # One pair at a time (a batch of one, no padding), in float64 NumPy.
     source_ids = np.asarray([*tokenizer.tokenize(source), EOS_ID])
     target_ids = np.asarray([*tokenizer.tokenize(target), EOS_ID])
-    logits = np.asarray(forward({"params": params}, source_ids[None], target_ids[None])[0],
-                        np.float64)
+    logits = ref.transformer(params, config, source_ids[None], target_ids[None])[0]
     log_probs = logits - logits.max(-1, keepdims=True)
     log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
     total = log_probs[np.arange(len(target_ids)), target_ids].sum()
     expected.append(total)
     normalized.append(total / len(target_ids))
   # The weights are scaled up (the workdir fixture), so logits are large and sums reach -500:
-  # float32 rounding then moves them by up to about 5e-5 relative. A wrong or shifted token,
+  # float32 rounding then moves ours by up to about 5e-5 relative. A wrong or shifted token,
   # a missing EOS or padding scored would move them by whole nats.
   got = np.asarray(outputs[""].read_text().split(), np.float64)
   np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
