@@ -8,6 +8,7 @@ BLEU for `score_translations`.
 import collections
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +31,8 @@ from flax_transformer.decoding.bridge import (
 )
 from flax_transformer.decoding.loop import LoopOptions
 from flax_transformer.scoring import score_translations
+
+import numpy_reference
 
 VOCAB, EOS, MAX_LEN = 19, 1, 6
 
@@ -299,10 +302,11 @@ def test_score_translations_rejects_misaligned_lists():
 
 
 def _numpy_sequence_log_prob(model, variables, source, target):
-  """log p(target | source) of one pair (no padding): the plain forward pass's logits, a
-  float64 NumPy log-softmax, summed at the target ids."""
-  logits = np.asarray(model.apply(variables, jnp.asarray([source]), jnp.asarray([target]))[0],
-                      np.float64)  # [T, V]
+  """log p(target | source) of one pair (no padding): numpy_reference's float64 forward pass
+  and log-softmax, summed at the target ids."""
+  params = nn.unbox(variables)["params"]
+  logits = numpy_reference.transformer(params, model.config, np.asarray([source]),
+                                       np.asarray([target]))[0]  # [T, V]
   shifted = logits - logits.max(-1, keepdims=True)
   log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
   return float(log_probs[np.arange(len(target)), target].sum())
