@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -109,7 +110,18 @@ def main() -> None:
   log = Path(args.log or tempfile.mkstemp(prefix="fake-gcs-server-", suffix=".log")[1])
   emulator = GcsEmulator(log, detach=True)
   for bucket in args.bucket:
-    emulator.create_bucket(bucket)
+    try:
+      emulator.create_bucket(bucket)
+    except urllib.error.HTTPError as error:  # A name GCS does not take ("b", "My_Bucket").
+      emulator.stop()
+      body = error.read().decode(errors="replace")
+      try:
+        reason = json.loads(body)["error"]["message"]
+      except (ValueError, KeyError, TypeError):
+        reason = body.strip() or error.reason
+      sys.exit(f"error: the emulator refused --bucket {bucket!r} (HTTP {error.code}: {reason}); "
+               "a bucket name is 3-63 lowercase letters, digits, '-', '_' and '.', beginning "
+               "and ending with a letter or digit. No emulator is left running.")
   # fsspec's own variable makes every gcsfs client anonymous, TensorBoard's included (the
   # product's own clients are anonymous against an emulator without it).
   exports = {**emulator.environment, "FSSPEC_GCS_TOKEN": "anon",

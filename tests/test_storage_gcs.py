@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import GCS_BUCKET, REPO
@@ -345,3 +346,26 @@ def test_a_local_corpus_and_a_vocabulary_can_be_read_from_a_bucket(folder, tmp_p
   vocab = train_tokenizer(en + de, vocab_size=60, model_type="unigram")
   files.atomic_write(f"{folder}/vocab.model", vocab.proto)
   assert Tokenizer.load(f"{folder}/vocab.model").tokenize(en[0]) == vocab.tokenize(en[0])
+
+
+def test_the_emulator_script_refuses_a_bad_bucket_name_in_one_line_and_leaves_no_server(
+    tmp_path):
+  """docs/training.md's `eval "$(python tests/gcs_emulator.py --bucket my-bucket)"`, with a name
+  GCS does not take: one line naming it, nothing for `eval` on stdout, and the server it had
+  started is stopped (it ran on, detached, holding its log open)."""
+  log = tmp_path / "emulator.log"
+  result = subprocess.run(
+      [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "--bucket", "ok-bucket",
+       "--bucket", "b", "--log", str(log)], capture_output=True, text=True, timeout=60)
+  assert result.returncode == 1 and result.stdout == "", result.stderr
+  assert result.stderr.startswith("error: the emulator refused --bucket 'b' (HTTP 400: invalid "
+                                  "bucket name)"), result.stderr
+  assert len(result.stderr.splitlines()) == 1, result.stderr
+  holders = []
+  for fd in Path("/proc").glob("[0-9]*/fd/*"):
+    try:
+      if os.readlink(fd) == str(log):
+        holders.append(fd)
+    except OSError:  # A process or descriptor gone since the listing.
+      continue
+  assert not holders, holders
