@@ -13,13 +13,16 @@ import concurrent.futures
 import logging
 import random
 import sys
+import threading
 import time
+import types
 
 import httpx
 import pytest
 
 from flax_transformer.data import synthetic
 from flax_transformer.serving import Batcher, Job, Service, Translator
+from flax_transformer.serving.batcher import Sentence
 from flax_transformer.serving.http_api import make_app
 
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
@@ -164,6 +167,50 @@ def test_libretranslate_shapes(translator, sentences):
   assert form.json() == single.json()
   assert two_lines.json() == {"translatedText": f"{best[0]}\n{best[1]}"}
   assert languages.json() == [{"code": "en", "name": "English", "targets": ["de"]}]
+
+
+class _AnsweringBatcher:
+  """A started batcher that answers sentence s with the first n of `answers[s]` (a blank one
+  with "", as the real one does): the HTTP layer's own rules, whatever a model would find."""
+
+  def __init__(self, answers: dict[str, list[tuple[str, float]]], beam_size: int = 4):
+    search = types.SimpleNamespace(method="beam", beam_size=beam_size)
+    self.translator = types.SimpleNamespace(settings=types.SimpleNamespace(search=search))
+    self.answers, self.failed, self.observe, self.queued, self.programs = (
+        answers, None, None, 0, 0)
+    self.ready = threading.Event()
+    self.ready.set()
+
+  def submit(self, job: Job) -> concurrent.futures.Future:
+    future = concurrent.futures.Future()
+    future.set_result([Sentence(self.answers[s][:job.n] if s.strip() else [("", 0.0)])
+                       for s in job.sentences])
+    return future
+
+
+def test_libretranslate_alternatives_leave_out_empty_hypotheses():
+  """A beam's n best can hold an empty hypothesis (EOS first): LibreTranslate's alternatives are
+  other translations, so it is left out, as the translation itself and repeats are; a text of
+  several lines keeps an alternative that is empty on some of its lines only."""
+  dog = [("ein hund", -1.0), ("", -2.0), ("der hund", -3.0), ("ein hund", -4.0)]
+  cat = [("eine katze", -1.0), ("die katze", -2.0), ("", -3.0), ("katze", -4.0)]
+  app = make_app(_AnsweringBatcher({"a dog": dog, "a cat": cat}), Service("en", "de"))
+
+  async def run():
+    async with _client(app) as client:
+      return await asyncio.gather(*(client.post("/translate", json=_libre(q, alternatives=k))
+                                    for q, k in (("a dog", 3), (["a dog", "a cat"], 2),
+                                                 ("a dog\n\na dog", 1),
+                                                 ("a dog\na cat", 2))))
+
+  single, listed, blank_line, two_lines = (answer.json() for answer in asyncio.run(run()))
+  assert single == {"translatedText": "ein hund", "alternatives": ["der hund"]}
+  assert listed == {"translatedText": ["ein hund", "eine katze"],
+                    "alternatives": [["der hund"], ["die katze"]]}
+  # Line by line: the second hypothesis is empty on every line ("\n\n"), left out.
+  assert blank_line == {"translatedText": "ein hund\n\nein hund", "alternatives": []}
+  assert two_lines == {"translatedText": "ein hund\neine katze",
+                       "alternatives": ["\ndie katze", "der hund\n"]}
 
 
 BAD_REQUESTS = [  # (body, what the one-line error says)

@@ -303,11 +303,13 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       truncated += sum(answer.truncated for answer in mine)
       best = "\n".join(answer.hypotheses[0][0] for answer in mine)
       results.append(best)
-      # LibreTranslate's rule: the other hypotheses, each once, without the translation.
+      # LibreTranslate's rule: the other hypotheses, each once, without the translation; and
+      # none that is empty (a beam's EOS-first hypothesis; LibreTranslate would give the
+      # source text in its place).
       others = [
           "\n".join(a.hypotheses[min(k, len(a.hypotheses) - 1)][0] for a in mine)
           for k in range(1, alternatives + 1)]
-      alternates.append(list(dict.fromkeys(o for o in others if o != best)))
+      alternates.append(list(dict.fromkeys(o for o in others if o != best and o.strip())))
     body: dict[str, Any] = {"translatedText": results[0] if single else results}
     if source == "auto":
       detected = {"confidence": 100.0, "language": language}
