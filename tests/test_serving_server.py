@@ -613,8 +613,8 @@ def test_sampling_keys_are_each_requests_own_line_numbers(translator, sentences)
 
 def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, monkeypatch,
                                                    capsys):
-  """`flax-transformer serve`: a port in use, an empty --api_keys file, a bad limit and a
-  missing [serve] extra are each one line on stderr and status 2, no traceback."""
+  """`flax-transformer serve`: a port in use or out of range, an empty --api_keys file, a bad
+  limit and a missing [serve] extra are each one line on stderr and status 2, no traceback."""
   import socket
 
   from flax_transformer.cli import main
@@ -628,7 +628,13 @@ def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, mo
   runs = [(["--port", str(port)], f"Cannot listen on 127.0.0.1:{port}: Address already in use."),
           (["--api_keys", str(empty)], f"--api_keys {empty} holds no key (one a line)."),
           (["--max_beam_size", "0"], "--max_beam_size must be >= 1, got 0."),
-          (["--max_programs", "0"], "--max_programs must be >= 1, got 0.")]
+          (["--max_programs", "0"], "--max_programs must be >= 1, got 0."),
+          # A socket takes the port modulo 2**16: 99999 served on 34463.
+          (["--port", "99999"], "--port must be 0-65535 (0: a free one), got 99999."),
+          (["--max_wait_ms", "nan"], "--max_wait_ms must be a number of milliseconds >= 0, "
+           "got nan."),
+          (["--drain_seconds", "inf"], "--drain_seconds must be a number of seconds > 0, "
+           "got inf.")]
   for flags, words in runs:
     assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
     err = capsys.readouterr().err

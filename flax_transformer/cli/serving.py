@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 
 from flax_transformer.cli import arguments
@@ -29,13 +30,17 @@ def run_serve(args: argparse.Namespace) -> int:
   """`serve`: restores the model, binds, compiles (--warmup), prints its address, serves until
   SIGTERM or SIGINT and drains."""
   check_serve_extra()
-  if args.max_wait_ms < 0:
-    raise InputError(f"--max_wait_ms must be >= 0, got {args.max_wait_ms}.")
+  if not 0 <= args.port <= 65535:  # A socket takes the port modulo 2**16: 99999 bound 34463.
+    raise InputError(f"--port must be 0-65535 (0: a free one), got {args.port}.")
+  if not 0 <= args.max_wait_ms < math.inf:
+    raise InputError(f"--max_wait_ms must be a number of milliseconds >= 0, got "
+                     f"{args.max_wait_ms}.")
   for flag in ("max_queue", "max_body_bytes", "max_beam_size", "max_programs"):
     if getattr(args, flag) < 1:
       raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
-  if args.drain_seconds <= 0:
-    raise InputError(f"--drain_seconds must be > 0, got {args.drain_seconds}.")
+  if not 0 < args.drain_seconds < math.inf:
+    raise InputError(f"--drain_seconds must be a number of seconds > 0, got "
+                     f"{args.drain_seconds}.")
   from flax_transformer.serving import Service, commands, http_server
 
   keys = http_server.read_api_keys(args.api_keys) if args.api_keys else frozenset()
