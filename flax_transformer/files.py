@@ -430,7 +430,8 @@ def check_line_aligned(counts: Mapping[str, int], *, error: type[Error] = InputE
   order); else `error` naming each: "a has 4 lines but b has 5 lines; they must be
   line-aligned." The package's one check that parallel inputs pair line by line."""
   if len(set(counts.values())) > 1:
-    raise error(" but ".join(f"{name} has {n} lines" for name, n in counts.items())
+    raise error(" but ".join(f"{name} has {n} line{'' if n == 1 else 's'}"
+                             for name, n in counts.items())
                 + "; they must be line-aligned.")
   return next(iter(counts.values()), 0)
 

@@ -297,7 +297,7 @@ def test_score_translations_matches_a_hand_written_bleu():
 
 
 def test_score_translations_rejects_misaligned_lists():
-  with pytest.raises(ValueError, match="hypotheses has 2 lines but references has 1 lines"):
+  with pytest.raises(ValueError, match="hypotheses has 2 lines but references has 1 line;"):
     score_translations(["a b", "c d"], ["a b"])
 
 
