@@ -29,7 +29,7 @@ ALLOWED = {
     "progress": set(),
     "scoring": {"errors", "files"},
     "runtime": {"exports", "errors"},
-    "model": {"exports", "conventions", "validation", "runtime"},
+    "model": {"exports", "conventions", "validation", "runtime", "files"},
     "config": {"conventions", "model", "validation"},
     "experiment_flags": {"config"},
     "data": {"exports", "conventions", "errors", "config", "files"},

@@ -45,7 +45,7 @@ from decode_throughput import jit_search  # benchmarks/speed/decode_throughput.p
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.interop import ctranslate2 as ctranslate2_export
-from flax_transformer.model import precision
+from flax_transformer.model import int8_kernel, precision
 
 CONFIGS = {
     "small": lambda: ModelConfig.small(8000),
@@ -254,6 +254,7 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
       ct2_device=args.ct2_device, ct2_compute_type=args.ct2_compute_type,
       ct2_intra_threads=args.ct2_threads, ct2_inter_threads=1,
       backend=jax.default_backend(), cpu_count=os.cpu_count(), jax=jax.__version__,
+      int8_kernel=int8_kernel.kernel() if args.our_precision == "int8" else None,
       ctranslate2=ctranslate2.__version__,
       load_average_1min=round(os.getloadavg()[0], 2),  # Other processes share the CPU.
       date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))

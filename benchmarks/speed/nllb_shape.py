@@ -28,12 +28,16 @@ always-included candidates), ct2_<precision>_vmap; `projection_share_shortlist` 
 projection over the shortlist's rows against the full float32 step. About 20,000 ids is what
 one language's text makes of NLLB-200's vocabulary.
 
+--int8_kernels xla onednn_matmul onednn_gemm times int8 once per product
+(`model.int8_kernel`, FLAX_TRANSFORMER_INT8_KERNEL; `auto` is the default's measured choice),
+keyed ours_int8[KERNEL]; the products give the same bits, so only the speed differs.
+
 --small swaps the 615M shape for a tiny one of the same kind (vocabulary 8,192, D 64, 2+2
 layers) that only checks that the script runs.
 
   python benchmarks/speed/nllb_shape.py [--sentences 4] [--source_len 16] [--steps 16]
       [--repeats 2] [--precisions float32 int8] [--ct2_threads 2] [--shortlist_size 20000]
-      [--small]
+      [--int8_kernels auto xla onednn_matmul onednn_gemm] [--small]
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from decode_throughput import jit_search
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.files import to_path
-from flax_transformer.model import precision
+from flax_transformer.model import int8_kernel, precision
 from flax_transformer.serving import shortlist as shortlist_lib
 
 # facebook/nllb-200-distilled-600M as import-hf reads it.
@@ -192,21 +196,30 @@ def measure(args: argparse.Namespace) -> dict:
       record["load_s"]["ct2_float32"] = load_s
   step_s = None
   for name in args.precisions:
-    weight_bytes[f"ours_{name}"], seconds = _ours(config, params, name, inputs, args)
-    speed[f"ours_{name}"] = round(args.sentences / seconds, 3)
-    if name == "float32":
-      step_s = seconds / args.steps
-    if shortlist is not None:
-      _, seconds = _ours(config, params, name, inputs, args, shortlist)
-      speed[f"ours_{name}_shortlist"] = round(args.sentences / seconds, 3)
-  record.update(weight_bytes=weight_bytes, sentences_per_s=speed)
-  for name in args.precisions:
-    if name in CT2_TYPES:
-      record.setdefault("ours_over_ct2", {})[name] = round(
-          speed[f"ours_{name}"] / speed[f"ct2_{name}"], 3)
+    # int8 once per --int8_kernels product (model/int8_kernel.py: the same bits, side by side).
+    for kernel in (args.int8_kernels if name == "int8" else ["auto"]):
+      os.environ["FLAX_TRANSFORMER_INT8_KERNEL"] = kernel
+      key = f"ours_{name}" + ("" if kernel == "auto" else f"[{kernel}]")
+      weight_bytes[f"ours_{name}"], seconds = _ours(config, params, name, inputs, args)
+      speed[key] = round(args.sentences / seconds, 3)
+      if name == "float32":
+        step_s = seconds / args.steps
       if shortlist is not None:
-        record["ours_over_ct2"][f"{name}_shortlist_vmap"] = round(
-            speed[f"ours_{name}_shortlist"] / speed[f"ct2_{name}_vmap"], 3)
+        _, seconds = _ours(config, params, name, inputs, args, shortlist)
+        speed[f"{key}_shortlist"] = round(args.sentences / seconds, 3)
+    os.environ["FLAX_TRANSFORMER_INT8_KERNEL"] = "auto"
+    if name == "int8":
+      record["int8_kernel_auto"] = int8_kernel.kernel()
+      record["onednn"] = int8_kernel.load().onednn_version or int8_kernel.load().reason
+  record.update(weight_bytes=weight_bytes, sentences_per_s=speed)
+  for key in [key for key in speed if key.startswith("ours_") and not key.endswith("_shortlist")]:
+    name = key.removeprefix("ours_").split("[")[0]
+    if name in CT2_TYPES:
+      ratio = key.removeprefix("ours_")
+      record.setdefault("ours_over_ct2", {})[ratio] = round(speed[key] / speed[f"ct2_{name}"], 3)
+      if shortlist is not None:
+        record["ours_over_ct2"][f"{ratio}_shortlist_vmap"] = round(
+            speed[f"{key}_shortlist"] / speed[f"ct2_{name}_vmap"], 3)
   if step_s:
     projection = _projection_s(config, params, 4 * args.sentences, args.repeats)
     record["projection_share"] = round(projection / step_s, 3)
@@ -234,6 +247,8 @@ def main() -> None:
   parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8"],
                       choices=precision.PRECISIONS)
   parser.add_argument("--ct2_threads", type=int, default=os.cpu_count())
+  parser.add_argument("--int8_kernels", nargs="+", default=["auto"], choices=int8_kernel.KERNELS,
+                      help="int8's product, each timed (FLAX_TRANSFORMER_INT8_KERNEL)")
   parser.add_argument("--shortlist_size", type=int, default=0,
                       help="also measure both sides over a vocabulary shortlist of this many "
                       "ids (ours: vocab_shortlist; CTranslate2: use_vmap); 0: none")

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.model import int8_kernel
+
 Array = jax.Array
 INT8_MAX = 127
 
@@ -54,11 +56,11 @@ def quantize(x: Array, axes: Sequence[int]) -> tuple[Array, Array]:
 def int8_matmul(x: Array, kernel: Array, kernel_scale: Array) -> Array:
   """w8a8: x float [R, C] times the int8 weight kernel [C, F] (scales [F]) -> float32 [R, F].
 
-  x is quantized per row (`quantize`); the product runs int8 x int8 -> int32 and is scaled back.
+  x is quantized per row (`quantize`); the product runs int8 x int8 -> int32 (oneDNN's kernel or
+  XLA's dot, `model.int8_kernel`: the same bits) and is scaled back.
   """
   x_q, x_scale = quantize(x, axes=(1,))  # int8 [R, C], [R]
-  accumulated = jax.lax.dot_general(
-      x_q, kernel, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # [R, F]
+  accumulated = int8_kernel.matmul_int32(x_q, kernel)  # int32 [R, F], exact
   return accumulated.astype(jnp.float32) * x_scale[:, None] * kernel_scale[None, :]
 
 

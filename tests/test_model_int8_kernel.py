@@ -1,0 +1,203 @@
+"""oneDNN's int8 product (`model/int8_kernel.py`, `int8_matmul.cc`) against XLA's dot, bit for
+bit, at the model's shapes, inside jit, vmap and a loop; the switch and the fallbacks (no
+compiler, XLA forced), each one line; and int8 translations of a trained model that do not
+change with the product."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer.model import int8_kernel
+
+NATIVE = int8_kernel.load()
+# CI's machine (x86-64, g++, the [test] extra's oneDNN) must run the native path, not skip it.
+needs_native = pytest.mark.skipif(
+    not NATIVE.available and not os.environ.get("CI"),
+    reason=f"oneDNN's int8 kernel is not available here: {NATIVE.reason}")
+
+
+def _dot(x, w):
+  """XLA's product, the reference: int8 [*b, R, C] x [*b, C, F] -> int32 [*b, R, F]."""
+  return jnp.einsum("...rc,...cf->...rf", x, w, preferred_element_type=jnp.int32)
+
+
+def _random(rng, shape):
+  return jnp.asarray(rng.integers(-127, 128, shape), jnp.int8)
+
+
+@needs_native
+def test_the_kernel_is_built_and_loaded_on_this_machine():
+  assert NATIVE.available, NATIVE.reason
+  assert NATIVE.onednn_version and NATIVE.onednn_version.count(".") == 2
+  assert os.path.isfile(NATIVE.library)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", sorted(int8_kernel.VARIANTS.values()))
+@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize(("contracted", "features"), [(512, 2048), (1024, 1024), (4096, 512),
+                                                       (517, 77)])
+def test_the_product_equals_xla_dot_bit_for_bit(variant, rows, contracted, features):
+  rng = np.random.default_rng(rows * 7919 + contracted + features)
+  x, w = _random(rng, (rows, contracted)), _random(rng, (contracted, features))
+  product = jax.jit(lambda x, w: int8_kernel.onednn_matmul(x, w, variant=variant))
+  np.testing.assert_array_equal(np.asarray(product(x, w)), np.asarray(_dot(x, w)))
+  # The extremes: every product 127 x -127 (a saturating int16 pair would show here).
+  high, low = jnp.full_like(x, 127), jnp.full_like(w, -127)
+  expected = np.full((rows, features), -127 * 127 * contracted, np.int64)
+  np.testing.assert_array_equal(np.asarray(product(high, low), np.int64), expected)
+
+
+@needs_native
+def test_batch_axes_under_vmap_and_the_product_inside_a_loop():
+  rng = np.random.default_rng(3)
+  x, w = _random(rng, (3, 5, 96)), _random(rng, (3, 96, 40))
+  product = jax.vmap(int8_kernel.onednn_matmul)
+  np.testing.assert_array_equal(np.asarray(product(x, w)), np.asarray(_dot(x, w)))
+  one_side = jax.vmap(int8_kernel.onednn_matmul, in_axes=(0, None))(x, w[1])
+  np.testing.assert_array_equal(np.asarray(one_side), np.asarray(_dot(x, w[1])))
+  other_side = jax.vmap(int8_kernel.onednn_matmul, in_axes=(None, 0))(x[2], w)
+  np.testing.assert_array_equal(np.asarray(other_side), np.asarray(_dot(x[2], w)))
+  nested = jax.vmap(jax.vmap(int8_kernel.onednn_matmul, in_axes=(0, None)), in_axes=(None, 0))
+  np.testing.assert_array_equal(np.asarray(nested(x, w)),  # [w's 3, x's 3, 5, 40]
+                                np.asarray(_dot(x[None], w[:, None])))
+
+  def steps(product):  # A decode loop's shape: the product feeds the next step's rows.
+    def body(_, rows):
+      y = product(rows, w[0])  # int32 [5, 40]
+      return jnp.concatenate([(y % 255 - 127).astype(jnp.int8), rows[:, 40:]], axis=1)
+    return jax.jit(lambda rows: jax.lax.fori_loop(0, 4, body, rows))
+
+  np.testing.assert_array_equal(np.asarray(steps(int8_kernel.onednn_matmul)(x[0])),
+                                np.asarray(steps(_dot)(x[0])))
+
+
+@needs_native
+@pytest.mark.parametrize("variant", sorted(int8_kernel.VARIANTS.values()))
+def test_eight_devices_call_the_product_at_once(variant):
+  """conftest's 8 CPU devices run a sharded program's blocks on threads of their own, so the
+  handler runs concurrently (oneDNN's shared scratchpad once mixed two calls' rows)."""
+  devices = np.asarray(jax.devices()[:8])
+  if devices.size < 8:
+    pytest.skip("needs conftest's 8 host devices")
+  mesh = jax.sharding.Mesh(devices, ("data",))
+  spec = jax.sharding.PartitionSpec("data")
+  rng = np.random.default_rng(5)
+  x, w = _random(rng, (8 * 64, 1024)), _random(rng, (8, 1024, 512))
+  per_device = jax.jit(jax.shard_map(
+      lambda x, w: int8_kernel.onednn_matmul(x, w[0], variant=variant), mesh=mesh,
+      in_specs=(spec, spec), out_specs=spec))
+  expected = np.asarray(_dot(x.reshape(8, 64, 1024), w)).reshape(8 * 64, 512)
+  for _ in range(3):
+    np.testing.assert_array_equal(np.asarray(per_device(x, w)), expected)
+  # The model's call under jit on a mesh: the custom call has no sharding rule, so XLA gathers
+  # its rows and every device computes the whole product (the same bits).
+  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+  product = jax.jit(lambda x: int8_kernel.onednn_matmul(x, w[0], variant=variant))
+  np.testing.assert_array_equal(np.asarray(product(sharded)), np.asarray(_dot(x, w[0])))
+
+
+@needs_native
+@pytest.mark.parametrize("kernel", ["xla", "onednn_matmul", "onednn_gemm"])
+def test_the_switch_picks_the_product_the_model_traces(monkeypatch, kernel):
+  from flax_transformer.model.quantization import int8_matmul, quantize
+  monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", kernel)
+  rng = np.random.default_rng(4)
+  w, scale = quantize(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32), axes=(0,))
+  x = jnp.asarray(rng.standard_normal((6, 64)), jnp.float32)
+  # A new function each time: a jitted function keeps the product it was first traced with.
+  lowered = lambda: jax.jit(lambda *args: int8_matmul(*args)).lower(x, w, scale)
+  assert (int8_kernel.TARGET in lowered().as_text()) == (kernel != "xla")
+  y = lowered().compile()(x, w, scale)
+  monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", "xla")
+  assert int8_kernel.TARGET not in lowered().as_text()
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(lowered().compile()(x, w, scale)))
+
+
+def test_a_bad_switch_is_one_line_naming_the_choices(monkeypatch):
+  monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", "mkl")
+  with pytest.raises(int8_kernel.Int8KernelError) as raised:
+    int8_kernel.kernel()
+  assert str(raised.value) == ("FLAX_TRANSFORMER_INT8_KERNEL must be one of auto, xla, onednn, "
+                               "onednn_matmul, onednn_gemm, got 'mkl'.")
+
+
+_FALLBACK = """
+import jax.numpy as jnp, numpy as np
+from flax_transformer.model.quantization import int8_matmul, quantize
+w, s = quantize(jnp.asarray(np.arange(-40., 40.).reshape(16, 5)), axes=(0,))
+x = jnp.asarray(np.linspace(-3., 3., 32).reshape(2, 16), jnp.float32)
+first, second = int8_matmul(x, w, s), int8_matmul(x * 2, w, s)  # Two uses, one line.
+print(np.asarray(first).tolist())
+"""
+
+
+def _run_without_a_compiler(tmp_path: Path, kernel: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"),
+         "FLAX_TRANSFORMER_NATIVE_CACHE": str(tmp_path / "native"),
+         "FLAX_TRANSFORMER_INT8_KERNEL": kernel}
+  return subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
+
+
+def test_without_a_compiler_int8_runs_on_xla_and_says_so_once(tmp_path):
+  result = _run_without_a_compiler(tmp_path, "auto")
+  assert result.returncode == 0, result.stderr
+  lines = result.stderr.strip().splitlines()
+  compiler = tmp_path / "no-such-compiler"
+  if NATIVE.available or os.environ.get("CI"):  # oneDNN is there: the compiler is what lacks.
+    assert lines == [f"int8 runs on XLA's dot: oneDNN's kernel is not available (no C++ "
+                     f"compiler ('{compiler}' is not on PATH; set CXX) to build "
+                     f"int8_matmul.cc)."]
+  else:
+    assert len(lines) == 1 and lines[0].startswith("int8 runs on XLA's dot:"), lines
+  x = np.linspace(-3., 3., 32).reshape(2, 16)
+  w = np.arange(-40., 40.).reshape(16, 5)
+  # The scheme in float64 (one scale per row of x, per column of w; no tie is rounded here).
+  x_scale, w_scale = np.abs(x).max(1) / 127, np.abs(w).max(0) / 127
+  integer = np.rint(x / x_scale[:, None]) @ np.rint(w / w_scale)
+  np.testing.assert_allclose(eval(result.stdout), integer * x_scale[:, None] * w_scale,
+                             rtol=1e-6)
+  assert not (tmp_path / "native").exists() or not list((tmp_path / "native").glob("*.so"))
+
+
+def test_onednn_forced_without_a_compiler_is_one_line_naming_it(tmp_path):
+  result = _run_without_a_compiler(tmp_path, "onednn")
+  assert result.returncode != 0
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("flax_transformer.model.int8_kernel.Int8KernelError: "
+                         "FLAX_TRANSFORMER_INT8_KERNEL=onednn, but oneDNN's int8 kernel is not "
+                         "available: "), last
+
+
+@needs_native
+@pytest.mark.slow  # Three translate processes on the trained workdir.
+def test_int8_translations_are_the_same_bytes_with_either_product(trained_workdir, tmp_path):
+  """Text and scores of an n-best file, and word alignments, with XLA's dot and oneDNN's two
+  calls: a trained model's near-ties would show a product that is not exact."""
+  source = tmp_path / "test.src"
+  subprocess.run([sys.executable, "-m", "flax_transformer.cli", "split", "--workdir",
+                  str(trained_workdir), "--split", "test", "--output", str(tmp_path / "test")],
+                 check=True, capture_output=True, timeout=300)
+  outputs = {}
+  for kernel in ("xla", "onednn_matmul", "onednn_gemm"):
+    output, alignments = tmp_path / f"{kernel}.txt", tmp_path / f"{kernel}.align"
+    result = subprocess.run(
+        [sys.executable, "-m", "flax_transformer.cli", "translate", "--workdir",
+         str(trained_workdir), "--precision", "int8", "--input", str(source), "--output",
+         str(output), "--beam_size", "4", "--nbest", "2", "--alignments", str(alignments)],
+        env={**os.environ, "FLAX_TRANSFORMER_INT8_KERNEL": kernel}, capture_output=True,
+        text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr
+    outputs[kernel] = (output.read_bytes(), alignments.read_bytes())
+  assert len(outputs["xla"][0].splitlines()) == 2 * 64  # Two hypotheses per test line.
+  assert outputs["onednn_matmul"] == outputs["xla"]
+  assert outputs["onednn_gemm"] == outputs["xla"]
