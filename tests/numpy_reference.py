@@ -2,6 +2,12 @@
 
 It shares no code with `flax_transformer`; it only reads the weights out of a Flax parameter
 tree. Letters: b batch, s source length, t target length, d model dim, n heads, h head dim.
+
+`transformer(..., int8=True)` is the int8 serving scheme (w8a8) from its definition: every
+projection's float weights quantized here, one scale per output channel (max |w| / 127 over the
+contracted axes), its input one scale per row (max |x| / 127 over the contracted features), the
+integer product exact (float64 holds it) and scaled back; each embedding table one scale per
+token, a lookup reading the dequantized row, the tied output projection that quantized table.
 """
 
 from __future__ import annotations
@@ -76,22 +82,44 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
   return np.einsum("bnts,bsnh->btnh", weights, v)
 
 
+def quantize(x: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+  """Symmetric int8 levels (float64 integers in [-127, 127]) and scales, one per slice over
+  `axes` (kept as size-1 axes): scale = max |x| / 127, 1 for an all-zero slice."""
+  scale = np.abs(x).max(axis=axes, keepdims=True) / 127.0
+  scale = np.where(scale > 0, scale, 1.0)
+  return np.clip(np.rint(x / scale), -127, 127), scale
+
+
+def float_product(x: np.ndarray, w: np.ndarray, contracted: int = 1) -> np.ndarray:
+  """x [..., *C] . w [*C, *F] over the `contracted` trailing axes of x (leading of w)."""
+  return np.tensordot(x, w, axes=contracted)
+
+
+def int8_product(x: np.ndarray, w: np.ndarray, contracted: int = 1) -> np.ndarray:
+  """`float_product` in the w8a8 scheme: x per row, w per output channel, the integers'
+  product exact, scaled back."""
+  x_q, x_scale = quantize(x, tuple(range(x.ndim - contracted, x.ndim)))
+  w_q, w_scale = quantize(w, tuple(range(contracted)))
+  x_scale = x_scale.reshape(x.shape[:x.ndim - contracted] + (1,) * (w.ndim - contracted))
+  return np.tensordot(x_q, w_q, axes=contracted) * x_scale * w_scale.reshape(
+      w.shape[contracted:])
+
+
 def multi_head(p: dict, x_query: np.ndarray, x_key: np.ndarray,
-               mask: np.ndarray | None) -> np.ndarray:
+               mask: np.ndarray | None, dot=float_product) -> np.ndarray:
   """Concat(head_1..head_n) W_O (+ b_O) with head_i = attention(x W_Q^i (+ b_Q^i), ...).
 
-  The biases are used where the parameters hold them (config.model.attention_bias).
+  The biases are used where the parameters hold them (config.model.attention_bias). `dot`:
+  the projections' product (`float_product` or `int8_product`).
   """
   def bias(name: str) -> np.ndarray | float:
     return p[name].get("bias", 0.0)
 
-  q = np.einsum("btd,dnh->btnh", x_query, p["query"]["kernel"]) + bias("query")
-  k = np.einsum("bsd,dnh->bsnh", x_key, p["key"]["kernel"]) + bias("key")
-  v = np.einsum("bsd,dnh->bsnh", x_key, p["value"]["kernel"]) + bias("value")
+  q = dot(x_query, p["query"]["kernel"]) + bias("query")  # [b, t, n, h]
+  k = dot(x_key, p["key"]["kernel"]) + bias("key")  # [b, s, n, h]
+  v = dot(x_key, p["value"]["kernel"]) + bias("value")
   heads = attention(q, k, v, mask)
-  b, t, n, h = heads.shape
-  w_o = p["output"]["kernel"].reshape(n * h, -1)
-  return heads.reshape(b, t, n * h) @ w_o + bias("output")
+  return dot(heads, p["output"]["kernel"], contracted=2) + bias("output")
 
 
 def layer_norm(p: dict, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -100,9 +128,9 @@ def layer_norm(p: dict, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
   return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
-def feed_forward(p: dict, x: np.ndarray, act: str = "relu") -> np.ndarray:
-  hidden = activation(act, x @ p["wi"]["kernel"] + p["wi"]["bias"])
-  return hidden @ p["wo"]["kernel"] + p["wo"]["bias"]
+def feed_forward(p: dict, x: np.ndarray, act: str = "relu", dot=float_product) -> np.ndarray:
+  hidden = activation(act, dot(x, p["wi"]["kernel"]) + p["wi"]["bias"])
+  return dot(hidden, p["wo"]["kernel"]) + p["wo"]["bias"]
 
 
 def sublayer(x: np.ndarray, norm: dict, fn, pre_norm: bool, eps: float = 1e-6) -> np.ndarray:
@@ -112,33 +140,40 @@ def sublayer(x: np.ndarray, norm: dict, fn, pre_norm: bool, eps: float = 1e-6) -
 
 
 def encoder_layer(p: dict, x: np.ndarray, mask: np.ndarray, pre_norm: bool,
-                  act: str = "relu", eps: float = 1e-6) -> np.ndarray:
+                  act: str = "relu", eps: float = 1e-6, dot=float_product) -> np.ndarray:
   x = sublayer(x, p["self_attention_norm"],
-               lambda h: multi_head(p["self_attention"], h, h, mask), pre_norm, eps)
-  return sublayer(x, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h, act),
-                  pre_norm, eps)
+               lambda h: multi_head(p["self_attention"], h, h, mask, dot), pre_norm, eps)
+  return sublayer(x, p["feed_forward_norm"],
+                  lambda h: feed_forward(p["feed_forward"], h, act, dot), pre_norm, eps)
 
 
 def decoder_layer(p: dict, y: np.ndarray, memory: np.ndarray, self_mask: np.ndarray,
                   cross_mask: np.ndarray, pre_norm: bool, act: str = "relu",
-                  eps: float = 1e-6) -> np.ndarray:
+                  eps: float = 1e-6, dot=float_product) -> np.ndarray:
   y = sublayer(y, p["self_attention_norm"],
-               lambda h: multi_head(p["self_attention"], h, h, self_mask), pre_norm, eps)
+               lambda h: multi_head(p["self_attention"], h, h, self_mask, dot), pre_norm, eps)
   y = sublayer(y, p["cross_attention_norm"],
-               lambda h: multi_head(p["cross_attention"], h, memory, cross_mask), pre_norm, eps)
-  return sublayer(y, p["feed_forward_norm"], lambda h: feed_forward(p["feed_forward"], h, act),
-                  pre_norm, eps)
+               lambda h: multi_head(p["cross_attention"], h, memory, cross_mask, dot), pre_norm,
+               eps)
+  return sublayer(y, p["feed_forward_norm"],
+                  lambda h: feed_forward(p["feed_forward"], h, act, dot), pre_norm, eps)
 
 
-def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-  """Logits [b, t, v] of the whole model for unpacked, 0-padded inputs [b, s] and targets [b, t]."""
+def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray,
+                int8: bool = False) -> np.ndarray:
+  """Logits [b, t, v] of the whole model for unpacked, 0-padded inputs [b, s] and targets [b, t];
+  `int8`: served in the int8 scheme (the module's docstring), from the float parameters."""
   p = f64(params)
+  dot = int8_product if int8 else float_product
   pre_norm = cfg.norm_placement == "pre"
   act, eps = cfg.activation, cfg.layer_norm_epsilon
   d = cfg.emb_dim
   scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
   source_table = p["embedder"]["embedding"]
   target_table = source_table if cfg.share_embeddings else p["target_embedder"]["embedding"]
+  if int8:  # One scale per token: a lookup, and the tied projection, read the levels x scale.
+    dequantized = lambda table: np.multiply(*quantize(table, (1,)))
+    source_table, target_table = dequantized(source_table), dequantized(target_table)
 
   offset = cfg.position_offset  # Position p reads table row p + offset.
 
@@ -161,7 +196,7 @@ def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray)
   enc_mask = (src_valid[:, None, :, None] & src_valid[:, None, None, :])
   x = embed(p["encoder"], source_table, inputs)
   memory = stack(p["encoder"], cfg.num_encoder_layers,
-                 lambda lp, h: encoder_layer(lp, h, enc_mask, pre_norm, act, eps), x)
+                 lambda lp, h: encoder_layer(lp, h, enc_mask, pre_norm, act, eps, dot), x)
 
   t = targets.shape[1]
   start = np.full_like(targets[:, :1], cfg.decoder_start_id)  # The decoder's first token.
@@ -171,10 +206,10 @@ def transformer(params: dict, cfg: Any, inputs: np.ndarray, targets: np.ndarray)
   cross_mask = tgt_valid[:, None, :, None] & src_valid[:, None, None, :]
   y = embed(p["decoder"], target_table, decoder_in)
   y = stack(p["decoder"], cfg.num_decoder_layers,
-            lambda lp, h: decoder_layer(lp, h, memory, self_mask, cross_mask, pre_norm, act, eps),
-            y)
-  if cfg.tie_output_projection:
-    logits = y @ target_table.T
+            lambda lp, h: decoder_layer(lp, h, memory, self_mask, cross_mask, pre_norm, act, eps,
+                                        dot), y)
+  if cfg.tie_output_projection:  # int8: the table's levels are already its own (per token).
+    logits = dot(y, target_table.T)
   else:
-    logits = y @ p["decoder"]["output_projection"]["kernel"]
+    logits = dot(y, p["decoder"]["output_projection"]["kernel"])
   return logits + p["decoder"]["logits_bias"] if cfg.logits_bias else logits
