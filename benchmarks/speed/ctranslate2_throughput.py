@@ -255,6 +255,7 @@ def _measure(name: str, args: argparse.Namespace) -> dict:
       ct2_intra_threads=args.ct2_threads, ct2_inter_threads=1,
       backend=jax.default_backend(), cpu_count=os.cpu_count(), jax=jax.__version__,
       int8_kernel=int8_kernel.kernel() if args.our_precision == "int8" else None,
+      int8_products=int8_kernel.choices() if args.our_precision == "int8" else None,
       ctranslate2=ctranslate2.__version__,
       load_average_1min=round(os.getloadavg()[0], 2),  # Other processes share the CPU.
       date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))

@@ -17,14 +17,16 @@ later processes load the built library. Where any of that fails, or the CPU lack
 int8 kernels then saturate int16 pairs, so the product would not be exact), int8 runs on XLA's
 dot and one line says why, once per process.
 
-Which product runs is measured, not assumed: the first use on a machine times XLA's dot and
-oneDNN's two calls at a decode step's shape (about a second; kept in the cache folder per CPU
-model, kernel and jaxlib), and oneDNN's faster call runs where it beats XLA's dot by 5 % or
-more. On an Intel Sapphire Rapids VM with AMX, XLA's dot is the faster (docs/performance.md).
-The switch, `FLAX_TRANSFORMER_INT8_KERNEL`: `auto` (the default, measured), `xla` (XLA's dot
-always), `onednn` (oneDNN's faster call, or an error naming what is missing), `onednn_matmul`
-or `onednn_gemm` (that call). A process decides once per setting of the switch; programs traced
-before a change keep their product.
+Which product runs is measured, not assumed, per product shape: the first product of a shape
+[C, F] traced on a machine times XLA's dot and oneDNN's two calls at 16 rows (a fraction of a
+second; `speeds`, kept in the cache folder per CPU model, kernel and jaxlib), and oneDNN's
+faster call runs where it beats XLA's dot by 5 % or more; a product of weights under 256 KiB
+(a model under D 512) stays on XLA's dot unmeasured. A model has 3 or 4 such shapes. On an
+Intel Xeon VM with AMX, oneDNN wins the feed-forward's 4096 -> 1024 product by 1.8x and XLA's
+dot most others (docs/performance.md). The switch, `FLAX_TRANSFORMER_INT8_KERNEL`: `auto` (the
+default, measured), `xla` (XLA's dot always), `onednn` (oneDNN's faster call per shape, or an
+error naming what is missing), `onednn_matmul` or `onednn_gemm` (that call). Programs traced
+before the switch changes keep their products.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -82,46 +85,57 @@ class Native:
 
 
 def kernel() -> str:
-  """The int8 product this process uses now: "xla", or one of oneDNN's `VARIANTS`
-  (`FLAX_TRANSFORMER_INT8_KERNEL`; with "auto", oneDNN's faster call where it can be had and was
-  measured faster than XLA's dot on this machine, else XLA's)."""
-  choice = os.environ.get(_SWITCH, "auto").strip().lower() or "auto"
-  if choice not in KERNELS:
+  """The int8 setting this process runs: "xla" (`FLAX_TRANSFORMER_INT8_KERNEL=xla`, or oneDNN's
+  kernel cannot be had and the setting is "auto"), "auto" (per product shape, the faster of XLA's
+  dot and oneDNN's calls as measured on this machine), "onednn" (oneDNN's faster call per
+  shape), or one of `VARIANTS`. Raises Int8KernelError for an unknown setting, and for a oneDNN
+  setting where the kernel cannot be had."""
+  setting = os.environ.get(_SWITCH, "auto").strip().lower() or "auto"
+  if setting not in KERNELS:
     raise Int8KernelError(
         f"{_SWITCH} must be one of {', '.join(KERNELS)}, got {os.environ[_SWITCH]!r}.")
-  return _chosen(choice)
+  return _resolved(setting)
 
 
 @functools.cache
-def _chosen(choice: str) -> str:
-  if choice == "xla":
+def _resolved(setting: str) -> str:
+  if setting == "xla":
     return "xla"
   native = load()
   if not native.available:
-    if choice != "auto":
-      raise Int8KernelError(f"{_SWITCH}={choice}, but oneDNN's int8 kernel is not available: "
+    if setting != "auto":
+      raise Int8KernelError(f"{_SWITCH}={setting}, but oneDNN's int8 kernel is not available: "
                             f"{native.reason}")
     _log.warning("int8 runs on XLA's dot: oneDNN's kernel is not available (%s).",
                  native.reason)
     return "xla"
-  if choice in VARIANTS:
-    return choice
-  speeds = _measured_speeds(native)
-  variant = max(VARIANTS, key=lambda name: speeds[name])  # oneDNN's faster call here.
-  if choice == "auto" and speeds[variant] < _MARGIN * speeds["xla"]:
-    variant = "xla"
-  _log.info("int8 runs on %s: at a decode step's shape this machine measured %s GOP/s (%s).",
-            variant, ", ".join(f"{name} {speeds[name]:.0f}" for name in speeds),
-            _verdict_path(native))
-  return variant
+  return setting
+
+
+def product_for(contracted: int, features: int) -> str:
+  """The product an int8 [R, contracted] x [contracted, features] runs on: "xla" or one of
+  `VARIANTS` (`kernel()`'s setting; "auto" and "onednn" decide per shape, from `speeds`)."""
+  setting = kernel()
+  if setting == "xla" or setting in VARIANTS:
+    return setting
+  if setting == "auto" and contracted * features < _SMALLEST_PROBED:
+    return "xla"  # A call's own cost outweighs any kernel's gain.
+  measured = speeds(contracted, features)
+  fastest = max(VARIANTS, key=lambda name: measured[name])  # oneDNN's faster call here.
+  if setting == "auto" and not measured[fastest] > _MARGIN * measured["xla"]:
+    return "xla"
+  return fastest
 
 
 def matmul_int32(x: Array, w: Array) -> Array:
   """int8 x [R, C] times int8 w [C, F] -> int32 [R, F], exact: oneDNN's kernel on the CPU
-  where `kernel()` chose it, XLA's dot_general elsewhere (another backend, or no kernel)."""
+  where `product_for(C, F)` chose it, XLA's dot_general elsewhere (another backend, or no
+  kernel)."""
   dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
                                          preferred_element_type=jnp.int32)
-  chosen = kernel()
+  if jax.default_backend() != "cpu":  # A GPU's or TPU's process: nothing to build or time.
+    return dot(x, w)
+  chosen = product_for(*w.shape)
   if chosen == "xla":
     return dot(x, w)
   native = functools.partial(onednn_matmul, variant=VARIANTS[chosen])
@@ -158,39 +172,72 @@ def load() -> Native:
     return Native(reason=str(error))
 
 
-# The probe of `_measured_speeds`: a decode step's product (16 rows, the base model's
-# feed-forward 512 -> 2048) over weights that do not stay in the cache, as in
-# benchmarks/speed/int8_dot.py. oneDNN is chosen where it is at least _MARGIN times XLA's speed:
-# it runs beside XLA's threads on OpenMP's, which a tie does not pay for.
-_PROBE_ROWS, _PROBE_CONTRACTED, _PROBE_FEATURES, _PROBE_WEIGHTS = 16, 512, 2048, 32
+# `speeds`' probe: a decode step's product (16 rows) over at least 32 MiB of distinct weights,
+# which do not stay in a 2-core VM's share of the cache, as in benchmarks/speed/int8_dot.py.
+# oneDNN is chosen where it is at least _MARGIN times XLA's speed: it runs on OpenMP's threads
+# beside XLA's, which a tie does not pay for.
+_PROBE_ROWS, _PROBE_BYTES, _PROBE_MAX_WEIGHTS = 16, 32 * 2**20, 32
 _MARGIN = 1.05
+_SMALLEST_PROBED = 2**18  # Weights below 256 KiB (a model under D 512) stay on XLA's dot.
+_SPEEDS: dict[tuple[int, int], dict[str, float]] = {}  # This process's, by (C, F).
 
 
-def _verdict_path(native: Native) -> str:
-  """Where this machine's measurement is kept: one file per CPU model, kernel and jaxlib."""
+def _speeds_path() -> str:
+  """Where this machine's measurements are kept: one file per CPU model, kernel and jaxlib."""
   digest = hashlib.sha256("\0".join([
-      _cpu_model(), native.library or "", jaxlib.__version__, str(os.cpu_count()),
+      _cpu_model(), load().library or "", jaxlib.__version__, str(os.cpu_count()),
       os.environ.get("XLA_FLAGS", "")]).encode()).hexdigest()[:16]
   return os.path.join(_cache_folder(), f"int8_speeds-{digest}.json")
 
 
-def _measured_speeds(native: Native) -> dict[str, float]:
-  """GOP/s of XLA's dot and oneDNN's two calls at `_PROBE_*`'s shape on this machine: measured
-  once (about a second, the medians of alternating passes) and kept in `_verdict_path`. Either
-  choice gives the same bits; this only picks the faster."""
-  path = _verdict_path(native)
+def speeds(contracted: int, features: int) -> dict[str, float]:
+  """GOP/s of XLA's dot and oneDNN's calls at 16 rows x [contracted, features] on this machine:
+  measured once per shape (a fraction of a second: the medians of 7 alternating passes) and kept
+  in `_speeds_path`'s file. Either product gives the same bits; this only picks the faster."""
+  shape = (contracted, features)
+  if shape in _SPEEDS:
+    return _SPEEDS[shape]
+  path, key, names = _speeds_path(), f"{contracted}x{features}", ("xla", *VARIANTS)
+  kept = _read_speeds(path)
+  if isinstance(kept.get(key), dict) and set(names) <= kept[key].keys():
+    _SPEEDS[shape] = {name: float(kept[key][name]) for name in names}
+    return _SPEEDS[shape]
+  _SPEEDS[shape] = measured = _measure(contracted, features)
+  _log.info("int8 products [16, %d] x [%d, %d] on this machine: %s GOP/s (kept in %s).",
+            contracted, contracted, features,
+            ", ".join(f"{name} {value:.0f}" for name, value in measured.items()), path)
+  kept = _read_speeds(path)  # Another process may have added shapes meanwhile.
+  kept.update({key: measured, "cpu": _cpu_model()})
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    files.atomic_write(path, json.dumps(kept, indent=1, sort_keys=True).encode())
+  except OSError as error:
+    _log.info("Could not keep the int8 measurements in %s (%s).", path, error)
+  return measured
+
+
+def choices() -> dict[str, str]:
+  """The product each shape traced so far in this process ran on, {"CxF": "xla" | variant}
+  (what a benchmark reports with its figures)."""
+  return {f"{c}x{f}": product_for(c, f) for c, f in sorted(_SPEEDS)}
+
+
+def _read_speeds(path: str) -> dict[str, Any]:
   try:
     with open(path, encoding="utf-8") as kept:
       speeds = json.load(kept)
-    names = ("xla", *VARIANTS)
-    if isinstance(speeds, dict) and set(names) <= speeds.keys():
-      return {name: float(speeds[name]) for name in names}
-  except (OSError, ValueError):
-    pass  # Not measured yet, or a damaged file: measured again.
+    return speeds if isinstance(speeds, dict) else {}
+  except (OSError, ValueError):  # Not measured yet, or a damaged file: measured again.
+    return {}
+
+
+def _measure(contracted: int, features: int) -> dict[str, float]:
+  count = int(min(max(_PROBE_BYTES // (contracted * features), 2), _PROBE_MAX_WEIGHTS))
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.integers(-127, 128, (_PROBE_ROWS, _PROBE_CONTRACTED)), jnp.int8)
-  weights = [jnp.asarray(rng.integers(-127, 128, (_PROBE_CONTRACTED, _PROBE_FEATURES)),
-                         jnp.int8) for _ in range(_PROBE_WEIGHTS)]
+  cpu = jax.devices("cpu")[0]  # The FFI target is the CPU's.
+  x = jax.device_put(rng.integers(-127, 128, (_PROBE_ROWS, contracted), np.int8), cpu)
+  weights = [jax.device_put(rng.integers(-127, 128, (contracted, features), np.int8), cpu)
+             for _ in range(count)]
   dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
                                          preferred_element_type=jnp.int32)
   products = {"xla": dot} | {name: functools.partial(onednn_matmul, variant=variant)
@@ -200,19 +247,13 @@ def _measured_speeds(native: Native) -> dict[str, float]:
   times: dict[str, list[float]] = {name: [] for name in runs}
   for run in runs.values():
     jax.block_until_ready(run(x, weights))  # Compiled and warmed up.
-  for _ in range(7):
+  for _ in range(7):  # Rounds alternate the products: a noisy moment hits all.
     for name, run in runs.items():
       start = time.perf_counter()
       jax.block_until_ready(run(x, weights))
       times[name].append(time.perf_counter() - start)
-  operations = 2 * _PROBE_ROWS * _PROBE_CONTRACTED * _PROBE_FEATURES * _PROBE_WEIGHTS
-  speeds = {name: round(operations / statistics.median(t) / 1e9, 1) for name, t in times.items()}
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    files.atomic_write(path, json.dumps({**speeds, "cpu": _cpu_model()}).encode())
-  except OSError as error:
-    _log.info("Could not keep the int8 measurement in %s (%s).", path, error)
-  return speeds
+  operations = 2 * _PROBE_ROWS * contracted * features * count
+  return {name: round(operations / statistics.median(t) / 1e9, 3) for name, t in times.items()}
 
 
 def _cpu_model() -> str:
