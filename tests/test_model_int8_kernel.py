@@ -125,43 +125,47 @@ def test_the_switch_picks_the_product_the_model_traces(monkeypatch, kernel):
 @needs_native
 def test_auto_takes_onednn_per_shape_only_where_it_measured_faster(monkeypatch):
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {
-      (1024, 4096): {"xla": 100.0, "onednn_matmul": 180.0, "onednn_gemm": 150.0},
-      (4096, 1024): {"xla": 100.0, "onednn_matmul": 104.0, "onednn_gemm": 90.0},  # < 5 %
-      (512, 2048): {"xla": 200.0, "onednn_matmul": 120.0, "onednn_gemm": 130.0}})
+      (16, 1024, 4096): {"xla": 100.0, "onednn_matmul": 180.0, "onednn_gemm": 150.0},
+      (16, 4096, 1024): {"xla": 100.0, "onednn_matmul": 124.0, "onednn_gemm": 90.0},  # < 25 %
+      (16, 512, 2048): {"xla": 200.0, "onednn_matmul": 120.0, "onednn_gemm": 130.0},
+      (256, 1024, 4096): {"xla": 900.0, "onednn_matmul": 700.0, "onednn_gemm": 600.0}})
   monkeypatch.setattr(int8_kernel, "_measure", lambda *shape: pytest.fail(f"measured {shape}"))
   for setting, expected in [
       ("auto", ["onednn_matmul", "xla", "xla", "xla"]),
       ("onednn", ["onednn_matmul", "onednn_matmul", "onednn_gemm", None]),
       ("onednn_gemm", ["onednn_gemm"] * 4), ("xla", ["xla"] * 4)]:
     monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", setting)
-    shapes = [(1024, 4096), (4096, 1024), (512, 2048), (64, 64)]  # The last: too small to time.
+    # 8 rows are in the 16-row bucket; 64 x 64 weights are too small to time.
+    shapes = [(8, 1024, 4096), (16, 4096, 1024), (3, 512, 2048), (16, 64, 64)]
     if setting == "onednn":
       shapes.pop()
       expected = expected[:-1]
     assert [int8_kernel.product_for(*shape) for shape in shapes] == expected, setting
   monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", "auto")
-  assert int8_kernel.choices() == {"512x2048": "xla", "1024x4096": "onednn_matmul",
-                                   "4096x1024": "xla"}
+  # The encoder's many rows measured otherwise: 1,000 rows take the largest bucket's choice.
+  assert int8_kernel.product_for(1000, 1024, 4096) == "xla"
+  assert int8_kernel.choices() == {"16x512x2048": "xla", "16x1024x4096": "onednn_matmul",
+                                   "16x4096x1024": "xla", "256x1024x4096": "xla"}
 
 
 @needs_native
 def test_speeds_are_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
   monkeypatch.setenv("FLAX_TRANSFORMER_NATIVE_CACHE", str(tmp_path))
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {})
-  measured = int8_kernel.speeds(512, 1024)
+  measured = int8_kernel.speeds(16, 512, 1024)
   assert set(measured) == {"xla", "onednn_matmul", "onednn_gemm"}
   assert all(value > 1 for value in measured.values()), measured  # GOP/s of real products.
   (kept,) = tmp_path.glob("int8_speeds-*.json")
-  assert '"512x1024"' in kept.read_text()
+  assert '"16x512x1024"' in kept.read_text()
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {})  # A new process: reads the file.
   monkeypatch.setattr(int8_kernel, "_measure", lambda *shape: pytest.fail(f"measured {shape}"))
-  assert int8_kernel.speeds(512, 1024) == measured
+  assert int8_kernel.speeds(16, 512, 1024) == measured
   kept.write_text("{not json")  # A damaged file is measured again, not an error.
   monkeypatch.undo()
   monkeypatch.setenv("FLAX_TRANSFORMER_NATIVE_CACHE", str(tmp_path))
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {})
-  assert set(int8_kernel.speeds(512, 1024)) == set(measured)
-  assert '"512x1024"' in kept.read_text()
+  assert set(int8_kernel.speeds(16, 512, 1024)) == set(measured)
+  assert '"16x512x1024"' in kept.read_text()
 
 
 def test_a_bad_switch_is_one_line_naming_the_choices(monkeypatch):

@@ -18,15 +18,15 @@ int8 kernels then saturate int16 pairs, so the product would not be exact), int8
 dot and one line says why, once per process.
 
 Which product runs is measured, not assumed, per product shape: the first product of a shape
-[C, F] traced on a machine times XLA's dot and oneDNN's two calls at 16 rows (a fraction of a
-second; `speeds`, kept in the cache folder per CPU model, kernel and jaxlib), and oneDNN's
-faster call runs where it beats XLA's dot by 5 % or more; a product of weights under 256 KiB
-(a model under D 512) stays on XLA's dot unmeasured. A model has 3 or 4 such shapes. On an
-Intel Xeon VM with AMX, oneDNN wins the feed-forward's 4096 -> 1024 product by 1.8x and XLA's
-dot most others (docs/performance.md). The switch, `FLAX_TRANSFORMER_INT8_KERNEL`: `auto` (the
-default, measured), `xla` (XLA's dot always), `onednn` (oneDNN's faster call per shape, or an
-error naming what is missing), `onednn_matmul` or `onednn_gemm` (that call). Programs traced
-before the switch changes keep their products.
+[R, C] x [C, F] traced on a machine times XLA's dot and oneDNN's two calls at R's bucket of
+16, 64 or 256 rows (a fraction of a second; `speeds`, kept in the cache folder per CPU model,
+kernel and jaxlib), and oneDNN's faster call runs where it beats XLA's dot by 25 % or more; a
+product of weights under 256 KiB (a model under D 512) stays on XLA's dot unmeasured. A model
+has 3 or 4 [C, F] shapes. On an Intel Xeon VM with AMX, oneDNN wins the feed-forward's 4096 ->
+1024 product at 16 rows by 1.8x and XLA's dot most others (docs/performance.md). The switch,
+`FLAX_TRANSFORMER_INT8_KERNEL`: `auto` (the default, measured), `xla` (XLA's dot always),
+`onednn` (oneDNN's faster call per shape, or an error naming what is missing), `onednn_matmul`
+or `onednn_gemm` (that call). Programs traced before the switch changes keep their products.
 """
 
 from __future__ import annotations
@@ -112,15 +112,16 @@ def _resolved(setting: str) -> str:
   return setting
 
 
-def product_for(contracted: int, features: int) -> str:
-  """The product an int8 [R, contracted] x [contracted, features] runs on: "xla" or one of
-  `VARIANTS` (`kernel()`'s setting; "auto" and "onednn" decide per shape, from `speeds`)."""
+def product_for(rows: int, contracted: int, features: int) -> str:
+  """The product an int8 [rows, contracted] x [contracted, features] runs on: "xla" or one of
+  `VARIANTS` (`kernel()`'s setting; "auto" and "onednn" decide per shape, from `speeds` at the
+  row count of `ROW_BUCKETS` nearest above `rows`)."""
   setting = kernel()
   if setting == "xla" or setting in VARIANTS:
     return setting
   if setting == "auto" and contracted * features < _SMALLEST_PROBED:
     return "xla"  # A call's own cost outweighs any kernel's gain.
-  measured = speeds(contracted, features)
+  measured = speeds(_row_bucket(rows), contracted, features)
   fastest = max(VARIANTS, key=lambda name: measured[name])  # oneDNN's faster call here.
   if setting == "auto" and not measured[fastest] > _MARGIN * measured["xla"]:
     return "xla"
@@ -129,13 +130,13 @@ def product_for(contracted: int, features: int) -> str:
 
 def matmul_int32(x: Array, w: Array) -> Array:
   """int8 x [R, C] times int8 w [C, F] -> int32 [R, F], exact: oneDNN's kernel on the CPU
-  where `product_for(C, F)` chose it, XLA's dot_general elsewhere (another backend, or no
+  where `product_for(R, C, F)` chose it, XLA's dot_general elsewhere (another backend, or no
   kernel)."""
   dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
                                          preferred_element_type=jnp.int32)
   if jax.default_backend() != "cpu":  # A GPU's or TPU's process: nothing to build or time.
     return dot(x, w)
-  chosen = product_for(*w.shape)
+  chosen = product_for(x.shape[0], *w.shape)
   if chosen == "xla":
     return dot(x, w)
   native = functools.partial(onednn_matmul, variant=VARIANTS[chosen])
@@ -172,14 +173,21 @@ def load() -> Native:
     return Native(reason=str(error))
 
 
-# `speeds`' probe: a decode step's product (16 rows) over at least 32 MiB of distinct weights,
-# which do not stay in a 2-core VM's share of the cache, as in benchmarks/speed/int8_dot.py.
-# oneDNN is chosen where it is at least _MARGIN times XLA's speed: it runs on OpenMP's threads
-# beside XLA's, which a tie does not pay for.
-_PROBE_ROWS, _PROBE_BYTES, _PROBE_MAX_WEIGHTS = 16, 32 * 2**20, 32
-_MARGIN = 1.05
+# `speeds`' probe: the product at a bucket's row count (a decode step's few rows: sentences x
+# beams; an encoder's many) over up to 32 MiB of distinct weights, which do not stay in a 2-core
+# VM's share of the cache, as in benchmarks/speed/int8_dot.py. oneDNN is chosen where it is at
+# least _MARGIN times XLA's speed: it runs on OpenMP's threads beside XLA's, which costs the
+# rest of a search more than a product timed alone shows (at NLLB's shape on an AMX Xeon, a
+# product measured 1.1x faster alone made the search 0.9x as fast).
+ROW_BUCKETS = (16, 64, 256)
+_PROBE_BYTES, _PROBE_MAX_WEIGHTS = 32 * 2**20, 32
+_MARGIN = 1.25
 _SMALLEST_PROBED = 2**18  # Weights below 256 KiB (a model under D 512) stay on XLA's dot.
-_SPEEDS: dict[tuple[int, int], dict[str, float]] = {}  # This process's, by (C, F).
+_SPEEDS: dict[tuple[int, int, int], dict[str, float]] = {}  # This process's, by (R, C, F).
+
+
+def _row_bucket(rows: int) -> int:
+  return next((bucket for bucket in ROW_BUCKETS if rows <= bucket), ROW_BUCKETS[-1])
 
 
 def _speeds_path() -> str:
@@ -190,21 +198,22 @@ def _speeds_path() -> str:
   return os.path.join(_cache_folder(), f"int8_speeds-{digest}.json")
 
 
-def speeds(contracted: int, features: int) -> dict[str, float]:
-  """GOP/s of XLA's dot and oneDNN's calls at 16 rows x [contracted, features] on this machine:
-  measured once per shape (a fraction of a second: the medians of 7 alternating passes) and kept
-  in `_speeds_path`'s file. Either product gives the same bits; this only picks the faster."""
-  shape = (contracted, features)
+def speeds(rows: int, contracted: int, features: int) -> dict[str, float]:
+  """GOP/s of XLA's dot and oneDNN's calls at [rows, contracted] x [contracted, features] on
+  this machine: measured once per shape (a fraction of a second: the medians of 7 alternating
+  passes) and kept in `_speeds_path`'s file. Either product gives the same bits; this only
+  picks the faster."""
+  shape = (rows, contracted, features)
   if shape in _SPEEDS:
     return _SPEEDS[shape]
-  path, key, names = _speeds_path(), f"{contracted}x{features}", ("xla", *VARIANTS)
+  path, key, names = _speeds_path(), f"{rows}x{contracted}x{features}", ("xla", *VARIANTS)
   kept = _read_speeds(path)
   if isinstance(kept.get(key), dict) and set(names) <= kept[key].keys():
     _SPEEDS[shape] = {name: float(kept[key][name]) for name in names}
     return _SPEEDS[shape]
-  _SPEEDS[shape] = measured = _measure(contracted, features)
-  _log.info("int8 products [16, %d] x [%d, %d] on this machine: %s GOP/s (kept in %s).",
-            contracted, contracted, features,
+  _SPEEDS[shape] = measured = _measure(rows, contracted, features)
+  _log.info("int8 products [%d, %d] x [%d, %d] on this machine: %s GOP/s (kept in %s).",
+            rows, contracted, contracted, features,
             ", ".join(f"{name} {value:.0f}" for name, value in measured.items()), path)
   kept = _read_speeds(path)  # Another process may have added shapes meanwhile.
   kept.update({key: measured, "cpu": _cpu_model()})
@@ -217,9 +226,9 @@ def speeds(contracted: int, features: int) -> dict[str, float]:
 
 
 def choices() -> dict[str, str]:
-  """The product each shape traced so far in this process ran on, {"CxF": "xla" | variant}
-  (what a benchmark reports with its figures)."""
-  return {f"{c}x{f}": product_for(c, f) for c, f in sorted(_SPEEDS)}
+  """The product each measured shape of this process runs on, {"RxCxF": "xla" | variant} (R a
+  row bucket; what a benchmark reports with its figures)."""
+  return {f"{r}x{c}x{f}": product_for(r, c, f) for r, c, f in sorted(_SPEEDS)}
 
 
 def _read_speeds(path: str) -> dict[str, Any]:
@@ -231,11 +240,11 @@ def _read_speeds(path: str) -> dict[str, Any]:
     return {}
 
 
-def _measure(contracted: int, features: int) -> dict[str, float]:
+def _measure(rows: int, contracted: int, features: int) -> dict[str, float]:
   count = int(min(max(_PROBE_BYTES // (contracted * features), 2), _PROBE_MAX_WEIGHTS))
   rng = np.random.default_rng(0)
   cpu = jax.devices("cpu")[0]  # The FFI target is the CPU's.
-  x = jax.device_put(rng.integers(-127, 128, (_PROBE_ROWS, contracted), np.int8), cpu)
+  x = jax.device_put(rng.integers(-127, 128, (rows, contracted), np.int8), cpu)
   weights = [jax.device_put(rng.integers(-127, 128, (contracted, features), np.int8), cpu)
              for _ in range(count)]
   dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
@@ -252,7 +261,7 @@ def _measure(contracted: int, features: int) -> dict[str, float]:
       start = time.perf_counter()
       jax.block_until_ready(run(x, weights))
       times[name].append(time.perf_counter() - start)
-  operations = 2 * _PROBE_ROWS * contracted * features * count
+  operations = 2 * rows * contracted * features * count
   return {name: round(operations / statistics.median(t) / 1e9, 3) for name, t in times.items()}
 
 
