@@ -10,7 +10,9 @@ Elsewhere (a log file, a pipe) it draws nothing; `close` prints one summary line
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TextIO
@@ -66,6 +68,8 @@ class ProgressBar:
     self._began = time.perf_counter()
     self._waited = 0.0
     self._drawn = 0.0
+    self._shown = False  # The bar is on the terminal's current line.
+    self._lock = threading.Lock()  # A log record may come from another thread.
 
   @property
   def elapsed(self) -> float:
@@ -95,8 +99,10 @@ class ProgressBar:
     if not self.interactive or now - self._drawn < _REDRAW_SECONDS:
       return
     self._drawn = now
-    self.stream.write("\r\033[K" + self.line())
-    self.stream.flush()
+    with self._lock:
+      self.stream.write("\r\033[K" + self.line())
+      self.stream.flush()
+      self._shown = True
 
   def line(self) -> str:
     """The progress line without the bar's redraw codes."""
@@ -118,9 +124,28 @@ class ProgressBar:
     """Erases the bar so that another line (a log line, a translation written to the same
     terminal) can be printed in its place; the next `update` draws it again."""
     if self.interactive:
-      self.stream.write("\r\033[K")
-      self.stream.flush()
-      self._drawn = 0.0
+      with self._lock:
+        self.stream.write("\r\033[K")
+        self.stream.flush()
+        self._drawn, self._shown = 0.0, False
+
+  @contextlib.contextmanager
+  def under_logs(self) -> Iterator[ProgressBar]:
+    """While inside, a log record that reaches a handler of the root logger (absl's among them:
+    train.py's lines, a data thread's) is written on a line of its own: the bar, where shown, is
+    erased first, and drawn again at the next `update`."""
+    if not self.interactive:
+      yield self
+      return
+    handlers = list(logging.getLogger().handlers)
+    erases = _ErasesBar(self)
+    for handler in handlers:
+      handler.addFilter(erases)
+    try:
+      yield self
+    finally:
+      for handler in handlers:
+        handler.removeFilter(erases)
 
   def __enter__(self) -> ProgressBar:
     return self
@@ -144,6 +169,20 @@ class ProgressBar:
                         f"({', '.join(rates)}).\n")
       self.stream.flush()
     return elapsed
+
+
+class _ErasesBar(logging.Filter):
+  """A handler's filter that erases a shown bar before the handler writes (a filter runs right
+  before the record is written, under the handler's lock)."""
+
+  def __init__(self, bar: ProgressBar):
+    super().__init__()
+    self.bar = bar
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if self.bar._shown:
+      self.bar.clear()
+    return True
 
 
 __all__ = ["ProgressBar", "counted", "format_duration", "format_rate"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import pty
 import random
@@ -14,11 +15,13 @@ import re
 import select
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import test_serving_bulk
+from conftest import REPO, train_command
 from test_serving_bulk import cli, translate_args, write_input
 
 from flax_transformer.cli import build_parser, main, stopping
@@ -89,6 +92,33 @@ def test_counts_are_grammatical_and_the_bar_is_erased_by_an_exception():
   assert re.search(r"\r\033\[KTranslated 1 sentence in [\d.]+ s \(", stream.getvalue())
 
 
+def test_a_log_record_erases_a_shown_bar_first_from_any_thread():
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  stream = Terminal()
+  handler = logging.StreamHandler(stream)
+  logging.getLogger().addHandler(handler)
+  log = logging.getLogger("a_data_thread")
+  try:
+    bar = ProgressBar(10, unit="steps", stream=stream)
+    with bar.under_logs():
+      bar.update(3)
+      worker = threading.Thread(target=log.warning, args=("kept 5, dropped 0",))
+      worker.start()
+      worker.join()
+      bar.update(4)  # Drawn again (the erase reset its clock).
+      log.warning("step 4")
+    log.warning("outside")  # The filter is gone: nothing erased (and no bar shown either).
+  finally:
+    logging.getLogger().removeHandler(handler)
+  assert handler.filters == []
+  shown = _as_shown(stream.getvalue().encode())
+  assert shown[:2] == ["kept 5, dropped 0", "step 4"], shown
+  assert shown[2] == "outside" and stream.getvalue().count("ETA") == 2, stream.getvalue()
+
+
 def _as_shown(raw: bytes) -> list[str]:
   """The lines a terminal shows for `raw`: '\\r' returns to the line's start, ESC[K erases it."""
   shown = []
@@ -131,6 +161,48 @@ def test_a_terminal_shows_translations_and_progress_on_lines_of_their_own(bulk_w
   assert shown[4] == "", raw
   # A progress line was drawn (its fields are joined by " | ", the summary's by ", "), and erased.
   assert re.search(rb"(sentences/s|s/sentence) \| ", raw), raw
+
+
+@pytest.mark.slow  # Trains the shrunk default config on a terminal, then Ctrl-C (about 15 s).
+def test_training_on_a_terminal_writes_its_log_lines_and_stop_on_lines_of_their_own(tmp_path):
+  """train.py with stdout and stderr on one terminal: its step lines and its stop line (after
+  Ctrl-C) each stand on a line of their own, never after the progress bar's text on its line
+  (they were written after 'ETA 1:55', the bar's end)."""
+  leader, follower = pty.openpty()
+  command = train_command(tmp_path / "workdir", train__num_train_steps=100000,
+                          train__log_every_steps=25, checkpoint__save_every_steps=100000)
+  run = subprocess.Popen(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=follower,
+                         stderr=follower, start_new_session=True)
+  os.close(follower)
+  raw, deadline, stopped = b"", time.monotonic() + 240, False
+  try:
+    while time.monotonic() < deadline:
+      ready, _, _ = select.select([leader], [], [], 5)
+      if ready:
+        try:
+          chunk = os.read(leader, 4096)
+        except OSError:  # The terminal's other end closed: the job is done.
+          break
+        if not chunk:
+          break
+        raw += chunk
+      # Three step lines with the bar drawn between them: then a person presses Ctrl-C.
+      if (not stopped and len(re.findall(rb"\] step \d+", raw)) >= 3
+          and re.search(rb"steps/s \| ETA ", raw)):
+        os.killpg(run.pid, signal.SIGINT)
+        stopped = True
+    assert run.wait(timeout=120) == 128 + signal.SIGINT, raw[-3000:]
+  finally:
+    if run.poll() is None:
+      os.killpg(run.pid, signal.SIGKILL)
+    os.close(leader)
+  shown = _as_shown(raw)
+  logged = [line for line in shown if re.search(r"[IWE]\d{4} \d\d:\d\d:\d\d", line)]
+  assert len(logged) >= 4, raw[-3000:]
+  for line in logged:  # A log line starts its line: the bar was erased before it.
+    assert re.match(r"[IWE]\d{4} \d\d:\d\d:\d\d", line), line
+  assert any("Stopped by SIGINT after step" in line for line in logged), raw[-3000:]
+  assert re.search(rb"steps/s \| ETA ", raw), raw[-3000:]  # The bar was drawn meanwhile.
 
 
 # --------------------------------------------------------------------------------- stopping

@@ -88,7 +88,8 @@ def run(
   pending: list[tuple[int, dict]] = []
   clock = _Clock(int(state.step))
   bar = ProgressBar(total, unit="steps", start=int(state.step), enabled=writer.enabled)
-  with PreemptionWatcher() as watcher:
+  # A log line (ours, a data thread's) or a stop's report never lands on the bar's line.
+  with bar, bar.under_logs(), PreemptionWatcher() as watcher:
     for step in range(int(state.step) + 1, total + 1):
       state, step_metrics = train_step(state, next(batches))
       pending.append((step, step_metrics))
