@@ -48,6 +48,16 @@ def test_every_command_has_help_for_users_with_one_example(command, capsys):
   assert re.search(rf"example:\n  (echo .* \| )?flax-transformer {command} ", text), text
 
 
+@pytest.mark.parametrize("command", ["translate", "evaluate", "score", "serve"])
+def test_help_names_every_default_once_and_never_an_empty_one(command, capsys):
+  with pytest.raises(SystemExit):
+    main([command, "--help"])
+  text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere.
+  assert "else )" not in text and "else ''" not in text, text
+  for option in re.split(r" (?=--\w)", text):  # One option's help: one default at most.
+    assert option.count("default:") <= 1, option
+
+
 def test_the_command_list_is_for_users_not_contributors(capsys):
   with pytest.raises(SystemExit):
     main(["--help"])

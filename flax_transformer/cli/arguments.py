@@ -87,8 +87,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *names: str) -> None
                       if f.name in names or not names]:
     choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
     doc = field.metadata["doc"].rstrip(".").replace("%", "%%")
+    if "default:" not in doc:  # A field's doc may say its own default.
+      shown = "none" if field.default in ("", None) else field.default
+      doc += f" (default: the workdir's config, else {shown})"
     parser.add_argument(f"--{field.name}", type=None if choices else hint, choices=choices,
-                        help=f"{doc} (default: the workdir's config, else {field.default}).")
+                        help=f"{doc}.")
   if not names:
     parser.add_argument("--warmup", action="store_true", help="Compile the search of every "
                         "length bucket and batch size first, with a progress bar.")

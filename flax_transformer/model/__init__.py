@@ -12,10 +12,14 @@
   `shortlist_output`)
 - `quantization.py`: the int8 scheme (w8a8) and `Int8DenseGeneral`, used by the layers when
   `ModelConfig.quantization` is "int8"
+- `int8_kernel.py` (+ `int8_matmul.cc`): int8's integer product through oneDNN's kernels, an XLA
+  FFI call built on first use, where this machine measured it faster than XLA's dot (the same
+  bits either way)
 - `precision.py`: serving precisions (float32, bfloat16, int8): the served config and the
   conversion of trained params, done once when a model is loaded
 
-Arrows point down: precision -> transformer -> attention -> layers -> quantization, config.
+Arrows point down: precision -> transformer -> attention -> layers -> quantization ->
+int8_kernel, config.
 Run modes (training dropout, decoding) are call arguments, not config fields. No data, training
 or serving imports.
 """
@@ -38,6 +42,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "describe_model": "config:describe_model",
     "expand_cache": "transformer:expand_cache",
     "init_cache": "transformer:init_cache",
+    "int8_kernel": "int8_kernel",
     "layers": "layers",
     "logits_and_alignment": "alignment:logits_and_alignment",
     "model_config_from": "config:model_config_from",

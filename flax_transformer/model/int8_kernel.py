@@ -327,3 +327,8 @@ def _built(root: str) -> str:
       raise RuntimeError(f"{compiler} could not build {os.path.basename(_SOURCE)}: {last}")
     os.replace(built, library)  # Atomic: a concurrent build replaces it with the same file.
   return library
+
+
+__all__ = ["KERNELS", "ROW_BUCKETS", "TARGET", "VARIANTS", "Int8KernelError", "Native",
+           "choices", "kernel", "load", "matmul_int32", "onednn_matmul", "product_for",
+           "speeds"]
