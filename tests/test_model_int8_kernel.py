@@ -5,6 +5,7 @@ change with the product."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -124,6 +125,8 @@ def test_the_switch_picks_the_product_the_model_traces(monkeypatch, kernel):
 
 @needs_native
 def test_auto_takes_onednn_per_shape_only_where_it_measured_faster(monkeypatch):
+  vnni = dataclasses.replace(NATIVE, amx=False)  # An AMD EPYC's: VNNI, no AMX.
+  monkeypatch.setattr(int8_kernel, "load", lambda: vnni)
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {
       (16, 1024, 4096): {"xla": 100.0, "onednn_matmul": 180.0, "onednn_gemm": 150.0},
       (16, 4096, 1024): {"xla": 100.0, "onednn_matmul": 124.0, "onednn_gemm": 90.0},  # < 25 %
@@ -146,6 +149,11 @@ def test_auto_takes_onednn_per_shape_only_where_it_measured_faster(monkeypatch):
   assert int8_kernel.product_for(1000, 1024, 4096) == "xla"
   assert int8_kernel.choices() == {"16x512x2048": "xla", "16x1024x4096": "onednn_matmul",
                                    "16x4096x1024": "xla", "256x1024x4096": "xla"}
+  # On a CPU with AMX, "auto" is XLA's dot whatever was measured; "onednn" still measures.
+  monkeypatch.setattr(int8_kernel, "load", lambda: dataclasses.replace(NATIVE, amx=True))
+  assert int8_kernel.product_for(16, 1024, 4096) == "xla"
+  monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", "onednn")
+  assert int8_kernel.product_for(16, 1024, 4096) == "onednn_matmul"
 
 
 @needs_native
@@ -234,16 +242,33 @@ def test_int8_translations_are_the_same_bytes_with_either_product(trained_workdi
                   str(trained_workdir), "--split", "test", "--output", str(tmp_path / "test")],
                  check=True, capture_output=True, timeout=300)
   outputs = {}
+  # One device, as a CPU process has by default (on conftest's 8, the FFI call, which has no
+  # sharding rule, is computed on gathered rows, and the float work around it is laid out
+  # otherwise: int8's per-row scales can turn that rounding into another word, as XLA's own int8
+  # does between 1 and 8 devices at some shapes). One compilation cache: each process compiles
+  # its own int8 search (a program stored by the XLA run must not stand in).
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
   for kernel in ("xla", "onednn_matmul", "onednn_gemm"):
     output, alignments = tmp_path / f"{kernel}.txt", tmp_path / f"{kernel}.align"
     result = subprocess.run(
         [sys.executable, "-m", "flax_transformer.cli", "translate", "--workdir",
          str(trained_workdir), "--precision", "int8", "--input", str(source), "--output",
          str(output), "--beam_size", "4", "--nbest", "2", "--alignments", str(alignments)],
-        env={**os.environ, "FLAX_TRANSFORMER_INT8_KERNEL": kernel}, capture_output=True,
+        env={**env, "FLAX_TRANSFORMER_INT8_KERNEL": kernel}, capture_output=True,
         text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr
     outputs[kernel] = (output.read_bytes(), alignments.read_bytes())
   assert len(outputs["xla"][0].splitlines()) == 2 * 64  # Two hypotheses per test line.
   assert outputs["onednn_matmul"] == outputs["xla"]
   assert outputs["onednn_gemm"] == outputs["xla"]
+
+
+@needs_native
+def test_an_int8_search_that_may_call_onednn_is_never_stored(trained_workdir, monkeypatch):
+  from flax_transformer.serving.translator import Translator
+  for setting, stored in (("xla", True), ("onednn_matmul", False), ("onednn", False),
+                          ("auto", NATIVE.amx)):
+    monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", setting)
+    translator = Translator.from_workdir(trained_workdir, precision="int8")
+    assert translator.search_fn.on_disk == stored, setting
+  assert Translator.from_workdir(trained_workdir).search_fn.on_disk  # float32: always stored.

@@ -22,8 +22,9 @@ Which product runs is measured, not assumed, per product shape: the first produc
 16, 64 or 256 rows (a fraction of a second; `speeds`, kept in the cache folder per CPU model,
 kernel and jaxlib), and oneDNN's faster call runs where it beats XLA's dot by 25 % or more; a
 product of weights under 256 KiB (a model under D 512) stays on XLA's dot unmeasured. A model
-has 3 or 4 [C, F] shapes. On an Intel Xeon VM with AMX, oneDNN wins the feed-forward's 4096 ->
-1024 product at 16 rows by 1.8x and XLA's dot most others (docs/performance.md). The switch,
+has 3 or 4 [C, F] shapes. A CPU with AMX keeps XLA's dot unmeasured: on an Intel Xeon VM
+with AMX, products that oneDNN ran faster alone made the whole search slower (`_MARGIN`,
+docs/performance.md). The switch,
 `FLAX_TRANSFORMER_INT8_KERNEL`: `auto` (the default, measured), `xla` (XLA's dot always),
 `onednn` (oneDNN's faster call per shape, or an error naming what is missing), `onednn_matmul`
 or `onednn_gemm` (that call). Programs traced before the switch changes keep their products.
@@ -77,6 +78,7 @@ class Native:
 
   library: str | None = None  # the built shared library
   onednn_version: str | None = None
+  amx: bool = False  # The CPU has AMX's int8 tiles (oneDNN's ISA: avx512_core_amx or later).
   reason: str = ""  # why it is not available ('' where it is)
 
   @property
@@ -112,6 +114,15 @@ def _resolved(setting: str) -> str:
   return setting
 
 
+def may_use_onednn() -> bool:
+  """Whether an int8 product traced now may run on oneDNN's kernel (in a CPU process, the
+  setting not "xla", and "auto" only on a CPU without AMX). Raises as `kernel()` does."""
+  if jax.default_backend() != "cpu":
+    return False
+  setting = kernel()
+  return setting != "xla" and not (setting == "auto" and load().amx)
+
+
 def product_for(rows: int, contracted: int, features: int) -> str:
   """The product an int8 [rows, contracted] x [contracted, features] runs on: "xla" or one of
   `VARIANTS` (`kernel()`'s setting; "auto" and "onednn" decide per shape, from `speeds` at the
@@ -119,8 +130,8 @@ def product_for(rows: int, contracted: int, features: int) -> str:
   setting = kernel()
   if setting == "xla" or setting in VARIANTS:
     return setting
-  if setting == "auto" and contracted * features < _SMALLEST_PROBED:
-    return "xla"  # A call's own cost outweighs any kernel's gain.
+  if setting == "auto" and (load().amx or contracted * features < _SMALLEST_PROBED):
+    return "xla"  # XLA's dot is the faster on AMX (see `_MARGIN`); a tiny call costs its gain.
   measured = speeds(_row_bucket(rows), contracted, features)
   fastest = max(VARIANTS, key=lambda name: measured[name])  # oneDNN's faster call here.
   if setting == "auto" and not measured[fastest] > _MARGIN * measured["xla"]:
@@ -168,7 +179,8 @@ def load() -> Native:
       return Native(reason=f"this CPU has neither VNNI nor AMX (oneDNN {version}'s ISA "
                            f"{handle.FtInt8Isa():#x}), where oneDNN's int8 kernels saturate")
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handle.FtInt8Matmul), platform="cpu")
-    return Native(library=library, onednn_version=version)
+    amx = handle.FtInt8Isa() & _AVX512_CORE_AMX == _AVX512_CORE_AMX
+    return Native(library=library, onednn_version=version, amx=amx)
   except (OSError, RuntimeError, subprocess.SubprocessError) as error:
     return Native(reason=str(error))
 
@@ -181,7 +193,12 @@ def load() -> Native:
 # product measured 1.1x faster alone made the search 0.9x as fast).
 ROW_BUCKETS = (16, 64, 256)
 _PROBE_BYTES, _PROBE_MAX_WEIGHTS = 32 * 2**20, 32
+# On an AMX Xeon (2-core VM, 2026-12-06) every product this probe found 1.1-1.8x faster in
+# oneDNN made the whole int8 search 5-10 % slower, so "auto" keeps XLA's dot on AMX CPUs and
+# measures elsewhere (VNNI without AMX: AMD EPYC Zen 4/5, where XLA's int8 dot ran at 100-175
+# GOP/s and CTranslate2's oneDNN search was ahead of ours).
 _MARGIN = 1.25
+_AVX512_CORE_AMX = 0xFEF  # dnnl_cpu_isa_avx512_core_amx: its bits are in every AMX ISA's.
 _SMALLEST_PROBED = 2**18  # Weights below 256 KiB (a model under D 512) stay on XLA's dot.
 _SPEEDS: dict[tuple[int, int, int], dict[str, float]] = {}  # This process's, by (R, C, F).
 
@@ -330,5 +347,5 @@ def _built(root: str) -> str:
 
 
 __all__ = ["KERNELS", "ROW_BUCKETS", "TARGET", "VARIANTS", "Int8KernelError", "Native",
-           "choices", "kernel", "load", "matmul_int32", "onednn_matmul", "product_for",
-           "speeds"]
+           "choices", "kernel", "load", "matmul_int32", "may_use_onednn", "onednn_matmul",
+           "product_for", "speeds"]

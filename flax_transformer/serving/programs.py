@@ -54,9 +54,13 @@ class StoredPrograms:
   and loaded by later processes. `name` tells programs of different models and meshes apart
   (with the arguments' shapes, which the key holds too)."""
 
-  def __init__(self, jitted: Callable[..., Any], name: str):
+  def __init__(self, jitted: Callable[..., Any], name: str, on_disk: bool = True):
     self.jitted = jitted
     self.name = name
+    # False: each shape's program is compiled here and kept in memory only, never exported or
+    # loaded (a search whose int8 products may call oneDNN's kernel: `jax.export` does not
+    # serialize that FFI call, and a program stored with XLA's dot must not stand in for it).
+    self.on_disk = on_disk
     # Least recently used first; `_kept`: the keys `bound`'s `keep` accepted (never dropped).
     self._programs: collections.OrderedDict[tuple[Any, ...], Callable[..., Any]] = (
         collections.OrderedDict())
@@ -109,7 +113,7 @@ class StoredPrograms:
     plain jitted one. The program takes the parameters as a flat list of arrays (any pytree
     of them serializes), rebuilt inside."""
     bound = functools.partial(self.jitted, **static)
-    folder = _folder()
+    folder = _folder() if self.on_disk else None
     if folder is None:
       return _own_program(bound, params, arrays)
     path = os.path.join(folder, f"{self._digest(params, arrays, static)}.bin")

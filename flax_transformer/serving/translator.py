@@ -71,7 +71,7 @@ from flax_transformer.data import words
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, TextTokenizer
 from flax_transformer.decoding import beam, bridge, sampling, search
 from flax_transformer.errors import InputError
-from flax_transformer.model import precision
+from flax_transformer.model import int8_kernel, precision
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
@@ -205,12 +205,13 @@ def _jitted(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
 
 
 @functools.cache
-def _stored(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
-            ) -> programs.StoredPrograms:
-  """`_jitted`'s search, its programs exported once per machine (`serving.programs`)."""
+def _stored(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False,
+            on_disk: bool = True) -> programs.StoredPrograms:
+  """`_jitted`'s search, its programs exported once per machine (`serving.programs`; with
+  `on_disk` False, compiled in each process)."""
   return programs.StoredPrograms(_jitted(model_config, mesh, ensemble)[0],
                                  name=f"{model_config!r} on {mesh!r}"
-                                 + (" (ensemble)" if ensemble else ""))
+                                 + (" (ensemble)" if ensemble else ""), on_disk=on_disk)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,8 +313,10 @@ class Translator:
     compilation_cache.enable_default_compilation_cache()  # Before anything compiles.
     score_fn = _jitted(self.model_config, self.mesh, self.ensemble)[1]
     if self.search_fn is None:
+      # An int8 search that may call oneDNN's kernel is never stored (`serving.programs`).
+      on_disk = not (self.model_config.quantization == "int8" and int8_kernel.may_use_onednn())
       object.__setattr__(self, "search_fn", _stored(self.model_config, self.mesh,
-                                                    self.ensemble))
+                                                    self.ensemble, on_disk))
     if self.score_fn is None:
       object.__setattr__(self, "score_fn", score_fn)
 
