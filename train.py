@@ -46,14 +46,33 @@ flags.DEFINE_string(
 flags.mark_flags_as_required(["config", "workdir"])
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing (it reports its own flag errors, exit 1), plus one line, exit 1, for a
-  config file that cannot be loaded or a --config.* override that names no config field."""
+  """absl's flag parsing, each problem one line, exit 1: a flag absl does not take (unknown, a
+  bad value, a required one missing), a config file that cannot be loaded, a --config.*
+  override that names no config field."""
   try:
-    args = app.parse_flags_with_usage(argv)
+    args = FLAGS(argv)
     FLAGS.config.keys()  # The file is loaded lazily: a missing one fails here.
+  except flags.Error as error:
+    sys.exit(f"error: {_flag_problem(error)}")
   except (OSError, KeyError, AttributeError) as error:
     sys.exit(f"error: {config_flag_problem(argv, error)}")
   return args
+
+
+def _flag_problem(error: flags.Error) -> str:
+  """absl's message in our words: "flag --workdir=None: Flag --workdir must have a value other
+  than None." -> "--workdir is required: ..."; "Unknown command line flag 'x'" -> "unknown flag
+  --x"; anything else as absl says it, with where the flags are listed."""
+  text = str(error).strip().rstrip(".")
+  missing = [name for name in ("config", "workdir")
+             if f"Flag --{name} must have a value other than None" in text]
+  if missing:
+    return (" and ".join(f"--{name}" for name in missing)
+            + (" is" if len(missing) == 1 else " are")
+            + " required: python train.py --config=configs/NAME.py --workdir=DIR")
+  if text.startswith("Unknown command line flag "):
+    text = f"unknown flag --{text.removeprefix('Unknown command line flag ').strip(chr(39))}"
+  return f"{text} ('python train.py --help' lists the flags)"
 
 
 def _quiet_libraries(record) -> bool:

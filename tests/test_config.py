@@ -193,6 +193,28 @@ def test_train_py_reports_a_bad_override_before_compiling(tmp_path):
 
 
 @pytest.mark.slow  # Spawns processes.
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--config=CONFIG", "--workdir=W", "--bogus"],
+     "error: unknown flag --bogus ('python train.py --help' lists the flags)"),
+    (["--workdir=W"], "error: --config is required: python train.py "
+                      "--config=configs/NAME.py --workdir=DIR"),
+    ([], "error: --config and --workdir are required: python train.py "
+         "--config=configs/NAME.py --workdir=DIR"),
+    (["--config=CONFIG", "--workdir=W", "--num_processes=two"],
+     "error: flag --num_processes=two: invalid literal for int() with base 10: 'two' "
+     "('python train.py --help' lists the flags)"),
+], ids=["unknown", "no-config", "neither", "bad-value"])
+def test_train_py_says_a_flag_mistake_in_one_line(tmp_path, flags, said):
+  """absl said 'FATAL Flags parsing error: ...' and 'Pass --helpshort or --helpfull ...'."""
+  flags = [flag.replace("CONFIG", str(CONFIGS / "default.py")).replace("=W", f"={tmp_path}")
+           for flag in flags]
+  result = subprocess.run([sys.executable, str(CONFIGS.parent / "train.py"), *flags],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines() == [said], result.stderr
+
+
+@pytest.mark.slow  # Spawns processes.
 def test_train_py_reports_an_unusable_compilation_cache_folder(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder\n")
