@@ -56,13 +56,22 @@ def attention_maps(model, params: Any, inputs: np.ndarray,
   return dict(found)
 
 
+def check_attention_text(text: str) -> None:
+  """Raises InputError where `text` holds no word to draw attention for."""
+  if not text.strip():
+    raise InputError(f"--text {text!r} holds no word: give the source sentence whose attention "
+                     "to draw.")
+
+
 def plot_attention(translator, text: str, output: str | os.PathLike, *,
                    layers: list[int] | None = None, heads: list[int] | None = None,
                    target: str | None = None) -> None:
   """Draws encoder, decoder and cross-attention maps of `text` (and its translation) to a PNG.
 
-  One row per (kind, layer), one column per head, tokens on the axes.
+  One row per (kind, layer), one column per head, tokens on the axes. An empty `text` (or one
+  of spaces only) is an InputError: its maps would hold EOS alone.
   """
+  check_attention_text(text)
   import matplotlib
 
   matplotlib.use("Agg")

@@ -354,6 +354,18 @@ def test_attention_and_curves_pictures(workdir, workdir_test_split, tmp_path):
   assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("text", ["", "   "])
+def test_attention_of_no_words_is_one_line_and_draws_nothing(tmp_path, capsys, text):
+  """`attention --text ""` exited 0 and drew maps of EOS alone."""
+  picture = tmp_path / "attention.png"
+  assert main(["attention", "--workdir", str(tmp_path / "no_workdir"), "--text", text,
+               "--output", str(picture)]) == 2
+  error = capsys.readouterr().err
+  assert error == (f"flax-transformer attention: error: --text {text!r} holds no word: give "
+                   "the source sentence whose attention to draw.\n"), error
+  assert not picture.exists()
+
+
 def test_attention_maps_are_distributions(workdir, workdir_test_split):
   from flax_transformer.data.tokenizer import EOS_ID
   from flax_transformer.visualize import attention_maps

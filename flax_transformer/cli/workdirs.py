@@ -30,8 +30,9 @@ def call(target: str, *names: str) -> Callable[[argparse.Namespace], int]:
 def run_attention(args: argparse.Namespace) -> int:
   """`attention`: attention maps of one sentence drawn to a PNG file."""
   from flax_transformer.serving.translator import Translator
-  from flax_transformer.visualize import plot_attention
+  from flax_transformer.visualize import check_attention_text, plot_attention
 
+  check_attention_text(args.text)  # Before the workdir is opened.
   translator = Translator.from_workdir(args.workdir, args.step, checkpoint=args.checkpoint)
   plot_attention(translator, args.text, args.output, layers=args.layers, heads=args.heads,
                  target=args.target)
