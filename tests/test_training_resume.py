@@ -104,6 +104,21 @@ def test_shrunk_default_config_trains_and_checkpoints(straight_run):
   assert step == TOTAL_STEPS and params["embedder"]["embedding"].shape[1] == 32
 
 
+def test_a_finished_run_rerun_says_so_and_trains_nothing(straight_run, shared, tmp_path):
+  """Rerunning a finished run compiled the train step and evaluated again without a word on
+  why nothing trained."""
+  if is_remote(shared[0]):
+    pytest.skip("a local copy of the straight run is enough: no storage is involved")
+  workdir = tmp_path / "finished"
+  shutil.copytree(straight_run[0], workdir)
+  result = _train(workdir, shared)
+  assert ("The run is already at step 24 of 24 (config.train.num_train_steps): nothing to "
+          "train; evaluating that checkpoint.") in result.stderr
+  assert "Compiled the train step" not in result.stderr
+  assert sorted(_train_losses(workdir)) == list(range(1, TOTAL_STEPS + 1))  # No step added.
+  _assert_identical(_params(workdir)[0], _params(straight_run[0])[0])
+
+
 def test_n_steps_restart_n_steps_equals_2n_steps(straight_run, shared):
   if is_remote(shared[0]):
     # A restart from a bucket is exact in the stop-signal and kill -9 cases on gs://, which end

@@ -110,6 +110,12 @@ def _train(config: ml_collections.ConfigDict, exp: config_lib.Experiment, workdi
   job = _setup(config, exp, workdir, source, saved)
   writer, recipe = job.writer, job.recipe
   try:  # Closed on every path, a failed compile included (grain's workers, the writer's spool).
+    if int(job.state.step) >= exp.train.num_train_steps:  # A rerun of a finished run.
+      logging.info("The run is already at step %d of %d (config.train.num_train_steps): "
+                   "nothing to train; evaluating that checkpoint.", int(job.state.step),
+                   exp.train.num_train_steps)
+      return _final_evaluation(exp, job.state, _evaluators(exp, recipe, job.tokenizer), writer,
+                               {})
     batches = (recipe.place_batch(batch) for batch in job.train_iter)
     first = next(batches)
     train_step = _compile(recipe, job.state, first, writer)
