@@ -79,14 +79,18 @@ def test_every_quick_start_example_runs_on_a_trained_workdir(trained_workdir, tm
     printed = capsys.readouterr().out
     if argv[1] == "translate" and "--output" in argv and argv[argv.index("--output") + 1] == "-":
       assert printed.strip(), line  # The translation of the echoed sentence.
-  for name in ("test.src", "test.ref", "out.txt", "scores.txt", "averaged.txt", "attention.png",
-               "curves.png"):  # docs/getting-started.md's, in the current folder.
-    assert (tmp_path / name).stat().st_size > 0, name
+  start = workdir / "start"  # docs/getting-started.md's scratch folder: all of its files.
+  assert sorted(p.name for p in start.iterdir()) == [
+      "attention.png", "averaged.txt", "curves.png", "out.txt", "samples.txt.gz", "scores.txt",
+      "test.ref", "test.src"]
+  assert all(p.stat().st_size > 0 for p in start.iterdir())
   tour = workdir / "tour"  # The README tour's scratch folder: all of its files, no other.
   assert sorted(p.name for p in tour.iterdir()) == [
       "attention.png", "curves.png", "out.txt", "test.ref", "test.src"]
-  lines = (tmp_path / "test.src").read_text().splitlines()
-  assert len(lines) == len((tmp_path / "scores.txt").read_text().splitlines()) > 10
+  # Nothing lands in the folder the commands ran in (getting-started wrote 8 files there).
+  assert sorted(p.name for p in tmp_path.iterdir()) == [WORKDIR.split("/")[0]]
+  lines = (start / "test.src").read_text().splitlines()
+  assert len(lines) == len((start / "scores.txt").read_text().splitlines()) > 10
   for page in PAGES:
     for block in _blocks(page, "python"):
       exec(compile(block, str(page), "exec"), {})  # The page's own example.
