@@ -20,9 +20,11 @@ from flax_transformer.model import int8_kernel
 
 NATIVE = int8_kernel.load()
 # CI's machine (x86-64, g++, the [test] extra's oneDNN) must run the native path, not skip it.
+# The kernel is the CPU's: a GPU's test run (JAX_PLATFORMS=cuda,cpu) leaves these tests out.
 needs_native = pytest.mark.skipif(
-    not NATIVE.available and not os.environ.get("CI"),
-    reason=f"oneDNN's int8 kernel is not available here: {NATIVE.reason}")
+    jax.default_backend() != "cpu" or (not NATIVE.available and not os.environ.get("CI")),
+    reason=f"oneDNN's int8 kernel is the CPU's, and needs a CPU run where it is available "
+           f"({NATIVE.reason or 'available'})")
 
 
 def _dot(x, w):
@@ -202,6 +204,11 @@ def _run_without_a_compiler(tmp_path: Path, kernel: str) -> subprocess.Completed
                         text=True, timeout=300, check=False)
 
 
+on_the_cpu = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="a GPU's or TPU's process never builds the kernel")
+
+
+@on_the_cpu
 def test_without_a_compiler_int8_runs_on_xla_and_says_so_once(tmp_path):
   result = _run_without_a_compiler(tmp_path, "auto")
   assert result.returncode == 0, result.stderr
@@ -223,6 +230,7 @@ def test_without_a_compiler_int8_runs_on_xla_and_says_so_once(tmp_path):
   assert not (tmp_path / "native").exists() or not list((tmp_path / "native").glob("*.so"))
 
 
+@on_the_cpu
 def test_onednn_forced_without_a_compiler_is_one_line_naming_it(tmp_path):
   result = _run_without_a_compiler(tmp_path, "onednn")
   assert result.returncode != 0
