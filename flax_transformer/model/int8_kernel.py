@@ -69,7 +69,8 @@ _log = logging.getLogger(__name__)
 
 
 class Int8KernelError(ConfigError):
-  """`FLAX_TRANSFORMER_INT8_KERNEL=onednn` where oneDNN's kernel cannot be had."""
+  """A `FLAX_TRANSFORMER_INT8_KERNEL` not in `KERNELS`, or a oneDNN setting where oneDNN's kernel
+  cannot be had."""
 
 
 @dataclasses.dataclass(frozen=True)
