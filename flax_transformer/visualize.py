@@ -246,5 +246,5 @@ def _save_figure(figure: Any, output: str | os.PathLike) -> None:
   atomic_write(output, png.getvalue())
 
 
-__all__ = ["KINDS", "attention_maps", "plot_alignment", "plot_attention", "plot_training_curves",
-           "read_metrics"]
+__all__ = ["KINDS", "attention_maps", "check_attention_text", "plot_alignment", "plot_attention",
+           "plot_training_curves", "read_metrics"]
