@@ -84,19 +84,26 @@ def _plain_search(problem: SearchProblem, beam_size: int, ranking: Ranking,
   capacities, initial_state = loop.capacities(problem.max_decode_len, problem.resize_state,
                                               loop_options.segment_length, steps,
                                               problem.initial_state)
-  expand, reorder = beam_rows(problem)
-  state = initial_beam_state(expand(initial_state, beam_size), problem.batch_size, beam_size,
-                             problem.max_decode_len, problem.bos_id)
+  state = beam_start(problem, beam_size, initial_state)
   check_step_fn(problem.step_fn(), state.last_ids.reshape(-1, 1), state.alive_state,
                 problem.eos_id)
-  step = functools.partial(_beam_step, StepContext.of(problem, reorder, ranking))
+  step = functools.partial(beam_step, StepContext.of(problem, beam_rows(problem)[1], ranking))
   grow = lambda s, capacity: s.replace(
       alive_state=loop.resized(problem.resize_state, s.alive_state, capacity))
   final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
   return ranked_hypotheses(final, ranking)
 
 
-def _beam_step(context: StepContext, state: BeamState) -> BeamState:
+def beam_start(problem: SearchProblem, beam_size: int, initial_state=None) -> BeamState:
+  """Beam search's loop state before step 0: the callable's state (`initial_state`, default
+  the problem's) expanded to K beams, only beam 0 alive."""
+  expand, _ = beam_rows(problem)
+  initial_state = problem.initial_state if initial_state is None else initial_state
+  return initial_beam_state(expand(initial_state, beam_size), problem.batch_size, beam_size,
+                            problem.max_decode_len, problem.bos_id)
+
+
+def beam_step(context: StepContext, state: BeamState) -> BeamState:
   """One position for every beam: score the candidates, keep K finished and K alive.
 
   A loop iteration runs k steps (`loop.segmented_loop`), so steps can follow the last position or
@@ -154,4 +161,4 @@ def _every_beam_done(alive_log_probs: Array, finished_scores: Array, num_tokens:
   return bound <= finished_scores[:, -1]
 
 
-__all__ = ["beam_search"]
+__all__ = ["beam_search", "beam_start", "beam_step"]

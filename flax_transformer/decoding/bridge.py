@@ -235,8 +235,38 @@ def prepare_search(
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
                      f"{jnp.result_type(inputs)}.")
-  batch_size = inputs.shape[0]
-  columns = None
+  return search_problem(
+      model, variables, encode_sources(model, variables, inputs, ensemble=ensemble),
+      max_decode_len=max_decode_len, max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
+      min_length=min_length, grow_cache=grow_cache, target_prefix=target_prefix,
+      ensemble=ensemble, constraints=constraints, ordered_constraints=ordered_constraints,
+      forbid=forbid, word_continues=word_continues, forced_tokens=forced_tokens,
+      shortlist=shortlist)
+
+
+def encode_sources(model: Transformer, variables: Any, inputs: Array, *,
+                   ensemble: bool = False) -> CrossAttentionCache:
+  """Encodes inputs [B, S] and projects every decoder layer's cross-attention K/V [B, N, S, H]
+  (an ensemble's: [M, B, N, S, H], its source mask [B, S]): the search's shared state."""
+  if not ensemble:
+    return _cross_attention(model, variables, inputs)
+  cross = jax.vmap(lambda p: _cross_attention(model, {"params": p}, inputs))(variables["params"])
+  return cross.replace(source_mask=cross.source_mask[0])  # [B, S]; layers [M, B, N, S, H]
+
+
+def search_problem(
+    model: Transformer, variables: Any, cross: CrossAttentionCache, *, max_decode_len: int,
+    max_lengths: Array | None = None, min_length: int = 0, grow_cache: bool = False,
+    target_prefix: Array | None = None, ensemble: bool = False,
+    constraints: Array | None = None, ordered_constraints: bool = False,
+    forbid: Array | None = None, word_continues: Array | None = None, forced_tokens: int = 0,
+    shortlist: Array | None = None, columns: OutputShortlist | None = None,
+) -> search.SearchProblem:
+  """`prepare_search`'s problem from sources already encoded (`encode_sources`): `cross`
+  leads with B, `max_lengths` int32 [B] (None: no cap below L); `columns`: the output
+  projection at the shortlist's ids when already gathered (`Transformer.shortlist_output`, an
+  ensemble's [M, ...]); the other arguments as `prepare_search` takes them."""
+  batch_size = cross.source_mask.shape[0]
   if shortlist is not None:
     shortlist = _check_shortlist(model, shortlist)
     target_prefix, constraints, forbid = (
@@ -244,21 +274,17 @@ def prepare_search(
         for ids in (target_prefix, constraints, forbid))
     if word_continues is not None:
       word_continues = jnp.take(jnp.asarray(word_continues), shortlist, axis=0)  # [V']
+  cache = init_cache(model.config, batch_size, max_decode_len)  # Needs no parameters.
   if ensemble:
     params = variables["params"]
-    cross = jax.vmap(lambda p: _cross_attention(model, {"params": p}, inputs))(params)
-    cross = cross.replace(source_mask=cross.source_mask[0])  # [B, S]; layers [M, B, N, S, H]
-    cache = init_cache(model.config, batch_size, max_decode_len)  # Needs no parameters.
     cache = cache.replace(self_attention=jax.tree.map(  # [M, B, ...]
         lambda x: jnp.broadcast_to(x, (models_in(params), *x.shape)), cache.self_attention))
-    if shortlist is not None:  # Each model's columns, [M, ...] (ids repeated M times).
+    if shortlist is not None and columns is None:  # Each model's, [M, ...].
       columns = jax.vmap(lambda p: model.apply(
           {"params": p}, shortlist, method=Transformer.shortlist_output))(params)
     step = make_ensemble_tokens_to_logits(model, params, columns)
   else:
-    cross = _cross_attention(model, variables, inputs)
-    cache = init_cache(model.config, batch_size, max_decode_len)
-    if shortlist is not None:  # Gathered once per batch, read by every step.
+    if shortlist is not None and columns is None:  # Gathered once, read by every step.
       columns = model.apply(variables, shortlist, method=Transformer.shortlist_output)
     step = make_tokens_to_logits(model, variables, columns)
   return search.SearchProblem(
@@ -266,8 +292,7 @@ def prepare_search(
       constraints=constraints, ordered_constraints=ordered_constraints, forbid=forbid,
       word_continues=word_continues, forced_tokens=forced_tokens, batch_size=batch_size,
       max_decode_len=max_decode_len, eos_id=EOS_ID, bos_id=model.config.decoder_start_id,
-      shared_state=cross,
-      max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
+      shared_state=cross, max_lengths=max_lengths,
       min_length=min(min_length, MAX_CAP),  # More is the same: no output is longer.
       resize_state=resize_cache if grow_cache else None, expand_state=expand_cache,
       reorder_state=reorder_cache)

@@ -24,7 +24,7 @@ Array = jax.Array
 
 
 @flax.struct.dataclass
-class _SequentialState:
+class SequentialState:
   """The loop state of greedy decoding and sampling (one hypothesis per sentence)."""
 
   step: Array  # int32 []: the position decoded next.
@@ -50,13 +50,8 @@ def greedy_search(problem: SearchProblem, *, loop_options: LoopOptions = loop.DE
     (sequences int32 [B, L], scores float32 [B]): tokens up to and including EOS, zeros after;
     the summed log-probability of those tokens (no length penalty).
   """
-  def best(logits: Array, eos_allowed: Array, step: Array) -> Array:
-    # Padding and a forbidden EOS can take two of the three best places.
-    _, ids = _top_k(logits, min(3, logits.shape[-1]))  # [B, 3]
-    allowed = (ids != PAD_ID) & ((ids != problem.eos_id) | eos_allowed[:, None])
-    return jnp.take_along_axis(ids, jnp.argmax(allowed, axis=1)[:, None], axis=1)[:, 0]
-
-  return _sequential_search("greedy_search", problem, best, loop_options)
+  return _sequential_search("greedy_search", problem, greedy_chooser(problem.eos_id),
+                            loop_options)
 
 
 def sample(problem: SearchProblem, rng: Array, *, temperature: float = 1.0, top_k: int = 0,
@@ -77,18 +72,44 @@ def sample(problem: SearchProblem, rng: Array, *, temperature: float = 1.0, top_
     (sequences int32 [B, L], scores float32 [B]): sampled tokens up to and including EOS, zeros
     after; the model's summed log-probability of them (log-softmax of the unfiltered logits).
   """
+  rng = sample_keys(rng, problem.batch_size)
+  choose = sample_chooser(rng, problem.eos_id, temperature=temperature, top_k=top_k,
+                          top_p=top_p)
+  return _sequential_search("sample", problem, choose, loop_options)
+
+
+def greedy_chooser(eos_id: int) -> TokenChooser:
+  """Greedy decoding's choice: the most probable emittable token of every row."""
+
+  def best(logits: Array, eos_allowed: Array, step: Array) -> Array:
+    # Padding and a forbidden EOS can take two of the three best places.
+    _, ids = _top_k(logits, min(3, logits.shape[-1]))  # [B, 3]
+    allowed = (ids != PAD_ID) & ((ids != eos_id) | eos_allowed[:, None])
+    return jnp.take_along_axis(ids, jnp.argmax(allowed, axis=1)[:, None], axis=1)[:, 0]
+
+  return best
+
+
+def sample_keys(rng: Array, batch_size: int) -> Array:
+  """`sample`'s rng as typed keys, checked: one key, or one per row ([B])."""
+  if not jax.dtypes.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
+    rng = jax.random.wrap_key_data(rng)  # Raw uint32 key data: [2] or [B, 2] (threefry).
+  if rng.shape not in ((), (batch_size,)):
+    raise ValueError(f"sample: rng must be one key or one key per row ({batch_size},), "
+                     f"got keys of shape {rng.shape}.")
+  return rng
+
+
+def sample_chooser(rng: Array, eos_id: int, *, temperature: float = 1.0, top_k: int = 0,
+                   top_p: float = 1.0) -> TokenChooser:
+  """Sampling's choice (`sample`): a draw from each row's filtered distribution, its noise
+  from `rng` (typed keys, one or one per row: `sample_keys`) folded with the step."""
   if not temperature > 0:
     raise ValueError(f"sample: temperature must be > 0, got {temperature!r}.")
   if not isinstance(top_k, int) or top_k < 0:
     raise ValueError(f"sample: top_k must be an int >= 0 (0 = no limit), got {top_k!r}.")
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"sample: top_p must lie in (0, 1], got {top_p!r}.")
-  if not jax.dtypes.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
-    rng = jax.random.wrap_key_data(rng)  # Raw uint32 key data: [2] or [B, 2] (threefry).
-  if rng.shape not in ((), (problem.batch_size,)):
-    raise ValueError(f"sample: rng must be one key or one key per row ({problem.batch_size},), "
-                     f"got keys of shape {rng.shape}.")
-  eos_id = problem.eos_id
 
   def draw(logits: Array, eos_allowed: Array, step: Array) -> Array:
     logits = logits.at[:, PAD_ID].set(NEG_INF)
@@ -107,7 +128,7 @@ def sample(problem: SearchProblem, rng: Array, *, temperature: float = 1.0, top_
       noise = jax.random.gumbel(jax.random.fold_in(rng, step), logits.shape, jnp.float32)
     return _top_k(logits + noise, 1)[1][:, 0]
 
-  return _sequential_search("sample", problem, draw, loop_options)
+  return draw
 
 
 def _top_k_filter(logits: Array, k: int) -> Array:
@@ -138,52 +159,64 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
     raise ValueError(f"{name}: constraints need beam search (dynamic beam allocation), not "
                      "one hypothesis per sentence.")
   steps = loop.resolved_steps(name, loop_options.steps_per_iteration, beam=False)
-  step_fn = problem.step_fn()
-  forbid = problem.phrases("forbid")
-  word_continues = (None if problem.word_continues is None
-                    else jnp.asarray(problem.word_continues, bool))
-  batch_size, max_decode_len, eos_id = problem.batch_size, problem.max_decode_len, problem.eos_id
-  min_length, max_lengths = problem.min_length, problem.length_caps()
-  capacities, initial_state = loop.capacities(max_decode_len, problem.resize_state,
+  capacities, initial_state = loop.capacities(problem.max_decode_len, problem.resize_state,
                                               loop_options.segment_length, steps,
                                               problem.initial_state)
-  start = _SequentialState(
-      step=jnp.zeros((), jnp.int32),
-      last_ids=jnp.full((batch_size,), problem.bos_id, jnp.int32),
-      sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
-      log_probs=jnp.zeros((batch_size,), jnp.float32),
-      finished=jnp.zeros((batch_size,), bool), state=initial_state)
-  check_step_fn(step_fn, start.last_ids[:, None], initial_state, eos_id)
-
-  def step(s: _SequentialState) -> _SequentialState:
-    logits, new_state = step_fn(s.last_ids[:, None], s.state)
-    logits = model_logits = logits.astype(jnp.float32)  # [B, V]
-    if forbid is not None:
-      logits = ban_forbidden(logits, s.sequences, s.step, forbid, word_continues, max_lengths,
-                             max_decode_len)
-    logits = whole_word_prefix(logits, problem.after_prefix(s.step), word_continues)
-    forced = s.step >= max_lengths  # [B]
-    tokens = jnp.where(forced, eos_id, choose(logits, (s.step >= min_length) | forced, s.step))
-    forcing = None
-    if (prefix := problem.prefix_at(s.step)) is not None:
-      forcing, token, _ = prefix
-      tokens = jnp.where(forcing, token, tokens)
-    silent = s.finished | (s.step >= max_decode_len)  # [B]: emits padding, scores nothing.
-    tokens = jnp.where(silent, PAD_ID, tokens)  # [B]
-    log_probs = (jnp.take_along_axis(model_logits, tokens[:, None], axis=1)[:, 0]
-                 - jax.nn.logsumexp(model_logits, axis=-1))
-    return _SequentialState(
-        step=s.step + 1, last_ids=tokens,
-        sequences=jnp.where(jnp.arange(max_decode_len) == s.step, tokens[:, None], s.sequences),
-        log_probs=s.log_probs + jnp.where(silent if forcing is None else silent | forcing,
-                                          0.0, log_probs),  # A prefix token adds 0.
-        finished=s.finished | (tokens == eos_id), state=new_state)
-
+  start = sequential_start(problem, initial_state)
+  check_step_fn(problem.step_fn(), start.last_ids[:, None], initial_state, problem.eos_id)
   grow = lambda s, capacity: s.replace(
       state=loop.resized(problem.resize_state, s.state, capacity))
-  final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished), step, steps,
-                              start)
+  final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished),
+                              lambda s: sequential_step(problem, choose, s), steps, start)
   return final.sequences, final.log_probs
 
 
-__all__ = ["TokenChooser", "greedy_search", "sample"]
+def sequential_start(problem: SearchProblem, initial_state: PyTree | None = None
+                     ) -> SequentialState:
+  """Greedy decoding's and sampling's loop state before step 0 (`initial_state`: the
+  callable's, default the problem's)."""
+  batch_size = problem.batch_size
+  return SequentialState(
+      step=jnp.zeros((), jnp.int32),
+      last_ids=jnp.full((batch_size,), problem.bos_id, jnp.int32),
+      sequences=jnp.zeros((batch_size, problem.max_decode_len), jnp.int32),
+      log_probs=jnp.zeros((batch_size,), jnp.float32),
+      finished=jnp.zeros((batch_size,), bool),
+      state=problem.initial_state if initial_state is None else initial_state)
+
+
+def sequential_step(problem: SearchProblem, choose: TokenChooser, s: SequentialState
+                    ) -> SequentialState:
+  """One position of greedy decoding or sampling for every row: the model's step, the length
+  limits, the forbidden phrases and the target prefix applied, then `choose`."""
+  max_decode_len, eos_id = problem.max_decode_len, problem.eos_id
+  max_lengths = problem.length_caps()
+  word_continues = (None if problem.word_continues is None
+                    else jnp.asarray(problem.word_continues, bool))
+  logits, new_state = problem.step_fn()(s.last_ids[:, None], s.state)
+  logits = model_logits = logits.astype(jnp.float32)  # [B, V]
+  if (forbid := problem.phrases("forbid")) is not None:
+    logits = ban_forbidden(logits, s.sequences, s.step, forbid, word_continues, max_lengths,
+                           max_decode_len)
+  logits = whole_word_prefix(logits, problem.after_prefix(s.step), word_continues)
+  forced = s.step >= max_lengths  # [B]
+  tokens = jnp.where(forced, eos_id,
+                     choose(logits, (s.step >= problem.min_length) | forced, s.step))
+  forcing = None
+  if (prefix := problem.prefix_at(s.step)) is not None:
+    forcing, token, _ = prefix
+    tokens = jnp.where(forcing, token, tokens)
+  silent = s.finished | (s.step >= max_decode_len)  # [B]: emits padding, scores nothing.
+  tokens = jnp.where(silent, PAD_ID, tokens)  # [B]
+  log_probs = (jnp.take_along_axis(model_logits, tokens[:, None], axis=1)[:, 0]
+               - jax.nn.logsumexp(model_logits, axis=-1))
+  return SequentialState(
+      step=s.step + 1, last_ids=tokens,
+      sequences=jnp.where(jnp.arange(max_decode_len) == s.step, tokens[:, None], s.sequences),
+      log_probs=s.log_probs + jnp.where(silent if forcing is None else silent | forcing,
+                                        0.0, log_probs),  # A prefix token adds 0.
+      finished=s.finished | (tokens == eos_id), state=new_state)
+
+
+__all__ = ["SequentialState", "TokenChooser", "greedy_chooser", "greedy_search", "sample",
+           "sample_chooser", "sample_keys", "sequential_start", "sequential_step"]
