@@ -1,0 +1,366 @@
+"""The translation engine: a fixed table of slots per source-length lane, refilled as sentences
+finish (continuous batching), so no sentence waits for the longest one of its batch.
+
+A *lane* holds the sentences of one source bucket (`batching.bucket_length`: 8, 16, 32, ...
+tokens). Its table has R slots (`Lane.slots`), one sentence each, with K beams, and two
+compiled programs:
+
+- `admit` encodes up to E newly arrived sentences (`Lane.admit_rows`) and writes each one's
+  cross-attention keys/values, length cap, target prefix, forbidden phrases, sampling key and
+  search state (`decoding.slots`) into the free slots it is given;
+- `advance` steps every slot, each at its own position, k positions per loop iteration
+  (`decoding.loop.STEPS_PER_ITERATION`), until enough slots are free for the next admission (or
+  every sentence is complete), and returns every slot's ranked hypotheses.
+
+The host takes the complete slots' hypotheses, frees those slots and admits the next
+sentences. Rows never mix in a search, and a lane's shapes depend on the settings alone
+(`lane_for`), never on what else is in flight: a sentence's hypotheses and scores are the same
+bytes alone, in any file, in any order, between any neighbours (docs/design.md, "The engine").
+
+Shape letters: R slots, E admission rows, S source bucket, L output length, K beams, F phrases,
+P pieces of a phrase.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer.config import ModelConfig, SearchConfig
+from flax_transformer.decoding import bridge, loop, search, slots
+from flax_transformer.decoding.search import PyTree
+from flax_transformer.model.transformer import CrossAttentionCache, Transformer
+from flax_transformer.serving import batching
+
+Array = jax.Array
+_log = logging.getLogger(__name__)
+MAX_SLOTS = 64  # Most slots of a lane (`lane_for`).
+ADMIT_ROWS = 8  # Most sentences one `admit` call encodes.
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One sentence to translate: its source ids (ending with EOS), and optionally its forced
+  output start (ids, no EOS), its forbidden phrases (lists of ids) and its sampling line."""
+
+  source: Sequence[int]
+  prefix: Sequence[int] | None = None
+  forbid: Sequence[Sequence[int]] | None = None
+  line: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """A finished request: its index in the run's requests and its K ranked hypotheses."""
+
+  index: int
+  sequences: np.ndarray  # int32 [K, L]: best first, zeros after EOS
+  scores: np.ndarray  # float32 [K]: -inf where there is no hypothesis
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+  """The static shape of one lane's table and programs (hashable: part of the program key)."""
+
+  length: int  # S: padded source length (a bucket)
+  decode_len: int  # L: output tokens with EOS
+  slots: int  # R
+  admit_rows: int  # E
+  prefixed: bool  # a target prefix per slot ([R, 1, L])
+  phrases: tuple[int, int] | None  # (F, P) of the forbidden phrases per slot, or None
+  sampled: bool  # a sampling key per slot
+
+
+@flax.struct.dataclass
+class Slot:
+  """What a slot holds for its sentence (leaves [R, 1, ...] in a table; B = 1 per slot)."""
+
+  state: PyTree  # the search machine's state (`decoding.slots`)
+  cross: CrossAttentionCache  # its cross-attention keys/values, [1, N, S, H] per layer
+  caps: Array  # int32 [1]: most tokens before EOS
+  prefix: Array | None = None  # int32 [1, L]: the forced output start, zeros after
+  forbid: Array | None = None  # int32 [1, F, P]
+  key: Array | None = None  # uint32 [1, 2]: the sampling key's data
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """The static search of a run (hashable): the machine and the problem's limits."""
+
+  machine: slots.BeamSlots | slots.SequentialSlots
+  max_len_a: float
+  max_len_b: int
+  min_length: int
+  forced_tokens: int = 0
+  ensemble: bool = False
+  steps: int = 1  # k: positions per loop iteration
+
+  @classmethod
+  def of(cls, settings: SearchConfig, *, forced_tokens: int = 0, ensemble: bool = False,
+         steps: int | None = None) -> Search:
+    """The engine's search for `settings` (constraints and a growing cache do not apply; the
+    length penalty is data, `Engine.run`'s)."""
+    ranking = search.Ranking(0.0, settings.length_normalization, settings.finish_rule)
+    machine = slots.machine_for(settings.method, beam_size=settings.beam_size, ranking=ranking,
+                                temperature=settings.temperature, top_k=settings.top_k,
+                                top_p=settings.top_p)
+    if steps is None:
+      steps = loop.default_steps_per_iteration(settings.method == "beam")
+    return cls(machine, settings.max_len_a, settings.max_len_b, settings.min_length,
+               forced_tokens, ensemble, steps)
+
+
+def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_len: int, *,
+             prefixed: bool = False, phrases: tuple[int, int] | None = None,
+             sampled: bool = False) -> Lane:
+  """The lane of a sentence of `source_length` tokens: its bucket S, the output length L of
+  that bucket (as `translate`'s batches), R = `batch_tokens` // S slots rounded down to a power
+  of two, between `batching.MIN_ROWS` and `MAX_SLOTS`, and E = min(R, `ADMIT_ROWS`)."""
+  # Imported here: the translator module imports this one.
+  from flax_transformer.serving.translator import decode_length
+  length = batching.bucket_length(source_length, max_len)
+  rows = 1 << (max(1, batch_tokens // length).bit_length() - 1)
+  rows = min(max(rows, batching.MIN_ROWS), MAX_SLOTS)
+  return Lane(length, decode_length(settings, length, max_len), rows, min(rows, ADMIT_ROWS),
+              prefixed, phrases, sampled)
+
+
+def _problem(model: Transformer, params: Any, slot: Slot, lane: Lane, how: Search,
+             word_continues: Array | None, shortlist: Array | None,
+             columns: Any = None) -> search.SearchProblem:
+  """One slot's search problem (B = 1), from what its slot holds."""
+  return bridge.search_problem(
+      model, {"params": params}, slot.cross, max_decode_len=lane.decode_len,
+      max_lengths=slot.caps, min_length=how.min_length, target_prefix=slot.prefix,
+      ensemble=how.ensemble, forbid=slot.forbid, word_continues=word_continues,
+      forced_tokens=how.forced_tokens, shortlist=shortlist, columns=columns)
+
+
+def _machine(how: Search, length_penalty: Array) -> slots.BeamSlots | slots.SequentialSlots:
+  """The run's machine with the length penalty (data) in its ranking."""
+  machine = how.machine
+  if isinstance(machine, slots.BeamSlots):
+    machine = dataclasses.replace(machine, ranking=machine.ranking.replace(
+        length_penalty=length_penalty))
+  return machine
+
+
+def new_slots(model: Transformer, params: Any, inputs: Array, prefix: Array | None,
+              forbid: Array | None, lines: Array | None, seed_key: Array,
+              word_continues: Array | None, shortlist: Array | None, *, lane: Lane,
+              how: Search) -> Slot:
+  """The slots of inputs int32 [E, S] (leaves [E, 1, ...]): each row encoded, its length cap,
+  its prefix [E, L], phrases [E, F, P] and sampling key (lines uint32 [E]: fold_in(seed_key,
+  line)) as the lane has them, and its search machine's start."""
+
+  def one(inputs_row: Array, prefix_row: Array | None, forbid_row: Array | None,
+          line: Array | None) -> Slot:
+    sources = inputs_row[None]  # [1, S]
+    cross = bridge.encode_sources(model, {"params": params}, sources, ensemble=how.ensemble)
+    caps = bridge.output_length_caps(sources, how.max_len_a, how.max_len_b)  # [1]
+    key = None if line is None else jax.random.key_data(jax.random.fold_in(seed_key, line))
+    slot = Slot(None, cross, caps, None if prefix_row is None else prefix_row[None],
+                None if forbid_row is None else forbid_row[None],
+                None if key is None else key[None])
+    problem = _problem(model, params, slot, lane, how, word_continues, shortlist)
+    return slot.replace(state=how.machine.start(problem))
+
+  return jax.vmap(one)(inputs, prefix, forbid, lines)
+
+
+def admit(model: Transformer, params: Any, table: Slot, targets: Array, inputs: Array,
+          prefix: Array | None, forbid: Array | None, lines: Array | None, seed_key: Array,
+          word_continues: Array | None, shortlist: Array | None, *, lane: Lane,
+          how: Search) -> Slot:
+  """The table with `new_slots` of inputs [E, S] written at slots targets int32 [E] (R: none,
+  a padding row)."""
+  entries = new_slots(model, params, inputs, prefix, forbid, lines, seed_key, word_continues,
+                      shortlist, lane=lane, how=how)
+  return jax.tree.map(lambda old, new: old.at[targets].set(new, mode="drop"), table, entries)
+
+
+def empty_table(model: Transformer, params: Any, lane: Lane, how: Search,
+                word_continues: Array | None, shortlist: Array | None) -> Slot:
+  """A table of R free slots: zeros in `new_slots`' shapes."""
+  rows = lane.admit_rows
+  optional = [
+      jax.ShapeDtypeStruct((rows, lane.decode_len), jnp.int32) if lane.prefixed else None,
+      jax.ShapeDtypeStruct((rows, *lane.phrases), jnp.int32) if lane.phrases else None,
+      jax.ShapeDtypeStruct((rows,), jnp.uint32) if lane.sampled else None]
+  shapes = jax.eval_shape(
+      functools.partial(new_slots, model, lane=lane, how=how), params,
+      jax.ShapeDtypeStruct((rows, lane.length), jnp.int32), *optional, jax.random.key(0),
+      word_continues, shortlist)
+  return jax.tree.map(lambda x: jnp.zeros((lane.slots, *x.shape[1:]), x.dtype), shapes)
+
+
+def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free: Array,
+            max_iterations: Array, length_penalty: Array, word_continues: Array | None,
+            shortlist: Array | None, *, lane: Lane, how: Search
+            ) -> tuple[Slot, Array, Array, Array]:
+  """Steps every slot k positions per iteration while fewer than `want_free` slots are free
+  (complete, or not `live` bool [R]), some live slot is not complete, and fewer than
+  `max_iterations` iterations ran. Returns (the table, complete bool [R], sequences int32
+  [R, K, L], scores float32 [R, K]): every slot's ranked hypotheses, read where complete."""
+  machine = _machine(how, length_penalty)
+  columns = None
+  if shortlist is not None:  # Gathered once per call, read by every step of every slot.
+    columns = _columns(model, params, shortlist, how.ensemble)
+
+  def problem_of(slot: Slot) -> search.SearchProblem:
+    return _problem(model, params, slot, lane, how, word_continues, shortlist, columns)
+
+  def step(slot: Slot) -> Slot:
+    problem, state = problem_of(slot), slot.state
+    for _ in range(how.steps):
+      if isinstance(machine, slots.SequentialSlots):
+        keys = None if slot.key is None else jax.random.wrap_key_data(slot.key)
+        state = machine.step(problem, state, keys)
+      else:
+        state = machine.step(problem, state)
+    return slot.replace(state=state)
+
+  complete = jax.vmap(lambda slot: machine.complete(problem_of(slot), slot.state)[0])
+
+  def keep_going(carry: tuple[Slot, Array]) -> Array:
+    table, iterations = carry
+    done = complete(table)
+    return ((slots.finished_slots(done, live) < want_free) & jnp.any(live & ~done)
+            & (iterations < max_iterations))
+
+  table, _ = jax.lax.while_loop(
+      keep_going, lambda carry: (jax.vmap(step)(carry[0]), carry[1] + 1),
+      (table, jnp.zeros((), jnp.int32)))
+  sequences, scores = jax.vmap(lambda slot: machine.result(problem_of(slot), slot.state))(table)
+  sequences, scores = sequences[:, 0], scores[:, 0]  # [R, K, L], [R, K]
+  if shortlist is not None:  # Indices into the shortlist -> vocabulary ids.
+    sequences = bridge.full_ids(sequences, jnp.asarray(shortlist, jnp.int32))
+  return table, complete(table), sequences, scores
+
+
+def _columns(model: Transformer, params: Any, shortlist: Array, ensemble: bool) -> Any:
+  """The output projection at the shortlist's ids (`Transformer.shortlist_output`)."""
+  ids = jnp.asarray(shortlist, jnp.int32)
+  output = lambda p: model.apply({"params": p}, ids, method=Transformer.shortlist_output)
+  return jax.vmap(output)(params) if ensemble else output(params)
+
+
+
+
+@functools.cache
+def _programs(model_config: ModelConfig) -> tuple[Any, Any]:
+  """The jitted `admit` and `advance` of a model config (the table donated), shared by every
+  run of it; `lane` and `how` are static."""
+  model = Transformer(model_config)
+  static = ("lane", "how")
+  return (jax.jit(functools.partial(admit, model), static_argnames=static, donate_argnums=(1,)),
+          jax.jit(functools.partial(advance, model), static_argnames=static,
+                  donate_argnums=(1,)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What stays the same over one run's requests: the search and its data."""
+
+  how: Search
+  length_penalty: float
+  seed: int
+  batch_tokens: int
+  settings: SearchConfig
+  word_continues: np.ndarray | None = None  # bool [V]
+  shortlist: np.ndarray | None = None  # int32 [V']
+  phrases: tuple[int, int] | None = None  # (F, P): forbidden phrases' padded shape
+  max_iterations: int = 32  # Most loop iterations per `advance` call once nothing waits.
+
+
+def run(model_config: ModelConfig, params: Any, requests: Sequence[Request], spec: Run
+        ) -> Iterator[list[Result]]:
+  """Translates `requests` through the lanes' slot tables, one lane at a time (shortest
+  sources first); yields the results of each `advance` call as its sentences complete."""
+  lanes: dict[Lane, list[int]] = {}
+  for index, request in enumerate(requests):
+    lane = lane_for(len(request.source), spec.settings, spec.batch_tokens,
+                    model_config.max_len, prefixed=request.prefix is not None,
+                    phrases=spec.phrases if request.forbid is not None else None,
+                    sampled=spec.settings.method == "sample")
+    lanes.setdefault(lane, []).append(index)
+  for lane in sorted(lanes, key=lambda lane: (lane.length, lane.prefixed, bool(lane.phrases))):
+    yield from _run_lane(model_config, params, requests, lanes[lane], lane, spec)
+
+
+def _run_lane(model_config: ModelConfig, params: Any, requests: Sequence[Request],
+              indices: Iterable[int], lane: Lane, spec: Run) -> Iterator[list[Result]]:
+  """One lane's requests (`indices` into `requests`) through its table."""
+  admit_fn, advance_fn = _programs(model_config)
+  model = Transformer(model_config)
+  data = (None if spec.word_continues is None else jnp.asarray(spec.word_continues),
+          None if spec.shortlist is None else jnp.asarray(spec.shortlist))
+  seed_key = jax.random.key(spec.seed)
+  alpha = jnp.float32(spec.length_penalty)
+  table = empty_table(model, params, lane, spec.how, *data)
+  live = np.zeros(lane.slots, bool)
+  owner = np.full(lane.slots, -1, np.int64)
+  queue = collections.deque(indices)
+  first = time.perf_counter()
+  calls = 0
+  while queue or live.any():
+    while queue and not live.all():
+      free = np.flatnonzero(~live)[:min(lane.admit_rows, len(queue))]
+      taken = [queue.popleft() for _ in free]
+      table = admit_fn(params, table, *_admission(requests, taken, free, lane), seed_key, *data,
+                       lane=lane, how=spec.how)
+      live[free], owner[free] = True, taken
+    want = min(lane.admit_rows, len(queue)) if queue else lane.slots
+    iterations = np.int32(1 << 30 if queue else spec.max_iterations)
+    table, complete, sequences, scores = advance_fn(
+        params, table, jnp.asarray(live), jnp.int32(want), iterations, alpha, *data,
+        lane=lane, how=spec.how)
+    done = np.flatnonzero(live & np.asarray(complete))
+    calls += 1
+    if calls == 1:
+      _log.info("Compiled the engine's programs for sources of %d tokens (%d slots, output "
+                "length %d) in %.2f s (or loaded them from the persistent compilation cache).",
+                lane.length, lane.slots, lane.decode_len, time.perf_counter() - first)
+    if done.size:
+      sequences, scores = np.asarray(sequences), np.asarray(scores)
+      yield [Result(int(owner[i]), sequences[i], scores[i]) for i in done]
+      live[done] = False
+
+
+def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarray,
+               lane: Lane) -> tuple[Any, ...]:
+  """`admit`'s arrays for the requests `taken` into slots `free`: (targets [E], inputs [E, S],
+  prefix [E, L] | None, forbid [E, F, P] | None, lines uint32 [E] | None); padding rows aim at
+  slot R (dropped)."""
+  rows = lane.admit_rows
+  targets = np.full(rows, lane.slots, np.int32)
+  targets[:len(free)] = free
+  inputs = np.zeros((rows, lane.length), np.int32)
+  prefix = np.zeros((rows, lane.decode_len), np.int32) if lane.prefixed else None
+  forbid = np.zeros((rows, *lane.phrases), np.int32) if lane.phrases else None
+  lines = np.zeros(rows, np.uint32) if lane.sampled else None
+  for row, index in enumerate(taken):
+    request = requests[index]
+    inputs[row, :len(request.source)] = request.source
+    if prefix is not None:
+      prefix[row, :len(request.prefix)] = request.prefix
+    if forbid is not None:
+      for c, phrase in enumerate(request.forbid):
+        forbid[row, c, :len(phrase)] = phrase
+    if lines is not None:
+      lines[row] = request.line
+  return targets, inputs, prefix, forbid, lines
+
+
+__all__ = ["ADMIT_ROWS", "MAX_SLOTS", "Lane", "Request", "Result", "Run", "Search", "Slot",
+           "admit", "advance", "empty_table", "lane_for", "new_slots", "run"]
