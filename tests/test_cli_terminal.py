@@ -254,7 +254,9 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
   cache = tmp_path / "xla"
   first = cli(*translate_args(bulk_workdir, source, reference, *flags), devices=1, cache=cache,
               stderr=subprocess.PIPE)
-  assert first.communicate(timeout=300)[1] is not None and first.returncode == 0
+  error = first.communicate(timeout=300)[1]
+  assert first.returncode == 0 and "Traceback" not in error, error[-3000:]
+  assert error.splitlines()[-1].startswith("Translated 200 sentences in "), error[-3000:]
   rng, partial = random.Random(0), bulk.partial_dir(str(output))
   stops = 0
   for moment in ("start-up", "start-up", "mid-job", "mid-job", "mid-job", "exit"):
@@ -300,6 +302,11 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
   assert stops >= 4
   rerun = cli(*translate_args(bulk_workdir, source, output, *flags), devices=1, cache=cache,
               stderr=subprocess.PIPE)
-  assert rerun.communicate(timeout=300)[1] is not None and rerun.returncode == 0
+  error = rerun.communicate(timeout=300)[1]
+  assert rerun.returncode == 0 and "Traceback" not in error, error[-3000:]
+  # The last line is the job's summary: what it translated, or, where the stopped run had done
+  # every chunk, what it wrote.
+  summary = rf"Translated \d+ sentences in .*|Wrote {re.escape(str(output))} \(200 input lines\)\."
+  assert re.fullmatch(summary, error.splitlines()[-1]), error[-3000:]
   assert output.read_bytes() == reference.read_bytes()
   assert not partial.exists()

@@ -463,7 +463,9 @@ def test_two_processes_share_a_gs_job_and_the_last_merges_under_the_lease(
   cache = tmp_path / "xla"
   one = cli(*translate_args(workdir, source, reference, *flags), cache=cache,
             stderr=subprocess.PIPE)
-  assert one.communicate(timeout=300)[1] is not None and one.returncode == 0
+  error = one.communicate(timeout=300)[1]
+  assert one.returncode == 0 and "Traceback" not in error, error[-3000:]
+  assert error.splitlines()[-1].startswith("Translated 160 sentences in "), error[-3000:]
   runs = [cli(*translate_args(workdir, source, output, *flags), "--num_processes", "2",
               "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
           for i in range(2)]
