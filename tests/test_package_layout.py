@@ -32,7 +32,7 @@ ALLOWED = {
     "model": {"exports", "conventions", "validation", "runtime", "files"},
     "config": {"conventions", "model", "validation"},
     "experiment_flags": {"config"},
-    "data": {"exports", "conventions", "errors", "config", "files"},
+    "data": {"exports", "conventions", "errors", "config", "files", "progress"},
     "decoding": {"exports", "conventions", "model", "runtime"},
     "workdir": {"errors", "model", "data", "config", "files"},
     "visualize": {"errors", "workdir", "data", "model", "files"},

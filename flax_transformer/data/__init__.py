@@ -1,6 +1,7 @@
 """Input pipeline: TFDS sources (WMT by name, local parallel text, the synthetic pair),
-the shared SentencePiece vocabulary (or an imported model's: Marian's, or a many-language
-model's with its language codes), and grain pipelines of packed train and padded eval batches.
+Multi30k downloaded into the folder its config reads (`download_multi30k`), the shared
+SentencePiece vocabulary (or an imported model's: Marian's, or a many-language model's with its
+language codes), and grain pipelines of packed train and padded eval batches.
 For example::
 
   data = flax_transformer.config.load(config).data      # a validated DataConfig
@@ -29,9 +30,11 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "alignments": "alignments",
     "bpe_dropout": "bpe_dropout",
     "builders": "builders",
+    "download_multi30k": "multi30k:download_multi30k",
     "eval_batches": "pipeline:eval_batches",
     "format_alignment": "alignments:format_alignment",
     "marian_tokenizer": "marian_tokenizer",
+    "multi30k": "multi30k",
     "multilingual_tokenizer": "multilingual_tokenizer",
     "parse_alignment": "alignments:parse_alignment",
     "pipeline": "pipeline",
