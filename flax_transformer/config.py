@@ -48,6 +48,9 @@ GROUPS = ("model", "data", "train", "checkpoint", "eval", "search")
 # File names of a local corpus folder: {split} and {lang} are filled in, and a '.gz' twin is
 # found too. The default matches Multi30k (train.en.gz, val.de.gz, test_2016_flickr.en.gz).
 DEFAULT_LOCAL_PATTERN = "{split}.{lang}"
+# The command that writes such a folder for Multi30k (cli/datasets.py), named by the errors of a
+# missing one.
+MULTI30K_COMMAND = "flax-transformer data multi30k --output DIR"
 SYNTHETIC_LANGS = ("en", "de")  # The embedded synthetic pair (data/synthetic.py).
 
 
@@ -125,8 +128,11 @@ class DataConfig:
             "a TFDS name such as 'wmt14_translate/de-en' when config.data.source='tfds'")
     if self.source == "local":
       if not self.local_dir:
-        fail("data", "local_dir", self.local_dir,
-              "a folder of {split}.{lang}[.gz] files when config.data.source='local'")
+        raise ConfigError(
+            "config.data.local_dir must be a folder of {split}.{lang}[.gz] files when "
+            f"config.data.source='local', got {self.local_dir!r}. For Multi30k "
+            f"(configs/multi30k_en_de.py), get it with: {MULTI30K_COMMAND}, then pass "
+            "--config.data.local_dir=DIR.")
       if "{split}" not in self.local_pattern or "{lang}" not in self.local_pattern:
         fail("data", "local_pattern", self.local_pattern,
               "a file name containing {split} and {lang}")
@@ -332,6 +338,12 @@ class TranslateConfig:
       "", doc="A many-language model's target language code: its token is forced as the first "
       "output token (before any target prefix). evaluate: also BLEU on lc.norm.tok text for a "
       "two-letter code (de, de_DE; default: the workdir's data.target_lang).")
+  engine: Literal["batches", "slots"] = checked_field(
+      "batches", doc="batches: sentences of similar length searched together, each batch "
+      "until its longest sentence ends; slots: one table of slots per source length, each "
+      "sentence's slot refilled as soon as it is done (continuous batching; a sentence's "
+      "output then never depends on the other sentences). Constraints, alignments and "
+      "several devices run in batches (docs/design.md, \"The engine\").")
   vocab_shortlist: str = checked_field(
       "", doc="A text file in the target language: the search writes only the pieces the "
       "vocabulary makes of it (and the special and language tokens), exactly as the full "
@@ -490,6 +502,7 @@ def _check_batch(experiment: Experiment, num_devices: int, num_processes: int) -
 __all__ = [
   "DEFAULT_LOCAL_PATTERN",
   "GROUPS",
+  "MULTI30K_COMMAND",
   "SYNTHETIC_LANGS",
   "CheckpointConfig",
   "ConfigError",

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import tensorflow_datasets as tfds
 from etils import epath
 
-from flax_transformer.config import DEFAULT_LOCAL_PATTERN
+from flax_transformer.config import DEFAULT_LOCAL_PATTERN, MULTI30K_COMMAND
 from flax_transformer.conventions import ALIGNMENT_KEY
 from flax_transformer.data import synthetic
 from flax_transformer.data.alignments import AlignmentError, format_alignment, parse_alignment
@@ -178,7 +178,8 @@ def find_local_splits(
   if not directory.is_dir():
     raise MissingDataError(
         f"config.data.local_dir: folder {directory} does not exist; expected files named "
-        f"{pattern!r} (+ optional .gz) for languages {tuple(languages)}.")
+        f"{pattern!r} (+ optional .gz) for languages {tuple(languages)} (Multi30k's: "
+        f"{MULTI30K_COMMAND.replace('DIR', str(directory))}).")
   names = [p.name for p in directory.iterdir() if p.is_file()]
   per_lang = []
   for lang in languages:
