@@ -2,9 +2,10 @@
 
 Each command's parser, help and call sit together in one module: `translation` (translate,
 score, evaluate), `serving` (serve, over HTTP), `workdirs` (average, split, attention, curves,
-import-marian, export) and `configs` (plan, prepare); `arguments` holds the flag groups they
-share, `stopping` the signal handling. They turn flags into calls of the rooms below (serving,
-workdir, interop, planning, runtime) and import those when they run, so `--help` or a bad flag
+import-marian, export), `configs` (plan, prepare) and `datasets` (data multi30k: a command
+group, whose commands are named by two words); `arguments` holds the flag groups they share,
+`stopping` the signal handling. They turn flags into calls of the rooms below (serving, workdir,
+interop, planning, data, runtime) and import those when they run, so `--help` or a bad flag
 answers before JAX or orbax loads.
 """
 
@@ -19,7 +20,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from flax_transformer.cli import configs, serving, stopping, translation, workdirs
+from flax_transformer.cli import configs, datasets, serving, stopping, translation, workdirs
 from flax_transformer.cli.arguments import Parser
 from flax_transformer.errors import Error, bug_report
 from flax_transformer.runtime import distributed, log_output
@@ -48,9 +49,26 @@ def build_parser() -> argparse.ArgumentParser:
   serving.add_commands(commands)
   workdirs.add_commands(commands)
   configs.add_commands(commands)
-  for command in commands.choices.values():
+  datasets.add_commands(commands)
+  for command in _command_tree(parser):
     command.add_argument("--verbose", action="store_true",
                          help="Also log INFO lines (JAX, orbax, ...) on stderr.")
+  return parser
+
+
+def _command_tree(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+  """The parser of every command below `parser`: a group's (data) and its commands' (data
+  multi30k) alike."""
+  found = []
+  for command in getattr(parser, "command_parsers", {}).values():
+    found += [command, *_command_tree(command)]
+  return found
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+  """The parser of `command`, 'translate' or 'data multi30k' (`args.command`)."""
+  for word in command.split():
+    parser = parser.command_parsers[word]
   return parser
 
 
@@ -93,7 +111,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
   args.config_overrides = [a for a in extra if args.command in ("plan", "prepare")
                            and a.startswith("--config.")]
   if unknown := [arg for arg in extra if arg not in args.config_overrides]:
-    parser.command_parsers[args.command].error(
+    _command_parser(parser, args.command).error(
         f"unrecognized arguments: {' '.join(unknown)}")
   return args
 
