@@ -1,7 +1,8 @@
 """Multi30k English->German (29k training pairs) from local files, a small model from scratch.
 
+flax-transformer data multi30k --output data/multi30k
 python train.py --config=configs/multi30k_en_de.py --workdir=DIR \
-    --config.data.local_dir=/path/to/multi30k
+    --config.data.local_dir=data/multi30k
 
 Variants (after a colon, comma-separated): `bf16` computes in bfloat16; `cpu` is the budget
 recipe for a CPU (4000 steps of 4k tokens, ~34 epochs; about 2 hours on 2 cores, 1.5 minutes
@@ -13,9 +14,10 @@ the last 10, beam 5 (one of `cpu` and `mini`). Other directions by override, e.g
 --config.data.source_lang=de --config.data.target_lang=en.
 
 config.data.local_dir is required: a folder with train.{en,de}[.gz], val.{en,de}[.gz] and
-test_2016_flickr.{en,de}[.gz] (line-aligned). Scored on test2016 with sacreBLEU (cased,
-detokenized). Fields not set here keep configs/default.py's meaning (every field is commented
-there).
+test_2016_flickr.{en,de}[.gz] (line-aligned), as `flax-transformer data multi30k` writes it
+(Multi30k Task 1's raw files, checked against pinned checksums). Scored on test2016 with
+sacreBLEU (cased, detokenized). Fields not set here keep configs/default.py's meaning (every
+field is commented there).
 """
 
 from pathlib import Path
@@ -43,7 +45,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   data = config.data
   data.source = "local"  # Line-aligned files in local_dir.
-  data.local_dir = ""  # REQUIRED: --config.data.local_dir=/path/to/multi30k.
+  data.local_dir = ""  # REQUIRED: `flax-transformer data multi30k --output DIR`'s DIR.
   data.train_split = "train"  # train.{en,de}.gz
   data.eval_split = "val"  # val.{en,de}.gz
   data.test_split = "test_2016_flickr"  # test_2016_flickr.{en,de}.gz, the test2016 benchmark.
