@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+import sacrebleu
 from conftest import STORAGE_KINDS, storage_folder
 from test_serving_bulk import (  # noqa: F401 (fixtures)
   crash_after_chunks,
@@ -40,6 +41,21 @@ def translator(workdir):  # noqa: F811
 
 def _words(texts):
   return sorted({word for text in texts for word in text.split()})
+
+
+def _holds(text: str, phrases: list[str], ordered: bool = False) -> bool:
+  """Whether `text` holds every phrase as whole words: the phrase's words stand one after
+  another among the text's words (split on whitespace: the tests' texts have no punctuation),
+  so "parkwww" does not hold "park"; `ordered`: each phrase after the one before it."""
+  words, start = text.split(), 0
+  for phrase in phrases:
+    wanted = phrase.split()
+    at = next((i for i in range(start if ordered else 0, len(words) - len(wanted) + 1)
+               if words[i:i + len(wanted)] == wanted), None)
+    if at is None:
+      return False
+    start = at + len(wanted)
+  return True
 
 
 TERMS = ["park", "lake", "near", "bike", "water", "man"]  # Words the test vocabulary spells.
@@ -161,8 +177,7 @@ def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
   output = whole.read_text().splitlines()
   terms = [phrases.parse_line(line, "") for line in constraints.read_text().splitlines()]
   for i, (text, wanted) in enumerate(zip(output, terms, strict=True)):
-    for term in wanted:
-      assert f" {term}" in f" {text}", (text, wanted)
+    assert _holds(text, wanted), (text, wanted)
     if i % 2:
       assert "water" not in text.split(), text
   # A job killed after two chunks resumes them and writes the same bytes.
@@ -261,17 +276,17 @@ def test_a_trained_model_meets_random_constraints_wherever_they_fit(trained_work
   batches = list(translator.iter_nbest(sources, 1, constraints=constraints,
                                        constraint_order=order))
   assert sum(batch.unmet for batch in batches) == 0
-  for batch in batches:
-    for i, hypotheses in zip(batch.indices, batch.hypotheses, strict=True):
-      text, end = f" {hypotheses[0][0]} ", 0
-      for term in constraints[i]:  # Ordered: each term found after the one before it.
-        # Its pieces, which may go on in the word (serving.phrases).
-        found = text.find(f" {term}", end if order == "ordered" else 0)
-        assert found >= 0, (text, constraints[i])
-        end = found + len(term) + 1
-  changed = sum(t != p for t, p in zip(translator.translate(sources, constraints=constraints),
-                                       plain, strict=True))
-  assert changed > len(sources) // 2
+  constrained = {i: hypotheses[0][0] for batch in batches
+                 for i, hypotheses in zip(batch.indices, batch.hypotheses, strict=True)}
+  for i, text in constrained.items():  # Ordered: each term after the one before it.
+    assert _holds(text, constraints[i], ordered=order == "ordered"), (text, constraints[i])
+  # A line whose plain translation holds its terms keeps it (decoding.constrained_beam's plain
+  # answer first); every other line changed to hold them. Few hold them (none of 48 in either
+  # order on 2026-12-06): the outputs hold their terms because the search made them.
+  held = [_holds(text, constraints[i], ordered=order == "ordered")
+          for i, text in enumerate(plain)]
+  assert [constrained[i] != plain[i] for i in range(len(sources))] == [not h for h in held]
+  assert sum(held) <= len(sources) // 4, sum(held)
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
@@ -281,7 +296,7 @@ def test_constraints_compose_with_a_prefix_alignments_nbest_and_an_ensemble(work
   aligned = translator.translate_aligned(sentences, target_prefix=prefix,
                                          constraints=constraints)
   for (text, pairs), terms, start in zip(aligned, constraints, prefix, strict=True):
-    assert text.startswith(start) and all(f" {term}" in f" {text}" for term in terms), text
+    assert text.split()[:len(start.split())] == start.split() and _holds(text, terms), text
     assert len(pairs) == len(text.split())
   nbest = translator.translate_nbest(sentences, 3, target_prefix=prefix,
                                      constraints=constraints)
@@ -307,11 +322,23 @@ def test_evaluate_measures_a_term_lists_effect(workdir, tmp_path, capsys):  # no
           "--json", "--output", str(output)]
   assert main(args) == 0
   plain = json.loads(capsys.readouterr().out)
+  plain_lines = output.read_text().splitlines()
   assert main([*args, "--constraints", str(terms), "--constraint_order", "ordered"]) == 0
   constrained = json.loads(capsys.readouterr().out)
+  constrained_lines = output.read_text().splitlines()
   assert "unmet" not in plain and constrained["unmet"] == 0
-  assert constrained["constraint_order"] == "ordered" and constrained["bleu"] != plain["bleu"]
-  assert all(" park" in f" {line}" for line in output.read_text().splitlines())
+  assert constrained["constraint_order"] == "ordered"
+  # Each BLEU is its own output's (sacreBLEU's defaults, as `evaluate` reports them): the
+  # random model's BLEU is near 0 (1.35 plain, 0.86 with the terms on 2026-12-06), so no
+  # bound between the two would mean anything; measuring the other run's output would fail.
+  for scores, lines in ((plain, plain_lines), (constrained, constrained_lines)):
+    assert scores["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(lines, [reference.read_text().splitlines()]).score, abs=1e-9)
+  assert len(constrained_lines) == len(plain_lines) == len(lines)
+  for before, after in zip(plain_lines, constrained_lines, strict=True):
+    # A line whose plain translation holds "park" keeps it; every other line changed to hold it.
+    assert _holds(after, ["park"]), after
+    assert (after == before) == _holds(before, ["park"]), (before, after)
 
 
 @pytest.mark.slow  # Translates with a trained model: the fast tier leaves it to CI.
@@ -320,9 +347,11 @@ def test_a_term_the_translation_already_holds_leaves_it_unchanged(trained_workdi
   """The translator's question, on the Quick start's trained model: each reference's first,
   middle or last word as its term. Where the plain translation holds the term as a word, the
   constrained one is the same text (with the same score where the model spelled the term in the
-  term's own pieces); everywhere it holds its term. (BLEU is not asserted: on this shrunk model,
-  BLEU about 23, last-word terms gave 23.3 -> 20.4 when DBA's rounds took the banks from the
-  highest down and pruned the natural translation, 23.3 -> 23.1 with `bank_order`'s rounds.)"""
+  term's own pieces); everywhere it holds its term; and BLEU does not fall by more than a
+  point. On this shrunk model, BLEU about 23-26, last-word terms gave 23.3 -> 20.4 when DBA's
+  rounds took the banks from the highest down and pruned the natural translation, 23.3 -> 23.1
+  with `bank_order`'s rounds (2026-11-29), 25.7 -> 25.9 (first word: 29.7, middle: 31.9) on
+  2026-12-06: the margin holds another machine's rounding and fails the pruning."""
   translator = Translator.from_workdir(trained_workdir)
   pairs = synthetic.generate_splits(11, {"held_out": 48})["held_out"]
   sources, references = [s for s, _ in pairs], [t for _, t in pairs]
@@ -343,6 +372,8 @@ def test_a_term_the_translation_already_holds_leaves_it_unchanged(trained_workdi
       same_score += constrained[i] == plain[i]
     assert terms[i][0] in constrained[i][0][0].split(), (constrained[i], terms[i])
   assert same_score >= 0.9 * sum(held)
+  bleu = lambda outputs: sacrebleu.corpus_bleu([o[0][0] for o in outputs], [references]).score
+  assert bleu(constrained) >= bleu(plain) - 1.0, (bleu(plain), bleu(constrained))
 
 
 def test_a_phrase_without_a_word_or_starting_inside_one_is_one_line(translator):
