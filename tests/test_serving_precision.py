@@ -63,10 +63,15 @@ def test_every_method_and_option_runs_at_each_precision(translators, precision):
                                 prefixes, strict=True):
     # ('', -inf) stands for a hypothesis the beam did not reach (float32 has one here too).
     found = [text for text, score in hypotheses if score > -np.inf]
-    assert len(hypotheses) == 2 and found and all(text.startswith(prefix) for text in found)
+    # The prefix stands as a whole word: "riding" does not start "ridinga".
+    assert len(hypotheses) == 2 and found and all(text.split()[0] == prefix for text in found)
   aligned = translator.translate_aligned(texts)
   assert [text for text, _ in aligned] == translator.translate(texts)
-  assert any(pairs for _, pairs in aligned)
+  for source, (text, pairs) in zip(texts, aligned, strict=True):
+    # Each target word once, in order, to a word of its source (the float32 alignment against
+    # NumPy: tests/test_serving_prefix_alignments.py).
+    assert [j for _, j in pairs] == list(range(len(text.split()))), (text, pairs)
+    assert all(0 <= i < len(source.split()) for i, _ in pairs), (source, pairs)
   # Greedy decoding and sampling: each hypothesis's score equals the teacher-forced score of
   # its text at the same precision (`Translator.score`: one forward pass, no cache, no search).
   # This random model often writes a word in pieces that its text tokenizes otherwise ("▁a" "n"
