@@ -2,8 +2,9 @@
 step function and its explicit state (`beam`, `constrained_beam`, `sampling`; no model imports),
 the beam state and step pieces they share (`beam_state`), the loop machinery (`loop`), the
 blocked top-k (`topk`), terminology constraints and forbidden phrases as data (`constraints`),
-and the Transformer as a search problem (`bridge`). Arrows point down: bridge -> model and the
-searches; beam -> constrained_beam -> beam_state -> search, constraints, loop, topk."""
+the searches as machines of a slot table (`slots`, the engine's), and the Transformer as a
+search problem (`bridge`). Arrows point down: bridge -> model and the searches; slots -> beam,
+sampling; beam -> constrained_beam -> beam_state -> search, constraints, loop, topk."""
 
 from flax_transformer.exports import lazy_exports
 
@@ -23,6 +24,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "sample": "sampling:sample",
     "sampling": "sampling",
     "search": "search",
+    "slots": "slots",
     "topk": "topk",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

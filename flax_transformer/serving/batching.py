@@ -25,8 +25,9 @@ batch and give the same bytes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -77,6 +78,13 @@ def bucket_length(length: int, max_len: int) -> int:
   while bucket < length:
     bucket *= 2
   return min(bucket, max_len)
+
+
+def decode_length(settings: Any, source_length: int, max_len: int) -> int:
+  """L for a bucket of `source_length`: room for its longest cap (max_len_a * source_length +
+  max_len_b tokens) plus EOS, at most the model's `max_len`."""
+  cap = math.floor(settings.max_len_a * source_length) + settings.max_len_b + 1
+  return int(min(cap, max_len))
 
 
 def plan_batches(lengths: Sequence[int], batch_tokens: int, max_len: int,

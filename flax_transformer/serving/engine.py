@@ -38,11 +38,11 @@ import numpy as np
 
 from flax_transformer.config import ModelConfig, SearchConfig
 from flax_transformer.decoding import bridge, loop, search, slots
-from flax_transformer.decoding.search import PyTree
 from flax_transformer.model.transformer import CrossAttentionCache, Transformer
 from flax_transformer.serving import batching
 
 Array = jax.Array
+PyTree = Any
 _log = logging.getLogger(__name__)
 MAX_SLOTS = 64  # Most slots of a lane (`lane_for`).
 ADMIT_ROWS = 8  # Most sentences one `admit` call encodes.
@@ -126,13 +126,11 @@ def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_
   """The lane of a sentence of `source_length` tokens: its bucket S, the output length L of
   that bucket (as `translate`'s batches), R = `batch_tokens` // S slots rounded down to a power
   of two, between `batching.MIN_ROWS` and `MAX_SLOTS`, and E = min(R, `ADMIT_ROWS`)."""
-  # Imported here: the translator module imports this one.
-  from flax_transformer.serving.translator import decode_length
   length = batching.bucket_length(source_length, max_len)
   rows = 1 << (max(1, batch_tokens // length).bit_length() - 1)
   rows = min(max(rows, batching.MIN_ROWS), MAX_SLOTS)
-  return Lane(length, decode_length(settings, length, max_len), rows, min(rows, ADMIT_ROWS),
-              prefixed, phrases, sampled)
+  return Lane(length, batching.decode_length(settings, length, max_len), rows,
+              min(rows, ADMIT_ROWS), prefixed, phrases, sampled)
 
 
 def _problem(model: Transformer, params: Any, slot: Slot, lane: Lane, how: Search,

@@ -52,7 +52,6 @@ import collections
 import dataclasses
 import functools
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -75,10 +74,11 @@ from flax_transformer.model import int8_kernel, precision
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
-from flax_transformer.serving import batching, phrases, programs, texts
+from flax_transformer.serving import batching, engine, phrases, programs, texts
 from flax_transformer.serving import shortlist as shortlist_lib
 from flax_transformer.serving.batching import (
   Step,
+  decode_length,
   fill_phrases,
   fill_rows,
   group_steps,
@@ -150,13 +150,6 @@ def source_ids(tokenizer: TextTokenizer, sentence: str, max_len: int,
   blank one (not searched)."""
   ids = tokenizer.tokenize(sentence) if sentence.strip() else []
   return [*lead, *ids[:max_len - 1 - len(lead)], EOS_ID] if ids else []
-
-
-def decode_length(settings: SearchConfig, source_length: int, max_len: int) -> int:
-  """L for a bucket of `source_length`: room for its longest cap (max_len_a * source_length +
-  max_len_b tokens) plus EOS, at most the model's `max_len`."""
-  cap = math.floor(settings.max_len_a * source_length) + settings.max_len_b + 1
-  return int(min(cap, max_len))
 
 
 def search_program(model_config: ModelConfig, mesh: Mesh | None, ensemble: bool = False
@@ -530,6 +523,14 @@ class Translator:
           shortlist_lib.check_kept(kind, ids, shortlist, self.tokenizer,
                                    options.vocab_shortlist, first_index + 1)
       forbid_ids = shortlist_lib.drop_unreachable(forbid_ids, shortlist)
+    numbers = (first_index + np.arange(len(sentences)) if line_numbers is None
+               else np.asarray(line_numbers, np.int64))
+    beams = options.search.beam_size if options.search.method == "beam" else 1
+    take = min(n or beams, beams)
+    if plan is None and self._in_slots(options, constraint_ids, alignments):
+      yield from self._slot_translated(params, sentences, token_ids, cut, numbers, options,
+                                       prefix_ids, forbid_ids, shortlist, take)
+      return
     if plan is None:
       real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
       batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
@@ -537,22 +538,14 @@ class Translator:
       batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
     else:
       batches = list(plan)
-    numbers = (first_index + np.arange(len(sentences)) if line_numbers is None
-               else np.asarray(line_numbers, np.int64))
     steps = group_steps(batches, self.num_devices)
-    beams = options.search.beam_size if options.search.method == "beam" else 1
-    take = min(n or beams, beams)
     call = lambda step: self._search_step(params, step, token_ids, numbers, options,
                                           prefix_ids, take if alignments else 0,
                                           constraint_ids, forbid_ids, shortlist)
     for step, outputs in self._pipelined(steps, call):
       rows = step.row_positions()
       sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
-      # The search's -inf slots hold no hypothesis: a sentence gets fewer than n of them.
-      found = [max(1, int(np.sum(np.isfinite(row_scores[:take])))) for row_scores in scores]
-      hypotheses = [[(self.tokenizer.detokenize(row[k]), float(row_scores[k]))
-                     for k in range(count)]
-                    for row, row_scores, count in zip(sequences, scores, found, strict=True)]
+      hypotheses = self._hypotheses(sequences, scores, take)
       aligned = None
       if alignments:
         aligned = [[self._word_alignment(sentences[i], token_ids[i], hypothesis[k][0],
@@ -567,6 +560,60 @@ class Translator:
                for i, hypothesis in zip(step.indices, hypotheses, strict=True)]
       yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
                        int(cut[step.indices].sum()), aligned, met)
+
+  def _hypotheses(self, sequences: np.ndarray, scores: np.ndarray, take: int
+                  ) -> list[list[tuple[str, float]]]:
+    """The `take` best (text, score) of each sentence's sequences [n, K, L] and scores
+    [n, K]; the search's -inf slots hold no hypothesis, so a sentence may get fewer."""
+    found = [max(1, int(np.sum(np.isfinite(row_scores[:take])))) for row_scores in scores]
+    return [[(self.tokenizer.detokenize(row[k]), float(row_scores[k])) for k in range(count)]
+            for row, row_scores, count in zip(sequences, scores, found, strict=True)]
+
+  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None,
+                alignments: bool) -> bool:
+    """Whether a call with `options` runs on the engine's slots (`serving.engine`): asked for,
+    and none of what still runs in batches (docs/design.md, "The engine")."""
+    if options.engine != "slots":
+      return False
+    batches_only = [why for why, applies in (
+        ("constraints", constraint_ids is not None), ("alignments", alignments),
+        (f"{self.num_devices} devices", self.num_devices > 1),
+        ("a search function of its own", not isinstance(self.search_fn,
+                                                        programs.StoredPrograms)))
+        if applies]
+    if batches_only:
+      _log.info("Searching in batches, not slots: %s run in batches.", ", ".join(batches_only))
+    return not batches_only
+
+  def _slot_translated(self, params: Any, sentences: Sequence[str],
+                       token_ids: Sequence[Sequence[int]], cut: np.ndarray,
+                       numbers: np.ndarray, options: TranslateConfig,
+                       prefix_ids: Sequence[Sequence[int]] | None,
+                       forbid_ids: phrases.PhraseIds | None, shortlist: np.ndarray | None,
+                       take: int) -> Iterator[Translated]:
+    """`iter_nbest`'s translations through the engine's slot tables, yielded as sentences
+    finish (`serving.engine`)."""
+    real = [i for i, ids in enumerate(token_ids) if ids]
+    forbid_rows = None if forbid_ids is None else forbid_ids.ids
+    requests = [engine.Request(token_ids[i], None if prefix_ids is None else prefix_ids[i],
+                               forbid_rows[i] if forbid_rows and forbid_rows[i] else None,
+                               int(numbers[i]) % (1 << 32)) for i in real]
+    search_settings = options.search
+    how = engine.Search.of(search_settings, forced_tokens=int(bool(self.languages)),
+                           ensemble=self.ensemble)
+    spec = engine.Run(how, search_settings.length_penalty, options.seed, options.batch_tokens,
+                      search_settings,
+                      word_continues=(self.word_continues if prefix_ids is not None
+                                      or forbid_ids is not None else None),
+                      shortlist=shortlist,
+                      phrases=(search_settings.max_constraints,
+                               search_settings.max_constraint_pieces))
+    for results in engine.run(self.model_config, params, requests, spec):
+      indices = np.asarray([real[r.index] for r in results], np.int64)
+      sequences = np.stack([r.sequences for r in results])  # [n, K, L]
+      scores = np.stack([r.scores for r in results])  # [n, K]
+      yield Translated(indices, self._hypotheses(sequences, scores, take),
+                       int(np.sum(sequences[:, 0] != PAD_ID)), int(cut[indices].sum()))
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
                   token_ids: Sequence[Sequence[int]], options: TranslateConfig,

@@ -1,0 +1,143 @@
+"""The engine's slot tables (`serving.engine`, `engine="slots"`) on a trained model (conftest's
+`trained_workdir`), with the synthetic task's held-out sentences:
+
+* a sentence's hypotheses and scores are the same bytes alone, in a file, in any shuffle of
+  it and between long and short neighbours;
+* the slots translate what the batches translate (the same texts; scores within float32
+  rounding, since the programs' shapes differ): beam search with its n-best, greedy decoding,
+  sampling with per-line keys, a target prefix, forbidden phrases, a vocabulary shortlist,
+  bfloat16, int8 and an ensemble;
+* sentences come back as they finish, before the last one is admitted;
+* what runs in batches (constraints, alignments) gives the batches' bytes.
+
+The searches' own references (brute force, CTranslate2, Hugging Face) check the steps the slots
+run (`decoding.slots` calls the searches' step functions): tests/test_decoding_slots.py
+compares the machines with the batched searches on the toy chains.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flax_transformer import Translator
+from flax_transformer.config import DataConfig, parse_group
+from flax_transformer.data.pipeline import split_texts
+from flax_transformer.serving import engine
+
+pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
+
+
+@pytest.fixture(scope="module")
+def translator(trained_workdir) -> Translator:
+  return Translator.from_workdir(trained_workdir)
+
+
+@pytest.fixture(scope="module")
+def sources(trained_workdir) -> list[str]:
+  """The 64 held-out test sources and the 16 eval ones: 80 lines of 1 to 3 buckets."""
+  data = parse_group(DataConfig, json.loads((trained_workdir / "config.json").read_text())["data"])
+  return [s for split in (data.test_split, data.eval_split)
+          for s, _ in split_texts(data, split)]
+
+
+def assert_same_texts(slots: list, batches: list, tolerance: float = 1e-4) -> None:
+  """Every hypothesis's text equal, its score within `tolerance` (float32 rounding of programs
+  of other shapes; a wrong search moves scores by far more: 0.05 and up on this model)."""
+  assert [[text for text, _ in row] for row in slots] == [
+      [text for text, _ in row] for row in batches]
+  gaps = [abs(a - b) for x, y in zip(slots, batches, strict=True)
+          for (_, a), (_, b) in zip(x, y, strict=True)]
+  assert max(gaps) < tolerance, max(gaps)
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_slots_translate_what_batches_translate(translator, sources, method):
+  settings = {"method": method, "temperature": 0.7} if method == "sample" else {"method": method}
+  slots = translator.translate_nbest(sources, engine="slots", **settings)
+  batches = translator.translate_nbest(sources, **settings)
+  assert_same_texts(slots, batches)
+  if method == "beam":
+    assert {len(row) for row in slots} == {4}  # The n-best of beam 4.
+
+
+def test_a_sentence_is_the_same_bytes_whatever_else_is_in_flight(translator, sources):
+  rng = np.random.default_rng(0)
+  in_file = translator.translate_nbest(sources, engine="slots")
+  order = rng.permutation(len(sources))
+  shuffled = translator.translate_nbest([sources[i] for i in order], engine="slots")
+  assert [shuffled[list(order).index(i)] for i in range(len(sources))] == in_file
+  by_length = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+  shortest, longest = sources[by_length[0]], sources[by_length[-1]]
+  for i in rng.choice(len(sources), 4, replace=False):
+    assert translator.translate_nbest([sources[i]], engine="slots") == [in_file[i]]
+    between = translator.translate_nbest([longest, sources[i], shortest] * 3, engine="slots")
+    assert between[1] == between[4] == between[7] == in_file[i]
+
+
+def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, sources, tmp_path):
+  prefixes = [" ".join(s.split()[:1]) if i % 3 == 0 else "" for i, s in enumerate(sources)]
+  batches = translator.translate_nbest(sources, target_prefix=prefixes)
+  words = [row[0][0].split() for row in batches]
+  forbid = [[w[1]] if len(w) > 2 and i % 2 else [] for i, w in enumerate(words)]
+  options = {"target_prefix": prefixes, "forbid": forbid}
+  slots = translator.translate_nbest(sources, engine="slots", **options)
+  assert_same_texts(slots, translator.translate_nbest(sources, **options))
+  assert any(f and f[0] in w for f, w in zip(forbid, words, strict=True))  # Bans bite.
+  for (text, _), phrase in zip((row[0] for row in slots), forbid, strict=True):
+    assert not phrase or phrase[0] not in text.split()
+  shortlist = tmp_path / "shortlist.txt"
+  shortlist.write_text("\n".join(row[0][0] for row in batches))
+  assert_same_texts(translator.translate_nbest(sources, engine="slots",
+                                               vocab_shortlist=str(shortlist)),
+                    translator.translate_nbest(sources, vocab_shortlist=str(shortlist)))
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_precisions_run_in_slots(trained_workdir, sources, precision):
+  served = Translator.from_workdir(trained_workdir, precision=precision)
+  slots = served.translate_nbest(sources[:32], engine="slots")
+  assert [served.translate_nbest([sources[i]], engine="slots")[0] for i in (3, 17)] == [
+      slots[3], slots[17]]
+  batches = served.translate_nbest(sources[:32])
+  if precision == "int8":  # A last-bit difference can move an activation by one int8 step.
+    assert_same_texts(slots, batches, tolerance=2e-3)
+  else:  # bfloat16 rounds programs of other shapes apart: near-ties may swap.
+    agree = sum(a[0][0] == b[0][0] for a, b in zip(slots, batches, strict=True))
+    assert agree >= 30, agree
+
+
+def test_an_ensemble_runs_in_slots(trained_workdir, sources):
+  checkpoints = [trained_workdir / "checkpoints" / step for step in ("300", "400")]
+  ensemble = Translator.from_checkpoints([str(c) for c in checkpoints])
+  assert_same_texts(ensemble.translate_nbest(sources[:32], engine="slots"),
+                    ensemble.translate_nbest(sources[:32]))
+
+
+def test_sentences_come_back_as_they_finish(translator, sources, monkeypatch):
+  monkeypatch.setattr(engine, "MAX_SLOTS", 8)  # 8 slots per lane for 80 sentences.
+  admitted, yielded = [], []
+  admission = engine._admission
+
+  def counted(requests, taken, free, lane):
+    admitted.extend(taken)
+    return admission(requests, taken, free, lane)
+
+  monkeypatch.setattr(engine, "_admission", counted)
+  for batch in translator.iter_nbest(sources, 1, engine="slots"):
+    yielded.append((len(admitted), len(batch.indices)))
+  assert sum(count for _, count in yielded) == len(sources)
+  # Results came back while sentences still waited for a slot, a few at a time.
+  assert sum(1 for seen, _ in yielded if seen < len(sources)) >= 5, yielded
+  assert max(count for _, count in yielded) <= 8
+
+
+def test_constraints_and_alignments_run_in_batches(translator, sources):
+  words = [text.split() for text in translator.translate(sources[16:32])]  # Other lines'.
+  options = {"constraints": [[w[-1]] if w else [] for w in words]}
+  assert (translator.translate_nbest(sources[:16], engine="slots", **options)
+          == translator.translate_nbest(sources[:16], **options))
+  assert (translator.translate_aligned(sources[:16], engine="slots")
+          == translator.translate_aligned(sources[:16]))
