@@ -11,9 +11,12 @@ References, as the issue asks:
     of the largest logit);
   - greedy output equals `generate(num_beams=1, forced_bos_token_id=target language)`;
   - beam 4 equals CTranslate2's (the Hugging Face folder converted by its own
-    `TransformersConverter`; the target language token as its target prefix) on every line
-    CTranslate2 ended, all four hypotheses and their scores, with its length normalisation
-    (n ** alpha, our "fairseq");
+    `TransformersConverter`; the source as Hugging Face's tokenizer writes it, the target
+    language token as its target prefix) on every line CTranslate2 ended, all four hypotheses
+    and their scores, with its length normalisation (n ** alpha, our "fairseq");
+  - the language tokens that Hugging Face and CTranslate2 get come from Hugging Face's
+    tokenizer (`Imported.hf_language_id`), never from the code map the import wrote: a wrong
+    map fails these tests, not only the tokenization test;
   - tokenization equals the family's Hugging Face tokenizer, language tokens included.
 """
 
@@ -70,6 +73,20 @@ class Imported:
   def hf_batch(self, sources: list[str], target_lang: str, targets: list[str] | None = None):
     self.tokenizer.src_lang, self.tokenizer.tgt_lang = self.codes[0], target_lang
     return self.tokenizer(sources, text_target=targets, return_tensors="pt", padding=True)
+
+  def hf_language_id(self, code: str) -> int:
+    """Hugging Face's id of `code`'s language token, from its tokenizer, not from the code map
+    that the import wrote (a wrong map would otherwise force the same wrong token on both
+    sides): M2M-100's "fr" is "__fr__"; NLLB's and mBART-50's codes are their tokens."""
+    if self.family == "m2m100":
+      return self.tokenizer.get_lang_id(code)
+    language_id = self.tokenizer.convert_tokens_to_ids(code)
+    assert language_id != self.tokenizer.unk_token_id, code
+    return language_id
+
+  def hf_language_token(self, code: str) -> str:
+    """The token of `hf_language_id(code)`, as CTranslate2 takes it."""
+    return self.tokenizer.convert_ids_to_tokens(self.hf_language_id(code))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -180,8 +197,7 @@ def _hf_greedy(imported: Imported, sentences: list[str], target_lang: str) -> li
   with torch.no_grad():
     out = imported.model.generate(
         **batch, num_beams=1, do_sample=False, max_new_tokens=N,
-        forced_bos_token_id=imported.tokenizer.convert_tokens_to_ids(
-            imported.translator.tokenizer.codes[target_lang]),
+        forced_bos_token_id=imported.hf_language_id(target_lang),
         bad_words_ids=[[imported.tokenizer.pad_token_id]], forced_eos_token_id=None,
         no_repeat_ngram_size=0, repetition_penalty=1.0)
   rows = []
@@ -254,12 +270,14 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
   ct2 = ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)
   tokenizer = imported.translator.tokenizer
   target_lang = imported.codes[1]
-  pieces = lambda ids: [tokenizer.id_to_piece(i) for i in ids]
-  source = [pieces(tokenizer.source_ids(s, imported.codes[0]) + [EOS_ID]) for s in sentences]
+  # The source as Hugging Face's tokenizer writes it (language token and EOS included).
+  pad = imported.tokenizer.pad_token_id
+  source = [imported.tokenizer.convert_ids_to_tokens([i for i in row if i != pad])
+            for row in imported.hf_batch(sentences, target_lang)["input_ids"].tolist()]
   results = ct2.translate_batch(
-      source, target_prefix=[[tokenizer.codes[target_lang]]] * len(sentences), beam_size=4,
-      num_hypotheses=4, length_penalty=1.0, max_decoding_length=N, min_decoding_length=0,
-      return_scores=True, return_end_token=True)
+      source, target_prefix=[[imported.hf_language_token(target_lang)]] * len(sentences),
+      beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=N,
+      min_decoding_length=0, return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, target_lang, "beam", beam_size=4)
   compared = 0
   for mine, my_scores, result in zip(rows, scores, results, strict=True):
@@ -384,10 +402,11 @@ def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
   tokenizer = imported.translator.tokenizer
   target_lang = imported.codes[2]
   # CTranslate2 appends EOS itself (add_source_eos); the language tokens are the caller's.
-  source = [[tokenizer.codes[imported.codes[0]], *(tokenizer.id_to_piece(i) for i in
-                                                   tokenizer.tokenize(s))] for s in sentences]
-  results = ct2.translate_batch(source, target_prefix=[[tokenizer.codes[target_lang]]] * len(
-      sentences), beam_size=1, max_decoding_length=N - 1, min_decoding_length=0)
+  source = [[imported.hf_language_token(imported.codes[0]),
+             *(tokenizer.id_to_piece(i) for i in tokenizer.tokenize(s))] for s in sentences]
+  results = ct2.translate_batch(
+      source, target_prefix=[[imported.hf_language_token(target_lang)]] * len(sentences),
+      beam_size=1, max_decoding_length=N - 1, min_decoding_length=0)
   theirs = [tokenizer.detokenize([tokenizer._ids[p] for p in r.hypotheses[0]]) for r in results]
   ours = [h[0][0] for h in imported.translator.translate_nbest(
       sentences, 1, target_lang=target_lang, method="greedy", max_len_a=0.0, max_len_b=N - 1)]
