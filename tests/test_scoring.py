@@ -6,14 +6,14 @@ from the raw references, line for line; BLEU is then computed on whitespace toke
 against a hand-written corpus BLEU. The cased sacreBLEU is tested in test_decoding_bridge.py.
 """
 
-import collections
 import gzip
-import math
 from pathlib import Path
 
 import pytest
 
 from flax_transformer.scoring import lc_norm_tok, score_translations, summary
+
+import numpy_reference as ref
 
 MULTI30K = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "multi30k"
 FILES = [(split, lang) for split in ("val", "test_2016_flickr") for lang in ("en", "de", "fr")]
@@ -52,28 +52,13 @@ def test_moses_rules(text, lang, expected):
   assert lc_norm_tok([text], lang) == [expected]
 
 
-def _whitespace_bleu(hypotheses: list[str], references: list[str]) -> float:
-  """multi-bleu.perl: corpus BLEU-4 on whitespace tokens, no smoothing, one reference."""
-  matches, totals, hyp_len, ref_len = [0] * 4, [0] * 4, 0, 0
-  for hypothesis, reference in zip(hypotheses, references, strict=True):
-    h, r = hypothesis.split(), reference.split()
-    hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
-    for n in range(1, 5):
-      hyp_ngrams = collections.Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
-      ref_ngrams = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
-      matches[n - 1] += sum((hyp_ngrams & ref_ngrams).values())
-      totals[n - 1] += max(len(h) - n + 1, 0)
-  log_precision = sum(math.log(m / t) for m, t in zip(matches, totals, strict=True)) / 4
-  return 100.0 * math.exp(log_precision + min(0.0, 1.0 - ref_len / hyp_len))
-
-
 def test_lc_norm_tok_bleu_is_whitespace_bleu_of_the_tokenized_text():
   references = _lines(MULTI30K / "test_2016_flickr.de.gz")[:200]
   # Systems that differ from the references in case, punctuation and words.
   hypotheses = [r.upper() if i % 3 == 0 else r.replace(".", " .").replace("ein", "der")
                 for i, r in enumerate(references)]
   scores = score_translations(hypotheses, references, target_lang="de")
-  expected = _whitespace_bleu(lc_norm_tok(hypotheses, "de"), lc_norm_tok(references, "de"))
+  expected = ref.bleu(lc_norm_tok(hypotheses, "de"), lc_norm_tok(references, "de"))
   assert scores["bleu_lc_norm_tok"] == pytest.approx(expected, abs=1e-9)
   # Lowercasing makes the upper-cased third count: above the cased score.
   assert scores["bleu_lc_norm_tok"] > scores["bleu"] + 10
@@ -81,7 +66,7 @@ def test_lc_norm_tok_bleu_is_whitespace_bleu_of_the_tokenized_text():
   assert "tok:none" in scores["bleu_lc_norm_tok_signature"]
   assert "lc.norm.tok:de" in summary(scores).splitlines()[2]
   official = _lines(MULTI30K / "tok" / "test_2016_flickr.lc.norm.tok.de.gz")[:200]
-  assert _whitespace_bleu(official, lc_norm_tok(references, "de")) == pytest.approx(100.0)
+  assert ref.bleu(official, lc_norm_tok(references, "de")) == pytest.approx(100.0)
 
 
 def test_without_a_language_only_the_cased_scores():

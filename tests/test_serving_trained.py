@@ -30,6 +30,8 @@ from flax_transformer.data import synthetic
 from flax_transformer.data.pipeline import split_texts
 from flax_transformer.workdir import open_workdir
 
+import numpy_reference as ref
+
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
 
 GUIDED_STEPS = 60
@@ -130,24 +132,6 @@ def test_nbest_scores_are_the_score_of_their_text_over_the_length_penalty(
     assert len({text for n, text, _ in entries if int(n) == i}) == 4
 
 
-def _bleu(hypotheses: list[str], references: list[str]) -> float:
-  """Corpus BLEU-4 (Papineni et al.) on whitespace tokens, no smoothing: the synthetic task's
-  text is lowercase words without punctuation, which sacreBLEU's 13a tokenizer leaves as
-  they are."""
-  matches, totals = np.zeros(4), np.zeros(4)
-  hypothesis_length = reference_length = 0
-  for hypothesis, reference in zip(hypotheses, references, strict=True):
-    h, r = hypothesis.split(), reference.split()
-    hypothesis_length, reference_length = hypothesis_length + len(h), reference_length + len(r)
-    for n in range(1, 5):
-      grams = Counter(tuple(h[i:i + n]) for i in range(len(h) - n + 1))
-      reference_grams = Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
-      matches[n - 1] += sum((grams & reference_grams).values())
-      totals[n - 1] += max(len(h) - n + 1, 0)
-  brevity = min(1.0, np.exp(1 - reference_length / hypothesis_length))
-  return 100 * brevity * np.exp(np.mean(np.log(matches / totals)))
-
-
 def test_bfloat16_and_int8_by_bleu_and_agreement_with_float32(trained_workdir, long_triples,
                                                               tmp_path, capsys):
   """`evaluate --precision P --output F`: its BLEU is the BLEU of F against the references
@@ -169,7 +153,7 @@ def test_bfloat16_and_int8_by_bleu_and_agreement_with_float32(trained_workdir, l
                  str(output), "--json"]) == 0
     scores = json.loads(capsys.readouterr().out)
     outputs[precision] = output.read_text().splitlines()
-    bleu[precision] = _bleu(outputs[precision], references)
+    bleu[precision] = ref.bleu(outputs[precision], references)
     assert scores["bleu"] == pytest.approx(bleu[precision], abs=1e-6)
     assert scores["bleu_lc_norm_tok"] == pytest.approx(bleu[precision], abs=1e-6)
   assert bleu["float32"] > 8  # A model that translates: the comparisons below mean something.
