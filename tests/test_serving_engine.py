@@ -134,6 +134,23 @@ def test_sentences_come_back_as_they_finish(translator, sources, monkeypatch):
   assert max(count for _, count in yielded) <= 8
 
 
+def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sources,
+                                                                 monkeypatch):
+  monkeypatch.setattr(engine, "FIRST_TIER", 2)  # Tiers of 2, 4, 8, ... positions.
+  moved = []
+  migrate = engine._LaneRun._migrate
+
+  def counted(self, tier, rows):
+    moved.append((tier, rows.size))
+    return migrate(self, tier, rows)
+
+  monkeypatch.setattr(engine._LaneRun, "_migrate", counted)
+  for method in ("beam", "greedy"):
+    assert_same_texts(translator.translate_nbest(sources, engine="slots", method=method),
+                      translator.translate_nbest(sources, method=method))
+  assert {tier for tier, _ in moved} >= {0, 1, 2}, moved
+
+
 def test_constraints_and_alignments_run_in_batches(translator, sources):
   words = [text.split() for text in translator.translate(sources[16:32])]  # Other lines'.
   options = {"constraints": [[w[-1]] if w else [] for w in words]}

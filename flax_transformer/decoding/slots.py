@@ -12,6 +12,7 @@ Shape letters as in `decoding.search`; here B = 1 inside the vmap (a slot's prob
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 import jax
@@ -50,6 +51,11 @@ class SlotSearch(Protocol):
     """(sequences int32 [B, K, L], scores float32 [B, K]), best first, as the search returns."""
     ...
 
+  def map_cache(self, state: PyTree, fn: Callable[[PyTree], PyTree]) -> PyTree:
+    """The state with `fn` applied to the step function's state (the decoder cache), e.g. to
+    grow it; the search's own fields unchanged."""
+    ...
+
 
 @dataclasses.dataclass(frozen=True)
 class BeamSlots:
@@ -71,6 +77,9 @@ class BeamSlots:
 
   def result(self, problem: SearchProblem, state: BeamState) -> tuple[Array, Array]:
     return ranked_hypotheses(state, self.ranking)
+
+  def map_cache(self, state: BeamState, fn: Callable[[PyTree], PyTree]) -> BeamState:
+    return state.replace(alive_state=fn(state.alive_state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +114,10 @@ class SequentialSlots:
   def result(self, problem: SearchProblem, state: sampling.SequentialState
              ) -> tuple[Array, Array]:
     return state.sequences[:, None], state.log_probs[:, None]
+
+  def map_cache(self, state: sampling.SequentialState, fn: Callable[[PyTree], PyTree]
+                ) -> sampling.SequentialState:
+    return state.replace(state=fn(state.state))
 
 
 def _check_plain(problem: SearchProblem) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 
 from flax_transformer.config import ModelConfig, SearchConfig
 from flax_transformer.decoding import bridge, loop, search, slots
-from flax_transformer.model.transformer import CrossAttentionCache, Transformer
+from flax_transformer.model.transformer import CrossAttentionCache, Transformer, resize_cache
 from flax_transformer.serving import batching
 
 Array = jax.Array
@@ -46,6 +46,7 @@ PyTree = Any
 _log = logging.getLogger(__name__)
 MAX_SLOTS = 64  # Most slots of a lane (`lane_for`).
 ADMIT_ROWS = 8  # Most sentences one `admit` call encodes.
+FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (`tiers`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Lane:
 
   length: int  # S: padded source length (a bucket)
   decode_len: int  # L: output tokens with EOS
+  capacity: int  # C <= L: positions its slots' self-attention caches hold (its tier)
   slots: int  # R
   admit_rows: int  # E
   prefixed: bool  # a target prefix per slot ([R, 1, L])
@@ -129,8 +131,23 @@ def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_
   length = batching.bucket_length(source_length, max_len)
   rows = 1 << (max(1, batch_tokens // length).bit_length() - 1)
   rows = min(max(rows, batching.MIN_ROWS), MAX_SLOTS)
-  return Lane(length, batching.decode_length(settings, length, max_len), rows,
-              min(rows, ADMIT_ROWS), prefixed, phrases, sampled)
+  decode_len = batching.decode_length(settings, length, max_len)
+  return Lane(length, decode_len, tiers(decode_len)[0], rows, min(rows, ADMIT_ROWS), prefixed,
+              phrases, sampled)
+
+
+def tiers(decode_len: int, first: int | None = None) -> tuple[int, ...]:
+  """The cache capacities of a lane's tiers: `first` (default `FIRST_TIER`), then doubling,
+  below L, then L (a last step shorter than first / 2 merged into L). E.g. L = 67:
+  (16, 32, 67); L = 16: (16,)."""
+  first = first or FIRST_TIER
+  capacities = [first]
+  while capacities[-1] * 2 < decode_len:
+    capacities.append(capacities[-1] * 2)
+  capacities = [c for c in capacities if c < decode_len]
+  if capacities and decode_len - capacities[-1] < first // 2:
+    capacities.pop()
+  return (*capacities, decode_len)
 
 
 def _problem(model: Transformer, params: Any, slot: Slot, lane: Lane, how: Search,
@@ -171,7 +188,9 @@ def new_slots(model: Transformer, params: Any, inputs: Array, prefix: Array | No
                 None if forbid_row is None else forbid_row[None],
                 None if key is None else key[None])
     problem = _problem(model, params, slot, lane, how, word_continues, shortlist)
-    return slot.replace(state=how.machine.start(problem))
+    state = how.machine.map_cache(how.machine.start(problem),
+                                  lambda cache: resize_cache(cache, lane.capacity))
+    return slot.replace(state=state)
 
   return jax.vmap(one)(inputs, prefix, forbid, lines)
 
@@ -205,11 +224,13 @@ def empty_table(model: Transformer, params: Any, lane: Lane, how: Search,
 def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free: Array,
             max_iterations: Array, length_penalty: Array, word_continues: Array | None,
             shortlist: Array | None, *, lane: Lane, how: Search
-            ) -> tuple[Slot, Array, Array, Array]:
+            ) -> tuple[Slot, Array, Array, Array, Array]:
   """Steps every slot k positions per iteration while fewer than `want_free` slots are free
-  (complete, or not `live` bool [R]), some live slot is not complete, and fewer than
-  `max_iterations` iterations ran. Returns (the table, complete bool [R], sequences int32
-  [R, K, L], scores float32 [R, K]): every slot's ranked hypotheses, read where complete."""
+  (complete, or not `live` bool [R]), some live slot is neither complete nor full (its cache's
+  C positions written, `Lane.capacity`), no live slot is full, and fewer than
+  `max_iterations` iterations ran. Returns (the table, complete bool [R], full bool [R],
+  sequences int32 [R, K, L], scores float32 [R, K]): every slot's ranked hypotheses, read
+  where complete; a full slot moves to the next tier (`migrate`) before its lane steps again."""
   machine = _machine(how, length_penalty)
   columns = None
   if shortlist is not None:  # Gathered once per call, read by every step of every slot.
@@ -228,12 +249,15 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
         state = machine.step(problem, state)
     return slot.replace(state=state)
 
-  complete = jax.vmap(lambda slot: machine.complete(problem_of(slot), slot.state)[0])
+  def flags(table: Slot) -> tuple[Array, Array]:
+    complete = jax.vmap(lambda slot: machine.complete(problem_of(slot), slot.state)[0])(table)
+    return complete, ~complete & (table.state.step >= lane.capacity)
 
   def keep_going(carry: tuple[Slot, Array]) -> Array:
     table, iterations = carry
-    done = complete(table)
-    return ((slots.finished_slots(done, live) < want_free) & jnp.any(live & ~done)
+    complete, full = flags(table)
+    return ((slots.finished_slots(complete | full, live) < want_free)
+            & jnp.any(live & ~complete) & ~jnp.any(live & full)
             & (iterations < max_iterations))
 
   table, _ = jax.lax.while_loop(
@@ -243,7 +267,19 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   sequences, scores = sequences[:, 0], scores[:, 0]  # [R, K, L], [R, K]
   if shortlist is not None:  # Indices into the shortlist -> vocabulary ids.
     sequences = bridge.full_ids(sequences, jnp.asarray(shortlist, jnp.int32))
-  return table, complete(table), sequences, scores
+  return (table, *flags(table), sequences, scores)
+
+
+def migrate(source: Slot, target: Slot, rows: Array, into: Array, *, lane: Lane, how: Search
+            ) -> Slot:
+  """`target` (a table of the next tier, capacity `lane.capacity`) with the slots rows int32
+  [R] of `source` written at its slots into int32 [R] (R: none), their caches grown to the
+  target's capacity (zeros appended: the positions not written yet)."""
+  moved = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), source)
+  state = how.machine.map_cache(
+      moved.state, jax.vmap(lambda cache: resize_cache(cache, lane.capacity)))
+  moved = moved.replace(state=state)
+  return jax.tree.map(lambda old, new: old.at[into].set(new, mode="drop"), target, moved)
 
 
 def _columns(model: Transformer, params: Any, shortlist: Array, ensemble: bool) -> Any:
@@ -256,14 +292,15 @@ def _columns(model: Transformer, params: Any, shortlist: Array, ensemble: bool) 
 
 
 @functools.cache
-def _programs(model_config: ModelConfig) -> tuple[Any, Any]:
-  """The jitted `admit` and `advance` of a model config (the table donated), shared by every
-  run of it; `lane` and `how` are static."""
+def _programs(model_config: ModelConfig) -> tuple[Any, Any, Any]:
+  """The jitted `admit`, `advance` and `migrate` of a model config (the table written
+  donated), shared by every run of it; `lane` and `how` are static."""
   model = Transformer(model_config)
   static = ("lane", "how")
   return (jax.jit(functools.partial(admit, model), static_argnames=static, donate_argnums=(1,)),
           jax.jit(functools.partial(advance, model), static_argnames=static,
-                  donate_argnums=(1,)))
+                  donate_argnums=(1,)),
+          jax.jit(migrate, static_argnames=static, donate_argnums=(1,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,41 +335,97 @@ def run(model_config: ModelConfig, params: Any, requests: Sequence[Request], spe
 
 def _run_lane(model_config: ModelConfig, params: Any, requests: Sequence[Request],
               indices: Iterable[int], lane: Lane, spec: Run) -> Iterator[list[Result]]:
-  """One lane's requests (`indices` into `requests`) through its table."""
-  admit_fn, advance_fn = _programs(model_config)
-  model = Transformer(model_config)
-  data = (None if spec.word_continues is None else jnp.asarray(spec.word_continues),
-          None if spec.shortlist is None else jnp.asarray(spec.shortlist))
-  seed_key = jax.random.key(spec.seed)
-  alpha = jnp.float32(spec.length_penalty)
-  table = empty_table(model, params, lane, spec.how, *data)
-  live = np.zeros(lane.slots, bool)
-  owner = np.full(lane.slots, -1, np.int64)
-  queue = collections.deque(indices)
-  first = time.perf_counter()
-  calls = 0
-  while queue or live.any():
-    while queue and not live.all():
-      free = np.flatnonzero(~live)[:min(lane.admit_rows, len(queue))]
-      taken = [queue.popleft() for _ in free]
-      table = admit_fn(params, table, *_admission(requests, taken, free, lane), seed_key, *data,
-                       lane=lane, how=spec.how)
-      live[free], owner[free] = True, taken
-    want = min(lane.admit_rows, len(queue)) if queue else lane.slots
-    iterations = np.int32(1 << 30 if queue else spec.max_iterations)
-    table, complete, sequences, scores = advance_fn(
-        params, table, jnp.asarray(live), jnp.int32(want), iterations, alpha, *data,
-        lane=lane, how=spec.how)
-    done = np.flatnonzero(live & np.asarray(complete))
-    calls += 1
-    if calls == 1:
-      _log.info("Compiled the engine's programs for sources of %d tokens (%d slots, output "
-                "length %d) in %.2f s (or loaded them from the persistent compilation cache).",
-                lane.length, lane.slots, lane.decode_len, time.perf_counter() - first)
+  """One lane's requests (`indices` into `requests`) through its tiers' tables."""
+  yield from _LaneRun(model_config, params, requests, lane, spec).run(indices)
+
+
+class _LaneRun:
+  """The host side of one lane: its tiers' tables (made when first needed), which slots are
+  live and whose sentence each holds, and the calls of the three programs."""
+
+  def __init__(self, model_config: ModelConfig, params: Any, requests: Sequence[Request],
+               lane: Lane, spec: Run):
+    self.programs = _programs(model_config)
+    self.model, self.params, self.requests, self.spec = (Transformer(model_config), params,
+                                                         requests, spec)
+    self.lanes = [dataclasses.replace(lane, capacity=c) for c in tiers(lane.decode_len)]
+    self.tables: list[Slot | None] = [None] * len(self.lanes)
+    self.live = [np.zeros(lane.slots, bool) for _ in self.lanes]
+    self.owner = [np.full(lane.slots, -1, np.int64) for _ in self.lanes]
+    self.data = (None if spec.word_continues is None else jnp.asarray(spec.word_continues),
+                 None if spec.shortlist is None else jnp.asarray(spec.shortlist))
+    self.seed_key = jax.random.key(spec.seed)
+    self.alpha = jnp.float32(spec.length_penalty)
+    self.compiled: set[int] = set()
+
+  def run(self, indices: Iterable[int]) -> Iterator[list[Result]]:
+    queue = collections.deque(indices)
+    while queue or any(live.any() for live in self.live):
+      while queue and not self.live[0].all():
+        self._admit(queue)
+      if self.live[0].any():  # The first tier runs until the next admission can fill it.
+        tier = 0
+        want = min(self.lanes[0].admit_rows, len(queue)) if queue else self.lanes[0].slots
+      else:  # Nothing waits: drain the lowest tier that holds sentences.
+        tier = next(t for t, live in enumerate(self.live) if live.any())
+        want = self.lanes[tier].slots
+      yield from self._advance(tier, want, bounded=not queue)
+
+  def _table(self, tier: int) -> Slot:
+    if self.tables[tier] is None:
+      self.tables[tier] = empty_table(self.model, self.params, self.lanes[tier], self.spec.how,
+                                      *self.data)
+    return self.tables[tier]
+
+  def _admit(self, queue: collections.deque) -> None:
+    lane, live = self.lanes[0], self.live[0]
+    free = np.flatnonzero(~live)[:min(lane.admit_rows, len(queue))]
+    taken = [queue.popleft() for _ in free]
+    self.tables[0] = self.programs[0](
+        self.params, self._table(0), *_admission(self.requests, taken, free, lane),
+        self.seed_key, *self.data, lane=lane, how=self.spec.how)
+    live[free], self.owner[0][free] = True, taken
+
+  def _advance(self, tier: int, want: int, bounded: bool = False) -> Iterator[list[Result]]:
+    """One `advance` call on `tier`; yields what completed, then moves its full slots up."""
+    lane, live = self.lanes[tier], self.live[tier]
+    start = time.perf_counter()
+    iterations = np.int32(self.spec.max_iterations if bounded else 1 << 30)
+    table, complete, full, sequences, scores = self.programs[1](
+        self.params, self._table(tier), jnp.asarray(live), jnp.int32(want), iterations,
+        self.alpha, *self.data, lane=lane, how=self.spec.how)
+    self.tables[tier] = table
+    complete, full = np.asarray(complete), np.asarray(full)
+    if tier not in self.compiled:
+      self.compiled.add(tier)
+      _log.info("Compiled the engine's programs for sources of %d tokens (%d slots, cache of %d "
+                "of %d positions) in %.2f s (or loaded them from the persistent compilation "
+                "cache).", lane.length, lane.slots, lane.capacity, lane.decode_len,
+                time.perf_counter() - start)
+    done = np.flatnonzero(live & complete)
     if done.size:
       sequences, scores = np.asarray(sequences), np.asarray(scores)
-      yield [Result(int(owner[i]), sequences[i], scores[i]) for i in done]
+      yield [Result(int(self.owner[tier][i]), sequences[i], scores[i]) for i in done]
       live[done] = False
+    moving = np.flatnonzero(live & full)
+    if moving.size:
+      yield from self._migrate(tier, moving)
+
+  def _migrate(self, tier: int, rows: np.ndarray) -> Iterator[list[Result]]:
+    """Moves the full slots `rows` of `tier` to the next tier, first running that tier until it
+    has room for them."""
+    above = tier + 1
+    while (~self.live[above]).sum() < rows.size:
+      yield from self._advance(above, int(rows.size))
+    into = np.flatnonzero(~self.live[above])[:rows.size]
+    slots_count = self.lanes[above].slots
+    padded = lambda x: np.concatenate([x, np.full(slots_count - x.size, slots_count)]).astype(
+        np.int32)
+    self.tables[above] = self.programs[2](
+        self.tables[tier], self._table(above), padded(rows), padded(into),
+        lane=self.lanes[above], how=self.spec.how)
+    self.live[above][into], self.owner[above][into] = True, self.owner[tier][rows]
+    self.live[tier][rows] = False
 
 
 def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarray,
@@ -361,4 +454,4 @@ def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarr
 
 
 __all__ = ["ADMIT_ROWS", "MAX_SLOTS", "Lane", "Request", "Result", "Run", "Search", "Slot",
-           "admit", "advance", "empty_table", "lane_for", "new_slots", "run"]
+           "admit", "advance", "empty_table", "lane_for", "migrate", "new_slots", "run", "tiers"]
