@@ -26,6 +26,11 @@ if os.environ["JAX_PLATFORMS"].split(",")[0] in ("cuda", "gpu"):  # "cuda,cpu" t
   # unaffected: the setting only keeps float32 dots at float32.
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# The serving tests' shared fixtures (`tokenizer`, `workdir`), asked for by name: no test module
+# imports fixtures from another.
+pytest_plugins = ("serving_fixtures",)
+
 # train.py and the CLI cache compiled programs in ~/.cache by default. Tests use a cache of
 # their own, new for each session and removed at its end: nothing carries over between runs,
 # while the many processes that tests spawn (CLI commands, train.py, several hosts) and the

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-import test_serving_bulk
 from conftest import REPO, train_command
 from test_serving_bulk import cli, translate_args, write_input
 
@@ -29,9 +28,6 @@ from flax_transformer.progress import ProgressBar
 from flax_transformer.serving import bulk
 
 COMMANDS = sorted(build_parser().command_parsers)
-# test_serving_bulk's serving workdir (the tiny model, random params), as `bulk_workdir`.
-tokenizer = test_serving_bulk.tokenizer
-bulk_workdir = test_serving_bulk.workdir
 
 
 # ----------------------------------------------------------------------------------- help
@@ -138,17 +134,16 @@ def _as_shown(raw: bytes) -> list[str]:
 
 
 @pytest.mark.slow  # Starts the command on a tiny model (about 15 s).
-def test_a_terminal_shows_translations_and_progress_on_lines_of_their_own(bulk_workdir,
-                                                                         tmp_path):
+def test_a_terminal_shows_translations_and_progress_on_lines_of_their_own(workdir, tmp_path):
   """stdout and stderr the same terminal, the input a pipe of three lines, no --input or
   --output (standard input and output, the defaults): the translations come out on lines of
   their own, then the summary; the progress line was erased before each."""
   source = tmp_path / "in.txt"
   lines = write_input(source, 3, seed=3, empty_every=100)
-  assert main(translate_args(bulk_workdir, source, tmp_path / "ref.txt", "--method", "greedy")) == 0
+  assert main(translate_args(workdir, source, tmp_path / "ref.txt", "--method", "greedy")) == 0
   expected = (tmp_path / "ref.txt").read_text().splitlines()
   leader, follower = pty.openpty()
-  run = cli("translate", "--workdir", str(bulk_workdir), "--method", "greedy", devices=1,
+  run = cli("translate", "--workdir", str(workdir), "--method", "greedy", devices=1,
             stdin=subprocess.PIPE, stdout=follower, stderr=follower)
   os.close(follower)
   run.stdin.write("".join(line + "\n" for line in lines))
@@ -242,8 +237,7 @@ STOPPED_LINE = re.compile(
 
 @pytest.mark.slow  # Starts the command 7 times on a tiny model (about a minute).
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
-def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes(bulk_workdir,
-                                                                                 tmp_path):
+def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes(workdir, tmp_path):
   """SIGINT or SIGTERM to the process group, at random moments from start-up (compiling) to the
   exit: exit status 128 + signal and one line saying what was kept (or status 0 when the job
   was done), no traceback, no output until it is whole, and the rerun's bytes are a whole
@@ -252,7 +246,7 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
   write_input(source, 200, seed=5)
   flags = ["--chunk_lines", "20", "--method", "greedy", "--batch_tokens", "256"]
   cache = tmp_path / "xla"
-  first = cli(*translate_args(bulk_workdir, source, reference, *flags), devices=1, cache=cache,
+  first = cli(*translate_args(workdir, source, reference, *flags), devices=1, cache=cache,
               stderr=subprocess.PIPE)
   error = first.communicate(timeout=300)[1]
   assert first.returncode == 0 and "Traceback" not in error, error[-3000:]
@@ -262,7 +256,7 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
   for moment in ("start-up", "start-up", "mid-job", "mid-job", "mid-job", "exit"):
     signum = rng.choice([signal.SIGINT, signal.SIGTERM])
     output.unlink(missing_ok=True)
-    run = cli(*translate_args(bulk_workdir, source, output, *flags), devices=1, cache=cache,
+    run = cli(*translate_args(workdir, source, output, *flags), devices=1, cache=cache,
               stderr=subprocess.PIPE, start_new_session=True)
     while not _handlers_installed(run.pid):
       time.sleep(0.01)
@@ -300,7 +294,7 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.txt")]
     assert leftovers == [], leftovers  # No temporary file of the output.
   assert stops >= 4
-  rerun = cli(*translate_args(bulk_workdir, source, output, *flags), devices=1, cache=cache,
+  rerun = cli(*translate_args(workdir, source, output, *flags), devices=1, cache=cache,
               stderr=subprocess.PIPE)
   error = rerun.communicate(timeout=300)[1]
   assert rerun.returncode == 0 and "Traceback" not in error, error[-3000:]

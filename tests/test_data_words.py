@@ -2,7 +2,7 @@
 checked against SentencePiece's own decoding of every piece of a trained vocabulary."""
 
 import pytest
-from test_serving_translator import sentences
+from serving_fixtures import sentences
 
 from flax_transformer.data import words
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, train_tokenizer

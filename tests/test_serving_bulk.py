@@ -21,20 +21,18 @@ import time
 import types
 from pathlib import Path
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from conftest import STORAGE_KINDS, listing, small_program_child_xla_flags, storage_folder
 from jax.sharding import Mesh
-from test_serving_translator import WORDS, copy_translator, sentences
+from serving_fixtures import sentences
+from test_serving_translator import copy_translator
 
-from flax_transformer import ModelConfig, Transformer, files, progress
+from flax_transformer import ModelConfig, files, progress
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
-from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
+from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.serving import bulk
@@ -46,38 +44,6 @@ import numpy_reference as ref
 pytestmark = pytest.mark.slow  # kill -9 and several processes.
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram")
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory, tokenizer) -> Path:
-  """A serving workdir: the tiny model with random params at step 1, its vocabulary, and a
-  config.json whose search group sets beam 3 and short outputs."""
-  root = tmp_path_factory.mktemp("bulk") / "workdir"
-  root.mkdir()
-  config = {
-      "model": {"preset": "tiny", "max_len": 64, "dropout_rate": 0.0,
-                "attention_dropout_rate": 0.0},
-      "data": {}, "train": {}, "checkpoint": {}, "eval": {},
-      "search": {"beam_size": 3, "grow_cache": "no", "max_len_b": 10, "min_length": 2}}
-  (root / workdir_lib.CONFIG_FILE).write_text(json.dumps(config))
-  (root / workdir_lib.VOCAB_FILE).write_bytes(tokenizer.proto)
-  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=64))
-  tokens = jnp.ones((1, 4), jnp.int32)
-  params = nn.meta.unbox(model.init(jax.random.key(7), tokens, tokens)["params"])
-  # Scaled up, random weights give varied, input-dependent outputs (at scale 1, most lines of
-  # the tests' input come out as the same few words).
-  params = jax.tree.map(lambda x: 3.0 * x, params)
-  manager = workdir_lib.checkpoint_manager(
-      root, {workdir_lib.PARAMS_ITEM: ocp.StandardCheckpointHandler()}, async_save=False)
-  manager.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(params)))
-  manager.wait_until_finished()
-  manager.close()
-  return root
 
 
 def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11,

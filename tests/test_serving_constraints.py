@@ -16,15 +16,13 @@ import numpy as np
 import pytest
 import sacrebleu
 from conftest import STORAGE_KINDS, storage_folder
-from test_serving_bulk import (  # noqa: F401 (fixtures)
+from serving_fixtures import ONE_BUCKET_WORDS
+from test_serving_bulk import (
   crash_after_chunks,
-  tokenizer,
   translate_args,
   translate_on_eight_devices_one_and_two_processes,
-  workdir,
   write_input,
 )
-from test_serving_translator import ONE_BUCKET_WORDS
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
@@ -35,7 +33,7 @@ SENTENCES = ["the dog sees the cat", "", "a man runs near the old river", "the b
 
 
 @pytest.fixture(scope="module")
-def translator(workdir):  # noqa: F811
+def translator(workdir):
   return Translator.from_workdir(workdir)
 
 
@@ -164,7 +162,7 @@ def _phrase_files(folder, lines, seed=0):
 @pytest.mark.slow  # Compile-bound and spawns processes: the fast tier leaves it to CI.
 @pytest.mark.parametrize("kind", STORAGE_KINDS)
 def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
-    kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):  # noqa: F811
+    kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):
   folder = storage_folder(kind, request, tmp_path_factory, "constraints")
   source = folder / "in.txt"
   lines = write_input(source, 30, max_words=ONE_BUCKET_WORDS)
@@ -200,7 +198,7 @@ def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
 
 
 @pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
-def test_an_all_empty_constraints_file_gives_the_same_bytes(workdir, tmp_path):  # noqa: F811
+def test_an_all_empty_constraints_file_gives_the_same_bytes(workdir, tmp_path):
   source = tmp_path / "in.txt"
   lines = write_input(source, 12, max_words=ONE_BUCKET_WORDS)
   empty = tmp_path / "empty.txt"
@@ -213,7 +211,7 @@ def test_an_all_empty_constraints_file_gives_the_same_bytes(workdir, tmp_path): 
 
 
 def test_bad_phrase_files_are_one_line_before_anything_is_restored(
-    workdir, tmp_path, capsys, monkeypatch):  # noqa: F811
+    workdir, tmp_path, capsys, monkeypatch):
   from flax_transformer.serving import commands
 
   monkeypatch.setattr(commands, "translator", lambda *a, **k: pytest.fail("restored"))
@@ -248,7 +246,7 @@ def test_bad_phrase_files_are_one_line_before_anything_is_restored(
 
 @pytest.mark.slow  # Spawns processes: the fast tier leaves it to CI.
 def test_constrained_output_is_the_same_on_one_device_eight_and_two_processes(
-    workdir, tmp_path, monkeypatch):  # noqa: F811
+    workdir, tmp_path, monkeypatch):
   source = tmp_path / "in.txt"
   lines = write_input(source, 40, max_words=ONE_BUCKET_WORDS)
   constraints, forbid = _phrase_files(tmp_path, lines, seed=1)
@@ -290,7 +288,7 @@ def test_a_trained_model_meets_random_constraints_wherever_they_fit(trained_work
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
-def test_constraints_compose_with_a_prefix_alignments_nbest_and_an_ensemble(workdir, translator):  # noqa: F811
+def test_constraints_compose_with_a_prefix_alignments_nbest_and_an_ensemble(workdir, translator):
   sentences = ["a man is riding a bike", "two dogs run near the lake", "the boy sleeps"]
   constraints, prefix = [["park"], ["water", "man"], []], ["the", "", "a small"]
   aligned = translator.translate_aligned(sentences, target_prefix=prefix,
@@ -310,7 +308,7 @@ def test_constraints_compose_with_a_prefix_alignments_nbest_and_an_ensemble(work
 
 
 @pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
-def test_evaluate_measures_a_term_lists_effect(workdir, tmp_path, capsys):  # noqa: F811
+def test_evaluate_measures_a_term_lists_effect(workdir, tmp_path, capsys):
   source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
   lines = [line for line in write_input(source, 8) if line]
   source.write_text("".join(line + "\n" for line in lines))

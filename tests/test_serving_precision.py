@@ -8,15 +8,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from test_serving_bulk import (  # noqa: F401 (fixtures)
+from serving_fixtures import ONE_BUCKET_WORDS, sentences
+from test_serving_bulk import (
   crash_after_chunks,
-  tokenizer,
   translate_args,
   translate_on_eight_devices_one_and_two_processes,
-  workdir,
   write_input,
 )
-from test_serving_translator import ONE_BUCKET_WORDS, sentences
 
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
@@ -31,7 +29,7 @@ TOLERANCE = {"bfloat16": 2e-2, "int8": 5e-3}
 
 
 @pytest.fixture(scope="module")
-def translators(workdir):  # noqa: F811
+def translators(workdir):
   return {precision: Translator.from_workdir(workdir, precision=precision)
           for precision in PRECISIONS}
 
@@ -41,7 +39,7 @@ def _dtypes(params) -> set[str]:
 
 
 def test_each_precision_converts_the_params_once_and_leaves_the_checkpoint_as_trained(
-    workdir, translators):  # noqa: F811
+    workdir, translators):
   assert _dtypes(translators["float32"].params) == {"float32"}
   assert _dtypes(translators["bfloat16"].params) == {"bfloat16"}
   assert _dtypes(translators["int8"].params) == {"int8", "float32"}
@@ -94,7 +92,7 @@ def test_every_method_and_option_runs_at_each_precision(translators, precision):
 @pytest.mark.slow  # Compiles an ensemble's search per precision.
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 def test_an_ensemble_of_one_checkpoint_twice_translates_as_the_checkpoint(
-    workdir, translators, precision):  # noqa: F811
+    workdir, translators, precision):
   checkpoint = str(workdir / "checkpoints" / "1")
   ensemble = Translator.from_checkpoints([checkpoint, checkpoint], precision=precision)
   assert ensemble.ensemble and _dtypes(ensemble.params) == _dtypes(translators[precision].params)
@@ -106,7 +104,7 @@ def test_an_ensemble_of_one_checkpoint_twice_translates_as_the_checkpoint(
 @pytest.mark.slow  # Spawns processes.
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
-    workdir, tmp_path, monkeypatch, precision):  # noqa: F811
+    workdir, tmp_path, monkeypatch, precision):
   source = tmp_path / "in.txt"
   # One search shape ([8, 8]; 2 steps on 8 devices, 3 on 2 x 2, 9 on one): test_serving_bulk's
   # float32 test covers several shapes and steps; each shape costs every process a compile.
@@ -127,7 +125,7 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
 
 
 @pytest.mark.slow  # Runs the CLI's bulk job twice.
-def test_a_resumed_job_cannot_switch_precision(workdir, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_a_resumed_job_cannot_switch_precision(workdir, tmp_path, monkeypatch, capsys):
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   write_input(source, 30, max_words=ONE_BUCKET_WORDS)
   args = translate_args(workdir, source, output, "--chunk_lines", "10", "--precision", "int8")

@@ -11,13 +11,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import STORAGE_KINDS, storage_folder
-from test_serving_bulk import (  # noqa: F401 (fixtures)
-  crash_after_chunks,
-  tokenizer,
-  translate_args,
-  workdir,
-  write_input,
-)
+from test_serving_bulk import crash_after_chunks, translate_args, write_input
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
@@ -31,7 +25,7 @@ SENTENCES = ["the dog sees the cat", "", "a man runs near the old river", "the b
 
 
 @pytest.fixture(scope="module")
-def translator(workdir):  # noqa: F811
+def translator(workdir):
   return Translator.from_workdir(workdir)
 
 
@@ -117,7 +111,7 @@ def test_bad_prefixes_are_one_line(translator):
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("kind", STORAGE_KINDS)
 def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
-    kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):  # noqa: F811
+    kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):
   """Locally and gs:// to gs:// (inputs, OUT.partial's chunks, both outputs: objects on the
   emulator)."""
   folder = storage_folder(kind, request, tmp_path_factory, "prefix_align")
@@ -157,7 +151,7 @@ def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
   assert not partial.exists()
 
 
-def test_translate_flags_report_bad_files_in_one_line(workdir, tmp_path, capsys):  # noqa: F811
+def test_translate_flags_report_bad_files_in_one_line(workdir, tmp_path, capsys):
   source, prefix_file = tmp_path / "in.txt", tmp_path / "prefix.txt"
   write_input(source, 5)
   prefix_file.write_text("a\nb\n")

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from conftest import REPO
-from test_serving_translator import ONE_BUCKET_WORDS, sentences, tokenizer  # noqa: F401
+from serving_fixtures import ONE_BUCKET_WORDS, sentences
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import TranslateConfig
@@ -32,7 +32,7 @@ def stored_in(tmp_path, monkeypatch):
   return folder
 
 
-def _translator(tokenizer, search_fn=None, **settings) -> Translator:  # noqa: F811
+def _translator(tokenizer, search_fn=None, **settings) -> Translator:
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=32, dropout_rate=0.0,
                             attention_dropout_rate=0.0)
   tokens = jnp.ones((1, 4), jnp.int32)
@@ -48,7 +48,7 @@ def _fresh(translator: Translator) -> programs.StoredPrograms:
 
 @pytest.mark.slow  # Spawns processes.
 def test_a_new_process_loads_the_stored_program_and_translates_alike(
-    tokenizer, stored_in, monkeypatch):  # noqa: F811
+    tokenizer, stored_in, monkeypatch):
   texts = sentences(5, seed=7)
   first = _translator(tokenizer, beam_size=3)
   assert isinstance(first.search_fn, programs.StoredPrograms)
@@ -82,7 +82,7 @@ def test_a_new_process_loads_the_stored_program_and_translates_alike(
   assert len(os.listdir(stored_in)) == 2 * len(shapes)
 
 
-def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monkeypatch):  # noqa: F811
+def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monkeypatch):
   def refuse(*args, **kwargs):
     raise ValueError("Cannot serialize code with custom calls whose targets have no "
                      "compatibility guarantees")
@@ -98,7 +98,7 @@ def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monke
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("exported", [True, False], ids=["exported", "jitted"])
 def test_a_bound_keeps_the_own_programs_drops_the_oldest_others_and_frees_them(
-    tokenizer, stored_in, monkeypatch, exported):  # noqa: F811
+    tokenizer, stored_in, monkeypatch, exported):
   """Each sampling top_k is a program of its own: bounded to 2 besides the own settings', the
   store keeps the own program and the 2 most recently used others, JAX holds no executable of
   a dropped one (without the bound, every top_k's stays alive), and a dropped program's
@@ -134,7 +134,7 @@ def test_a_bound_keeps_the_own_programs_drops_the_oldest_others_and_frees_them(
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
-def test_compile_leaves_nothing_for_later_calls_to_compile(tokenizer, stored_in, monkeypatch):  # noqa: F811
+def test_compile_leaves_nothing_for_later_calls_to_compile(tokenizer, stored_in, monkeypatch):
   translator = _translator(tokenizer, batch_tokens=64, beam_size=2)
   built = []
   real = programs.StoredPrograms._program
@@ -165,7 +165,7 @@ def test_a_translator_turns_the_persistent_cache_on_under_the_clis_switch(tmp_pa
   assert runs == {"folder": [str(tmp_path / "xla")] * 2, "off": ["None", "None"]}
 
 
-def test_making_a_translator_asks_for_the_default_cache(tokenizer, monkeypatch):  # noqa: F811
+def test_making_a_translator_asks_for_the_default_cache(tokenizer, monkeypatch):
   asked = []
   monkeypatch.setattr(translator_lib.compilation_cache, "enable_default_compilation_cache",
                       lambda: asked.append(1))
@@ -175,7 +175,7 @@ def test_making_a_translator_asks_for_the_default_cache(tokenizer, monkeypatch):
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["greedy", "sample"])
-def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer, stored_in,  # noqa: F811
+def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer, stored_in,
                                                                        method):
   """Greedy decoding and sampling (a key per row, split over the mesh) through stored programs
   over every local device (8 on a CPU, conftest.py) give what the plain jitted search gives."""
@@ -200,7 +200,7 @@ def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer
   assert loaded.translate(texts) == plain.translate(texts)
 
 
-def test_one_program_per_shape_serves_every_length_penalty(tokenizer, stored_in):  # noqa: F811
+def test_one_program_per_shape_serves_every_length_penalty(tokenizer, stored_in):
   """The length penalty is data: a grid of alphas traces each shape once, and every alpha
   gives the bits of a program compiled with it as a constant (`search_batch` given no
   length_penalty reads `settings.length_penalty`)."""
@@ -231,7 +231,7 @@ def test_one_program_per_shape_serves_every_length_penalty(tokenizer, stored_in)
   assert len(traced) == len(shapes)  # Traced once per shape for the whole grid.
 
 
-def test_nbest_returns_fewer_hypotheses_where_fewer_exist(tokenizer, stored_in):  # noqa: F811
+def test_nbest_returns_fewer_hypotheses_where_fewer_exist(tokenizer, stored_in):
   """A target prefix that fills the whole output leaves one hypothesis (the prefix, then the
   forced EOS): the n-best has one entry, not n - 1 invented ('', -inf) ones."""
   translator = _translator(tokenizer, beam_size=4, max_len_a=0.0, max_len_b=3)

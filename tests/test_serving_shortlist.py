@@ -16,13 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_serving_bulk import (  # noqa: F401 (fixtures)
-  crash_after_chunks,
-  tokenizer,
-  translate_args,
-  workdir,
-  write_input,
-)
+from test_serving_bulk import crash_after_chunks, translate_args, write_input
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.cli import main
@@ -36,7 +30,7 @@ KEPT_TEXT = "a man is riding a red bike in the park near the lake\nthe dogs run 
 SENTENCES = ["a man is riding a bike", "two dogs run in the park", "the blue water"]
 
 
-def _model(tokenizer):  # noqa: F811
+def _model(tokenizer):
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=64, dropout_rate=0.0,
                             attention_dropout_rate=0.0, logits_bias=True)
   tokens = jnp.ones((1, 4), jnp.int32)
@@ -49,7 +43,7 @@ def _model(tokenizer):  # noqa: F811
   return config, params
 
 
-def _translator(config, params, tokenizer, outputs=None, **settings):  # noqa: F811
+def _translator(config, params, tokenizer, outputs=None, **settings):
   """A Translator whose searches' id outputs are appended to `outputs` (when given)."""
   search = translator_lib.search_program(config, None)
 
@@ -66,7 +60,7 @@ def _translator(config, params, tokenizer, outputs=None, **settings):  # noqa: F
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["beam", "greedy"])
 def test_translations_equal_the_full_search_with_minus_inf_outside_the_shortlist(
-    tokenizer, tmp_path, method):  # noqa: F811
+    tokenizer, tmp_path, method):
   path = tmp_path / "kept.txt"
   path.write_text(KEPT_TEXT)
   config, params = _model(tokenizer)
@@ -98,7 +92,7 @@ def test_translations_equal_the_full_search_with_minus_inf_outside_the_shortlist
   assert not all(np.isin(ids, kept).all() for ids in plain_ids)
 
 
-def test_a_prefix_or_constraint_outside_the_shortlist_is_one_line(tokenizer, tmp_path):  # noqa: F811
+def test_a_prefix_or_constraint_outside_the_shortlist_is_one_line(tokenizer, tmp_path):
   path = tmp_path / "kept.txt"
   path.write_text(KEPT_TEXT)
   config, params = _model(tokenizer)
@@ -114,7 +108,7 @@ def test_a_prefix_or_constraint_outside_the_shortlist_is_one_line(tokenizer, tmp
 
 
 def test_bad_shortlist_files_are_one_line_before_anything_is_restored(
-    workdir, tmp_path, capsys, monkeypatch):  # noqa: F811
+    workdir, tmp_path, capsys, monkeypatch):
   from flax_transformer.serving import commands
 
   monkeypatch.setattr(commands, "translator", lambda *a, **k: pytest.fail("restored"))
@@ -136,7 +130,7 @@ def test_bad_shortlist_files_are_one_line_before_anything_is_restored(
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_a_bulk_job_resumes_only_with_the_same_shortlist_text(
-    workdir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    workdir, tmp_path, monkeypatch, capsys):
   source, kept = tmp_path / "in.txt", tmp_path / "kept.txt"
   write_input(source, 12, max_words=6)
   kept.write_text(KEPT_TEXT)
@@ -156,7 +150,7 @@ def test_a_bulk_job_resumes_only_with_the_same_shortlist_text(
   assert out.read_bytes() == whole.read_bytes()
 
 
-def test_a_text_of_unspellable_characters_is_one_line(tokenizer, tmp_path):  # noqa: F811
+def test_a_text_of_unspellable_characters_is_one_line(tokenizer, tmp_path):
   class Unknowns:  # Every piece is <unk>: no piece of the vocabulary beyond the specials.
     vocab_size = tokenizer.vocab_size
 
@@ -188,7 +182,7 @@ def test_special_and_language_tokens_are_always_kept(tmp_path):
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
-def test_the_server_serves_with_its_shortlist(workdir, tmp_path):  # noqa: F811
+def test_the_server_serves_with_its_shortlist(workdir, tmp_path):
   """serve --vocab_shortlist: answers are the shortlisted Translator's; a prefix outside the
   shortlist is a 400 with its one line."""
   import asyncio

@@ -12,39 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from serving_fixtures import sentences
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import ConfigError, TranslateConfig
-from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
+from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.decoding import bridge
 from flax_transformer.decoding.bridge import output_length_caps
 from flax_transformer.errors import InputError
 from flax_transformer.files import read_lines, write_lines_atomically
 from flax_transformer.serving.batching import Batch, bucket_length, plan_batches, row_counts
 from flax_transformer.serving.translator import Translator, translate_lines
-
-WORDS = [
-    "a", "man", "is", "riding", "a", "red", "bike", "down", "the", "street", "while", "two",
-    "dogs", "run", "after", "him", "in", "the", "park", "near", "a", "small", "lake", "with",
-    "blue", "water"]
-
-
-# Sentences of at most this many words fit the shortest bucket (8 pieces with EOS, in the tests'
-# 60-piece vocabulary): one search program per method, where a test needs no more. Each search
-# shape is a compile of 1-3 s, and most of the suite's time.
-ONE_BUCKET_WORDS = 6
-
-
-def sentences(count: int, seed: int = 0, max_words: int = 29) -> list[str]:
-  """`count` random sentences of 1 to `max_words` words of WORDS (ONE_BUCKET_WORDS: all in one
-  bucket)."""
-  rng = np.random.default_rng(seed)
-  return [" ".join(rng.choice(WORDS, rng.integers(1, max_words + 1))) for _ in range(count)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram")
 
 
 def copy_search(params, inputs, rng, length_penalty, *, settings, max_decode_len):

@@ -1,0 +1,83 @@
+"""The serving tests' text, vocabulary and workdir, shared by their modules: tests/conftest.py
+registers this module as a plugin (`pytest_plugins`), so a test asks for `tokenizer` or
+`workdir` by name and no test module imports fixtures from another.
+
+A module's own fixture of the same name (test_cli's `workdir`, test_data_marian_tokenizer's
+`tokenizer`) takes precedence there. Both fixtures are module-scoped: each module that asks
+builds its own (a test may write into its workdir). They import JAX and the package when a test
+asks: pytest imports this module with conftest, before conftest's `pytest_configure` sets the
+process's XLA_FLAGS, and nothing here may start XLA's backend first.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+if TYPE_CHECKING:
+  from flax_transformer.data.tokenizer import Tokenizer
+
+WORDS = [
+    "a", "man", "is", "riding", "a", "red", "bike", "down", "the", "street", "while", "two",
+    "dogs", "run", "after", "him", "in", "the", "park", "near", "a", "small", "lake", "with",
+    "blue", "water"]
+
+
+# Sentences of at most this many words fit the shortest bucket (8 pieces with EOS, in the tests'
+# 60-piece vocabulary): one search program per method, where a test needs no more. Each search
+# shape is a compile of 1-3 s, and most of the suite's time.
+ONE_BUCKET_WORDS = 6
+
+
+def sentences(count: int, seed: int = 0, max_words: int = 29) -> list[str]:
+  """`count` random sentences of 1 to `max_words` words of WORDS (ONE_BUCKET_WORDS: all in one
+  bucket)."""
+  rng = np.random.default_rng(seed)
+  return [" ".join(rng.choice(WORDS, rng.integers(1, max_words + 1))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+  """A 60-piece unigram vocabulary of 300 `sentences` and WORDS."""
+  from flax_transformer.data.tokenizer import train_tokenizer
+
+  return train_tokenizer(sentences(300) + WORDS, vocab_size=60, model_type="unigram")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tokenizer) -> Path:
+  """A serving workdir: the tiny model with random params at step 1, its vocabulary, and a
+  config.json whose search group sets beam 3 and short outputs."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import orbax.checkpoint as ocp
+
+  from flax_transformer import ModelConfig, Transformer
+  from flax_transformer import workdir as workdir_lib
+
+  root = tmp_path_factory.mktemp("bulk") / "workdir"
+  root.mkdir()
+  config = {
+      "model": {"preset": "tiny", "max_len": 64, "dropout_rate": 0.0,
+                "attention_dropout_rate": 0.0},
+      "data": {}, "train": {}, "checkpoint": {}, "eval": {},
+      "search": {"beam_size": 3, "grow_cache": "no", "max_len_b": 10, "min_length": 2}}
+  (root / workdir_lib.CONFIG_FILE).write_text(json.dumps(config))
+  (root / workdir_lib.VOCAB_FILE).write_bytes(tokenizer.proto)
+  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=64))
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = nn.meta.unbox(model.init(jax.random.key(7), tokens, tokens)["params"])
+  # Scaled up, random weights give varied, input-dependent outputs (at scale 1, most lines of
+  # the tests' input come out as the same few words).
+  params = jax.tree.map(lambda x: 3.0 * x, params)
+  manager = workdir_lib.checkpoint_manager(
+      root, {workdir_lib.PARAMS_ITEM: ocp.StandardCheckpointHandler()}, async_save=False)
+  manager.save(1, args=ocp.args.Composite(params=ocp.args.StandardSave(params)))
+  manager.wait_until_finished()
+  manager.close()
+  return root
