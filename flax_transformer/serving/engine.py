@@ -44,8 +44,8 @@ from flax_transformer.serving import batching
 Array = jax.Array
 PyTree = Any
 _log = logging.getLogger(__name__)
-MAX_SLOTS = 64  # Most slots of a lane (`lane_for`).
-ADMIT_ROWS = 8  # Most sentences one `admit` call encodes.
+MAX_SLOTS = 128  # Most slots of a lane (lane_for).
+ADMIT_ROWS = 32  # Most sentences one admit call encodes.
 FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (`tiers`).
 
 
@@ -273,9 +273,9 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
 def migrate(source: Slot, target: Slot, rows: Array, into: Array, *, lane: Lane, how: Search
             ) -> Slot:
   """`target` (a table of the next tier, capacity `lane.capacity`) with the slots rows int32
-  [R] of `source` written at its slots into int32 [R] (R: none), their caches grown to the
+  [E] of `source` written at its slots into int32 [E] (R: none), their caches grown to the
   target's capacity (zeros appended: the positions not written yet)."""
-  moved = jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), source)
+  moved = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), source)
   state = how.machine.map_cache(
       moved.state, jax.vmap(lambda cache: resize_cache(cache, lane.capacity)))
   moved = moved.replace(state=state)
@@ -348,10 +348,16 @@ class _LaneRun:
     self.programs = _programs(model_config)
     self.model, self.params, self.requests, self.spec = (Transformer(model_config), params,
                                                          requests, spec)
-    self.lanes = [dataclasses.replace(lane, capacity=c) for c in tiers(lane.decode_len)]
+    # Tier t holds R / 2^t slots (at least batching.MIN_ROWS): fewer sentences reach it, and
+    # its caches are 2^t times as long.
+    self.lanes = [dataclasses.replace(lane, capacity=c,
+                                      slots=max(batching.MIN_ROWS, lane.slots >> t),
+                                      admit_rows=min(lane.admit_rows,
+                                                     max(batching.MIN_ROWS, lane.slots >> t)))
+                  for t, c in enumerate(tiers(lane.decode_len))]
     self.tables: list[Slot | None] = [None] * len(self.lanes)
-    self.live = [np.zeros(lane.slots, bool) for _ in self.lanes]
-    self.owner = [np.full(lane.slots, -1, np.int64) for _ in self.lanes]
+    self.live = [np.zeros(tier.slots, bool) for tier in self.lanes]
+    self.owner = [np.full(tier.slots, -1, np.int64) for tier in self.lanes]
     self.data = (None if spec.word_continues is None else jnp.asarray(spec.word_continues),
                  None if spec.shortlist is None else jnp.asarray(spec.shortlist))
     self.seed_key = jax.random.key(spec.seed)
@@ -412,20 +418,22 @@ class _LaneRun:
       yield from self._migrate(tier, moving)
 
   def _migrate(self, tier: int, rows: np.ndarray) -> Iterator[list[Result]]:
-    """Moves the full slots `rows` of `tier` to the next tier, first running that tier until it
-    has room for them."""
+    """Moves the full slots `rows` of `tier` to the next tier, E at a time (the next tier's
+    `admit_rows`), first running that tier until it has room for them."""
     above = tier + 1
-    while (~self.live[above]).sum() < rows.size:
-      yield from self._advance(above, int(rows.size))
-    into = np.flatnonzero(~self.live[above])[:rows.size]
-    slots_count = self.lanes[above].slots
-    padded = lambda x: np.concatenate([x, np.full(slots_count - x.size, slots_count)]).astype(
-        np.int32)
-    self.tables[above] = self.programs[2](
-        self.tables[tier], self._table(above), padded(rows), padded(into),
-        lane=self.lanes[above], how=self.spec.how)
-    self.live[above][into], self.owner[above][into] = True, self.owner[tier][rows]
-    self.live[tier][rows] = False
+    lane = self.lanes[above]
+    for start in range(0, rows.size, lane.admit_rows):
+      chunk = rows[start:start + lane.admit_rows]
+      while (~self.live[above]).sum() < chunk.size:
+        yield from self._advance(above, int(chunk.size))
+      into = np.flatnonzero(~self.live[above])[:chunk.size]
+      padded = lambda x, fill: np.concatenate(
+          [x, np.full(lane.admit_rows - x.size, fill)]).astype(np.int32)
+      self.tables[above] = self.programs[2](
+          self.tables[tier], self._table(above), padded(chunk, 0), padded(into, lane.slots),
+          lane=lane, how=self.spec.how)
+      self.live[above][into], self.owner[above][into] = True, self.owner[tier][chunk]
+      self.live[tier][chunk] = False
 
 
 def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarray,
