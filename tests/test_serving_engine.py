@@ -53,7 +53,8 @@ def assert_same_texts(slots: list, batches: list, tolerance: float = 1e-4) -> No
   assert max(gaps) < tolerance, max(gaps)
 
 
-@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+# Greedy decoding: test_outputs_longer_than_a_tier_move_up_and_keep_their_texts.
+@pytest.mark.parametrize("method", ["beam", "sample"])
 def test_slots_translate_what_batches_translate(translator, sources, method):
   settings = {"method": method, "temperature": 0.7} if method == "sample" else {"method": method}
   slots = translator.translate_nbest(sources, engine="slots", **settings)
@@ -78,6 +79,7 @@ def test_a_sentence_is_the_same_bytes_whatever_else_is_in_flight(translator, sou
 
 
 def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, sources, tmp_path):
+  sources = sources[:24]
   prefixes = [" ".join(s.split()[:1]) if i % 3 == 0 else "" for i, s in enumerate(sources)]
   batches = translator.translate_nbest(sources, target_prefix=prefixes)
   words = [row[0][0].split() for row in batches]
@@ -98,22 +100,23 @@ def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, sources, tmp_pat
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 def test_precisions_run_in_slots(trained_workdir, sources, precision):
   served = Translator.from_workdir(trained_workdir, precision=precision)
-  slots = served.translate_nbest(sources[:32], engine="slots")
+  sources = sources[:24]
+  slots = served.translate_nbest(sources, engine="slots")
   assert [served.translate_nbest([sources[i]], engine="slots")[0] for i in (3, 17)] == [
       slots[3], slots[17]]
-  batches = served.translate_nbest(sources[:32])
+  batches = served.translate_nbest(sources)
   if precision == "int8":  # A last-bit difference can move an activation by one int8 step.
     assert_same_texts(slots, batches, tolerance=2e-3)
   else:  # bfloat16 rounds programs of other shapes apart: near-ties may swap.
     agree = sum(a[0][0] == b[0][0] for a, b in zip(slots, batches, strict=True))
-    assert agree >= 30, agree
+    assert agree >= 22, agree
 
 
 def test_an_ensemble_runs_in_slots(trained_workdir, sources):
   checkpoints = [trained_workdir / "checkpoints" / step for step in ("300", "400")]
   ensemble = Translator.from_checkpoints([str(c) for c in checkpoints])
-  assert_same_texts(ensemble.translate_nbest(sources[:32], engine="slots"),
-                    ensemble.translate_nbest(sources[:32]))
+  assert_same_texts(ensemble.translate_nbest(sources[:24], engine="slots"),
+                    ensemble.translate_nbest(sources[:24]))
 
 
 def test_sentences_come_back_as_they_finish(translator, sources, monkeypatch):
@@ -152,9 +155,9 @@ def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sou
 
 
 def test_constraints_and_alignments_run_in_batches(translator, sources):
-  words = [text.split() for text in translator.translate(sources[16:32])]  # Other lines'.
+  words = [text.split() for text in translator.translate(sources[8:16])]  # Other lines'.
   options = {"constraints": [[w[-1]] if w else [] for w in words]}
-  assert (translator.translate_nbest(sources[:16], engine="slots", **options)
-          == translator.translate_nbest(sources[:16], **options))
-  assert (translator.translate_aligned(sources[:16], engine="slots")
-          == translator.translate_aligned(sources[:16]))
+  assert (translator.translate_nbest(sources[:8], engine="slots", **options)
+          == translator.translate_nbest(sources[:8], **options))
+  assert (translator.translate_aligned(sources[:8], engine="slots")
+          == translator.translate_aligned(sources[:8]))
