@@ -235,13 +235,14 @@ def prepare_search(
   if jnp.ndim(inputs) != 2 or not jnp.issubdtype(jnp.result_type(inputs), jnp.integer):
     raise ValueError(f"prepare_search: inputs must be int [B, S], got {jnp.shape(inputs)} "
                      f"{jnp.result_type(inputs)}.")
-  return search_problem(
+  problem = search_problem(
       model, variables, encode_sources(model, variables, inputs, ensemble=ensemble),
-      max_decode_len=max_decode_len, max_lengths=output_length_caps(inputs, max_len_a, max_len_b),
-      min_length=min_length, grow_cache=grow_cache, target_prefix=target_prefix,
-      ensemble=ensemble, constraints=constraints, ordered_constraints=ordered_constraints,
-      forbid=forbid, word_continues=word_continues, forced_tokens=forced_tokens,
-      shortlist=shortlist)
+      max_decode_len=max_decode_len, min_length=min_length, grow_cache=grow_cache,
+      target_prefix=target_prefix, ensemble=ensemble, constraints=constraints,
+      ordered_constraints=ordered_constraints, forbid=forbid, word_continues=word_continues,
+      forced_tokens=forced_tokens, shortlist=shortlist)
+  # The caps last, as the program has always computed them (its StableHLO unchanged).
+  return problem.replace(max_lengths=output_length_caps(inputs, max_len_a, max_len_b))
 
 
 def encode_sources(model: Transformer, variables: Any, inputs: Array, *,

@@ -6,6 +6,7 @@ forbidden phrases, the target prefix and the length limits apply.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import flax.struct
@@ -159,15 +160,16 @@ def _sequential_search(name: str, problem: SearchProblem, choose: TokenChooser,
     raise ValueError(f"{name}: constraints need beam search (dynamic beam allocation), not "
                      "one hypothesis per sentence.")
   steps = loop.resolved_steps(name, loop_options.steps_per_iteration, beam=False)
+  context = sequential_context(problem)
   capacities, initial_state = loop.capacities(problem.max_decode_len, problem.resize_state,
                                               loop_options.segment_length, steps,
                                               problem.initial_state)
   start = sequential_start(problem, initial_state)
-  check_step_fn(problem.step_fn(), start.last_ids[:, None], initial_state, problem.eos_id)
+  check_step_fn(context.step_fn, start.last_ids[:, None], initial_state, problem.eos_id)
   grow = lambda s, capacity: s.replace(
       state=loop.resized(problem.resize_state, s.state, capacity))
   final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.finished),
-                              lambda s: sequential_step(problem, choose, s), steps, start)
+                              lambda s: sequential_step(context, choose, s), steps, start)
   return final.sequences, final.log_probs
 
 
@@ -185,20 +187,38 @@ def sequential_start(problem: SearchProblem, initial_state: PyTree | None = None
       state=problem.initial_state if initial_state is None else initial_state)
 
 
-def sequential_step(problem: SearchProblem, choose: TokenChooser, s: SequentialState
+@dataclasses.dataclass(frozen=True)
+class SequentialContext:
+  """What every step of greedy decoding or sampling reads besides the loop state (built once
+  per search: `sequential_context`)."""
+
+  problem: SearchProblem
+  step_fn: Callable[[Array, PyTree], tuple[Array, PyTree]]
+  forbid: Array | None  # int32 [B, F, P]
+  word_continues: Array | None  # bool [V]
+  max_lengths: Array  # int32 [B]
+
+
+def sequential_context(problem: SearchProblem) -> SequentialContext:
+  """The problem's step function, phrases, word mask and length caps, read once."""
+  word_continues = (None if problem.word_continues is None
+                    else jnp.asarray(problem.word_continues, bool))
+  return SequentialContext(problem, problem.step_fn(), problem.phrases("forbid"),
+                           word_continues, problem.length_caps())
+
+
+def sequential_step(context: SequentialContext, choose: TokenChooser, s: SequentialState
                     ) -> SequentialState:
   """One position of greedy decoding or sampling for every row: the model's step, the length
   limits, the forbidden phrases and the target prefix applied, then `choose`."""
+  problem, max_lengths = context.problem, context.max_lengths
   max_decode_len, eos_id = problem.max_decode_len, problem.eos_id
-  max_lengths = problem.length_caps()
-  word_continues = (None if problem.word_continues is None
-                    else jnp.asarray(problem.word_continues, bool))
-  logits, new_state = problem.step_fn()(s.last_ids[:, None], s.state)
+  logits, new_state = context.step_fn(s.last_ids[:, None], s.state)
   logits = model_logits = logits.astype(jnp.float32)  # [B, V]
-  if (forbid := problem.phrases("forbid")) is not None:
-    logits = ban_forbidden(logits, s.sequences, s.step, forbid, word_continues, max_lengths,
-                           max_decode_len)
-  logits = whole_word_prefix(logits, problem.after_prefix(s.step), word_continues)
+  if context.forbid is not None:
+    logits = ban_forbidden(logits, s.sequences, s.step, context.forbid, context.word_continues,
+                           max_lengths, max_decode_len)
+  logits = whole_word_prefix(logits, problem.after_prefix(s.step), context.word_continues)
   forced = s.step >= max_lengths  # [B]
   tokens = jnp.where(forced, eos_id,
                      choose(logits, (s.step >= problem.min_length) | forced, s.step))
@@ -218,5 +238,6 @@ def sequential_step(problem: SearchProblem, choose: TokenChooser, s: SequentialS
       finished=s.finished | (tokens == eos_id), state=new_state)
 
 
-__all__ = ["SequentialState", "TokenChooser", "greedy_chooser", "greedy_search", "sample",
-           "sample_chooser", "sample_keys", "sequential_start", "sequential_step"]
+__all__ = ["SequentialContext", "SequentialState", "TokenChooser", "greedy_chooser",
+           "greedy_search", "sample", "sample_chooser", "sample_keys", "sequential_context",
+           "sequential_start", "sequential_step"]

@@ -106,7 +106,7 @@ class SequentialSlots:
       choose = sampling.sample_chooser(sampling.sample_keys(keys, problem.batch_size),
                                        problem.eos_id, temperature=self.temperature,
                                        top_k=self.top_k, top_p=self.top_p)
-    return sampling.sequential_step(problem, choose, state)
+    return sampling.sequential_step(sampling.sequential_context(problem), choose, state)
 
   def complete(self, problem: SearchProblem, state: sampling.SequentialState) -> Array:
     return state.finished | (state.step >= problem.max_decode_len)
