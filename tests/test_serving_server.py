@@ -634,7 +634,10 @@ def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, mo
           (["--max_wait_ms", "nan"], "--max_wait_ms must be a number of milliseconds >= 0, "
            "got nan."),
           (["--drain_seconds", "inf"], "--drain_seconds must be a number of seconds > 0, "
-           "got inf.")]
+           "got inf."),
+          (["--engine", "slots"], "serve runs in batches for now (its batcher merges requests "
+           "into translate's batch plan); --engine slots is for translate and evaluate "
+           "(docs/design.md, \"The engine\").")]
   for flags, words in runs:
     assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
     err = capsys.readouterr().err

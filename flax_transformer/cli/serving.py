@@ -38,6 +38,10 @@ def run_serve(args: argparse.Namespace) -> int:
   for flag in ("max_queue", "max_body_bytes", "max_beam_size", "max_programs"):
     if getattr(args, flag) < 1:
       raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
+  if getattr(args, "engine", None) == "slots":
+    raise InputError("serve runs in batches for now (its batcher merges requests into "
+                     "translate's batch plan); --engine slots is for translate and evaluate "
+                     "(docs/design.md, \"The engine\").")
   if not 0 < args.drain_seconds < math.inf:
     raise InputError(f"--drain_seconds must be a number of seconds > 0, got "
                      f"{args.drain_seconds}.")
