@@ -256,7 +256,10 @@ COMMON_FIELDS = dict(
     share_layer_weights=False, param_dtype="float32", attention_implementation=None,
     alignment_layer=-1, alignment_heads=0,  # Fields added later (issues 33, 40) keep defaults.
     quantization="none", position_offset=0, embedding_norm=False,  # and issue 59's.
-    decoder_start_id=0, qkv_init_gain=1.0)
+    decoder_start_id=0, qkv_init_gain=1.0,
+    norm_type="layer", mlp_bias=True, relative_attention_num_buckets=0,  # Issue 88's T5 options.
+    relative_attention_max_distance=128, attention_scale=True, attention_head_dim=0,
+    scale_tied_logits=False)
 # Every shipped config's resolved model as it was on 2026-11-26, before the config files were cut
 # down to their preset plus the fields that differ from it: the regression target.
 QUICK_START = dict(vocab_size=512, emb_dim=64, num_heads=4, mlp_dim=256, num_encoder_layers=2,

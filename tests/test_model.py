@@ -13,6 +13,7 @@ import pytest
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.model import attention, transformer
+from flax_transformer.model.config import T5_OPTIONS
 from flax_transformer.model.layers import (
     ACTIVATIONS,
     Dropout,
@@ -36,6 +37,13 @@ NLLB_OPTIONS = dict(norm_placement="pre", sinusoid_layout="fairseq", position_of
 MBART_OPTIONS = dict(norm_placement="pre", positional_encoding="learned", position_offset=2,
                      embedding_norm=True, attention_bias=True, activation="gelu",
                      logits_bias=True, layer_norm_epsilon=1e-5, decoder_start_id=1)
+# T5 v1.1 (mT5, MADLAD-400), and T5 v1.0: ReLU, a tied output read at D^-0.5. With 6 buckets
+# and max distance 5 the short rows here reach the logarithmic buckets and the last one (32
+# buckets give one per offset up to 8 or 16); mT5-small's heads are not D / N wide.
+T5_V10_OPTIONS = dict(T5_OPTIONS, activation="relu", tie_output_projection=True,
+                      scale_tied_logits=True)
+FEW_BUCKETS = dict(relative_attention_num_buckets=6, relative_attention_max_distance=5)
+WIDE_HEADS = dict(attention_head_dim=12)  # N * H = 36 != D = 24.
 
 
 def make_config(**overrides) -> ModelConfig:
@@ -200,9 +208,27 @@ def test_one_encoder_and_one_decoder_layer_match_numpy(norm):
     dict(MARIAN_OPTIONS, norm_placement="pre", share_embeddings=False),
     NLLB_OPTIONS,
     MBART_OPTIONS,
+    dict(norm_type="rms"),
+    dict(norm_type="rms", norm_placement="pre", embedding_norm=True),
+    dict(positional_encoding="none"),
+    dict(relative_attention_num_buckets=32),
+    dict(FEW_BUCKETS, share_layer_weights=True),
+    dict(attention_scale=False),
+    dict(activation="gated-gelu"),
+    dict(activation="gated-relu", mlp_bias=False),
+    dict(mlp_bias=False),
+    dict(scale_tied_logits=True),
+    WIDE_HEADS,
+    T5_OPTIONS,
+    dict(T5_OPTIONS, **FEW_BUCKETS, **WIDE_HEADS),
+    dict(T5_V10_OPTIONS, **FEW_BUCKETS),
 ], ids=["paper", "pre-norm", "untied", "separate-tied", "learned-positions", "shared-layers",
         "attention-bias", "gelu", "swish", "halves", "unscaled", "logits-bias",
-        "logits-bias-untied", "marian", "marian-pre-norm-separate", "nllb", "mbart"])
+        "logits-bias-untied", "marian", "marian-pre-norm-separate", "nllb", "mbart", "rms-norm",
+        "rms-pre-norm-embedding-norm", "no-positions", "relative-buckets",
+        "few-buckets-shared-layers", "unscaled-attention", "gated-gelu", "gated-relu-no-bias",
+        "no-mlp-bias", "scaled-tied-logits", "wide-heads", "t5-v1.1", "t5-v1.1-few-buckets-wide",
+        "t5-v1.0-few-buckets"])
 def test_full_model_matches_numpy(overrides):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -291,9 +317,10 @@ def test_packed_rows_equal_examples_run_separately():
                                        dict(share_layer_weights=True, tie_output_projection=False,
                                             share_embeddings=False),
                                        dict(MARIAN_OPTIONS, scale_embeddings=False),
-                                       MBART_OPTIONS],
+                                       MBART_OPTIONS, T5_OPTIONS,
+                                       dict(T5_V10_OPTIONS, **FEW_BUCKETS, **WIDE_HEADS)],
                          ids=["post-norm", "pre-norm", "shared-layers-untied", "marian",
-                              "mbart"])
+                              "mbart", "t5-v1.1", "t5-v1.0-few-buckets-wide"])
 def test_cached_decoding_matches_the_full_forward_pass(overrides):
   config = make_config(**overrides)
   inputs, targets = make_batch()
@@ -342,11 +369,14 @@ def test_beams_share_cross_attention_without_copies():
     ids = rows_targets[:, t:t + 1]
 
 
-def test_slot_cache_follows_reordered_beams_like_copied_rows():
+@pytest.mark.parametrize("overrides", [dict(), dict(T5_OPTIONS, **FEW_BUCKETS)],
+                         ids=["paper", "t5-few-buckets"])
+def test_slot_cache_follows_reordered_beams_like_copied_rows(overrides):
   """Beam search's cache moves only its slot table (`reorder_cache`); the reference copies every
   beam's own cache row from its parent's. Same ids and random parents at every step: same
-  logits, including positions written before a reorder and read after several."""
-  config = make_config()
+  logits, including positions written before a reorder and read after several (with T5's
+  relative-position bias: each entry's bias follows its position, whatever slot holds it)."""
+  config = make_config(**overrides)
   inputs, targets = make_batch()
   variables = init(config, inputs, targets)
   model = Transformer(config)
@@ -546,16 +576,36 @@ def test_dropout_only_in_training():
     (dict(attention_dropout_rate=-0.1), "config.model.attention_dropout_rate must be in [0, 1)"),
     (dict(norm_placement="middle"), "norm_placement must be one of ('post', 'pre')"),
     (dict(dtype="int8"), "dtype must be one of"),
-    (dict(activation="tanh"), "config.model.activation must be one of ('relu', 'gelu', 'swish')"),
+    (dict(activation="tanh"), "config.model.activation must be one of ('relu', 'gelu', 'swish',"),
     (dict(sinusoid_layout="split"),
      "sinusoid_layout must be one of ('interleaved', 'halves', 'fairseq')"),
     (dict(position_offset=-1), "config.model.position_offset must be >= 0"),
     (dict(attention_bias=1), "config.model.attention_bias must be of type bool, got 1"),
+    (dict(norm_type="batch"), "config.model.norm_type must be one of ('layer', 'rms')"),
+    (dict(positional_encoding="rotary"),
+     "positional_encoding must be one of ('sinusoidal', 'learned', 'none')"),
+    (dict(activation="geglu"), "config.model.activation must be one of ('relu', 'gelu', "
+     "'swish', 'gated-gelu', 'gated-relu')"),
+    (dict(relative_attention_num_buckets=-1),
+     "config.model.relative_attention_num_buckets must be >= 0, got -1"),
+    (dict(relative_attention_num_buckets=3),
+     "config.model.relative_attention_num_buckets must be 0 (off) or >= 4, got 3"),
+    (dict(relative_attention_num_buckets=32, relative_attention_max_distance=16),
+     "config.model.relative_attention_max_distance (16) must be > "
+     "config.model.relative_attention_num_buckets // 2 (16)"),
+    (dict(relative_attention_max_distance=0),
+     "config.model.relative_attention_max_distance must be > 0, got 0"),
+    (dict(scale_tied_logits=True, tie_output_projection=False),
+     "config.model.scale_tied_logits needs config.model.tie_output_projection"),
+    (dict(emb_dim=30, num_heads=4, attention_head_dim=-8),
+     "config.model.attention_head_dim must be >= 0, got -8"),
+    (dict(mlp_bias="no"), "config.model.mlp_bias must be of type bool, got 'no'"),
 ])
 def test_invalid_config_names_the_field(overrides, message):
   with pytest.raises(ValueError) as error:
     make_config(**overrides)
   assert message in str(error.value)
+  assert "\n" not in str(error.value)
 
 
 def _dims(config: ModelConfig) -> tuple[int, ...]:

@@ -85,11 +85,13 @@ def scaled_dot_product_attention(
     value: Array,
     mask: Array | None,
     *,
+    bias: Array | None = None,
+    scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
     implementation: str | None = None,
 ) -> Array:
-  """softmax(Q K^T / sqrt(H) + mask) V, per head.
+  """softmax(Q K^T / sqrt(H) + bias + mask) V, per head.
 
   Without attention dropout this is `jax.nn.dot_product_attention`, except on CPU with no
   implementation requested, where two einsums are faster (see `_use_fused_attention`). With no
@@ -101,17 +103,23 @@ def scaled_dot_product_attention(
   Args:
     query: [B, T, N, H]; key, value: [B, S, N, H].
     mask: bool, broadcastable to [B, N, T, S]; True where attention is allowed.
+    bias: float32, broadcastable to [B, N, T, S], added to the logits (T5's relative-position
+      bias), or None.
+    scale: the logits' factor; None is 1/sqrt(H), the paper's (T5's is 1).
     dropout_rate: probability of dropping an attention weight; needs `dropout_rng` when > 0.
     implementation: None (chosen as above), "xla" or "cudnn".
   Returns:
     [B, T, N, H] in the query's dtype.
   """
   if dropout_rate == 0.0 and _use_fused_attention(implementation):
-    if implementation is None and _cudnn_applies(query, key, value, mask):
+    if implementation is None and bias is None and _cudnn_applies(query, key, value, mask):
       implementation = "cudnn"
+    if bias is not None:
+      bias = bias.astype(query.dtype)
     return jax.nn.dot_product_attention(
-        query, key, value, mask=mask, implementation=implementation)
-  return attend(query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+        query, key, value, bias=bias, mask=mask, scale=scale, implementation=implementation)
+  return attend(query, key, value, mask, bias=bias, scale=scale, dropout_rate=dropout_rate,
+                dropout_rng=dropout_rng)
 
 
 def _use_fused_attention(implementation: str | None) -> bool:
@@ -163,9 +171,9 @@ def _cuda_compute_capability() -> float | None:
 
 
 def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
-           kv_layout: KVLayout = "bsnh", dropout_rate: float = 0.0,
-           dropout_rng: Array | None = None) -> Array:
-  """softmax(Q K^T / sqrt(H) + mask) V as two einsums, with the weights materialised.
+           kv_layout: KVLayout = "bsnh", bias: Array | None = None, scale: float | None = None,
+           dropout_rate: float = 0.0, dropout_rng: Array | None = None) -> Array:
+  """softmax(Q K^T / sqrt(H) + bias + mask) V as two einsums, with the weights materialised.
 
   The attention core of the model: training's path on CPU and with attention dropout, and
   decoding's cross-attention. (Decoding's self-attention, `attend_cached`, shares
@@ -178,11 +186,13 @@ def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
     query: [B, T, N, H]; key, value: [B, S, N, H], [B, N, S, H] with `kv_layout="bnsh"`, or
       [B, N, H, S] with `kv_layout="bnhs"`.
     mask: bool, broadcastable to [B, N, T, S]; True where attention is allowed.
+    bias, scale: as in `scaled_dot_product_attention`.
     dropout_rate: probability of dropping an attention weight; needs `dropout_rng` when > 0.
   Returns:
     [B, T, N, H] in the value's dtype.
   """
-  weights = attention_weights(query, key, mask, kv_layout=kv_layout)  # f32 [B, N, T, S]
+  weights = attention_weights(query, key, mask, kv_layout=kv_layout, bias=bias,
+                              scale=scale)  # f32 [B, N, T, S]
   if dropout_rate > 0.0:
     keep, keep_prob = keep_mask(dropout_rng, weights.shape, 1.0 - dropout_rate)
     weights = jnp.where(keep, weights / keep_prob, 0.0)
@@ -194,14 +204,22 @@ def attend(query: Array, key: Array, value: Array, mask: Array | None, *,
 
 
 def attention_weights(query: Array, key: Array, mask: Array | None, *,
-                      kv_layout: KVLayout = "bsnh") -> Array:
-  """softmax(Q K^T / sqrt(H) + mask): query [B, T, N, H], key as in `attend` -> f32 [B, N, T, S].
+                      kv_layout: KVLayout = "bsnh", bias: Array | None = None,
+                      scale: float | None = None) -> Array:
+  """softmax(Q K^T / sqrt(H) + bias + mask): query [B, T, N, H], key as in `attend` -> f32
+  [B, N, T, S]; `bias` (broadcastable to [B, N, T, S]) and `scale` (None: 1/sqrt(H)) as in
+  `scaled_dot_product_attention`.
 
   Logits, masking and softmax in float32 whatever the compute dtype; masked logits become the
   lowest float32 rather than -inf, so a row with no allowed key gives uniform weights, not NaN.
   """
   logits = jnp.einsum(f"btnh,{kv_layout}->bnts", query, key).astype(jnp.float32)
-  logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
+  if scale is None:
+    logits = logits / jnp.sqrt(jnp.float32(query.shape[-1]))
+  elif scale != 1.0:
+    logits = logits * jnp.float32(scale)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(logits, axis=-1)
@@ -238,6 +256,14 @@ class MultiHeadAttention(nn.Module):
   use_bias: bool = False
   qkv_init_gain: float = 1.0  # Xavier-uniform gain of the Q, K, V kernels (fairseq: 1/sqrt(2)).
   quantized: bool = False  # int8 projections (serving, `model.quantization`).
+  # False: logits Q K^T without 1/sqrt(H) (T5's), which the query's init takes instead.
+  scale_logits: bool = True
+  output_dim: int | None = None  # D, the output's features; None: N * H.
+
+  @property
+  def logits_scale(self) -> float | None:
+    """The logits' factor for `scaled_dot_product_attention`: None (1/sqrt(H)) or 1."""
+    return None if self.scale_logits else 1.0
 
   def setup(self):
     if self.quantized:
@@ -247,7 +273,7 @@ class MultiHeadAttention(nn.Module):
       self.key = Int8DenseGeneral(**projection)
       self.value = Int8DenseGeneral(**projection)
       self.output = Int8DenseGeneral(
-          features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=self.use_bias,
+          features=self._output_dim, axis=(-2, -1), use_bias=self.use_bias,
           dtype=self.dtype, kernel_axes=("heads", "kv", "embed"))
       return
     init = nn.initializers.xavier_uniform()  # Over (D, N*H): DenseGeneral flattens first.
@@ -258,27 +284,40 @@ class MultiHeadAttention(nn.Module):
         param_dtype=self.param_dtype,
         kernel_init=nn.with_logical_partitioning(qkv_init, ("embed", "heads", "kv")),
         bias_init=nn.with_logical_partitioning(zeros, ("heads", "kv")))
-    self.query = nn.DenseGeneral(**projection)
+    if self.scale_logits:
+      self.query = nn.DenseGeneral(**projection)
+    else:  # 1/sqrt(H) in the init instead: the same logits at the start (T5's init does so).
+      query_init = nn.initializers.variance_scaling(self.qkv_init_gain**2 / self.head_dim,
+                                                    "fan_avg", "uniform")
+      self.query = nn.DenseGeneral(**{**projection, "kernel_init": nn.with_logical_partitioning(
+          query_init, ("embed", "heads", "kv"))})
     self.key = nn.DenseGeneral(**projection)
     self.value = nn.DenseGeneral(**projection)
     self.output = nn.DenseGeneral(
-        features=self.num_heads * self.head_dim, axis=(-2, -1), use_bias=self.use_bias,
+        features=self._output_dim, axis=(-2, -1), use_bias=self.use_bias,
         dtype=self.dtype, param_dtype=self.param_dtype,
         kernel_init=nn.with_logical_partitioning(init, ("heads", "kv", "embed")),
         bias_init=nn.with_logical_partitioning(zeros, ("embed",)))
 
+  @property
+  def _output_dim(self) -> int:
+    return self.output_dim or self.num_heads * self.head_dim
+
   def __call__(self, queries_from: Array, keys_from: Array, mask: Array | None, *,
-               train: bool = False) -> Array:
-    """Attends from `queries_from` [B, T, D] to `keys_from` [B, S, D]; returns [B, T, D]."""
+               train: bool = False, bias: Array | None = None) -> Array:
+    """Attends from `queries_from` [B, T, D] to `keys_from` [B, S, D]; returns [B, T, D].
+    `bias`: float32 [B or 1, N, T, S] added to the logits (T5's relative-position bias)."""
     query = self.query(queries_from)  # [B, T, N, H]
     key, value = self.key(keys_from), self.value(keys_from)  # [B, S, N, H]
+    scale = self.logits_scale
     if self.is_mutable_collection("intermediates"):  # For attention pictures only.
-      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
+      self.sow("intermediates", "attention_weights",
+               attention_weights(query, key, mask, bias=bias, scale=scale))
     dropout_rate = self.dropout_rate if train else 0.0
     rng = self.make_rng("dropout") if dropout_rate > 0 else None
     attended = scaled_dot_product_attention(
-        query, key, value, mask, dropout_rate=dropout_rate, dropout_rng=rng,
-        implementation=self.implementation)
+        query, key, value, mask, bias=bias, scale=scale, dropout_rate=dropout_rate,
+        dropout_rng=rng, implementation=self.implementation)
     return self.output(attended)  # [B, T, D]
 
   def cache_key_values(self, keys_from: Array) -> KeyValues:
@@ -308,12 +347,13 @@ class MultiHeadAttention(nn.Module):
     query = query.reshape(batch, beams, self.num_heads, self.head_dim)
     mask = key_mask[:, None, None, :]  # [B, 1, 1, S]
     keys, values = key_values.keys.astype(query.dtype), key_values.values.astype(query.dtype)
-    attended = attend(query, keys, values, mask, kv_layout="bnsh")  # [B, K, N, H]
+    attended = attend(query, keys, values, mask, kv_layout="bnsh",
+                      scale=self.logits_scale)  # [B, K, N, H]
     attended = attended.reshape(rows, 1, self.num_heads, self.head_dim)
     return self.output(attended)  # [B*K, 1, D]
 
   def attend_cached(self, queries_from: Array, cache: KeyValues, index: Array,
-                    mask: Array) -> tuple[Array, KeyValues]:
+                    mask: Array, bias: Array | None = None) -> tuple[Array, KeyValues]:
     """Causal self-attention for one decoding step, writing this step into the cache in place.
 
     The cache holds K slots per sentence (`transformer`'s module docstring, "Beam search and
@@ -330,6 +370,8 @@ class MultiHeadAttention(nn.Module):
       index: int32 scalar, the position being decoded (the same for all rows).
       mask: bool [B, 1, K, L*K], True at the entries on each row's prefix up to and including
         `index`.
+      bias: float32 [B or 1, N, 1, L*K], added to the logits (T5's relative-position bias of
+        query position `index` over the cache's entries), or None.
     Returns:
       ([B*K, 1, D], the cache with position `index` written).
     """
@@ -349,8 +391,8 @@ class MultiHeadAttention(nn.Module):
             cache.values, new_values.astype(cache.values.dtype), (0, 0, start, 0)))
     # The K beams of a sentence become K query positions of that sentence: [B, K, N, H].
     query = self.query(queries_from).reshape(batch, beams, heads, head_dim)
-    weights = attention_weights(query, cache.keys.astype(query.dtype), mask,
-                                kv_layout="bnhs")  # f32 [B, N, K, L*K]
+    weights = attention_weights(query, cache.keys.astype(query.dtype), mask, kv_layout="bnhs",
+                                bias=bias, scale=self.logits_scale)  # f32 [B, N, K, L*K]
     attended = jnp.einsum("bnts,bnsh->bnth", weights.astype(query.dtype),
                           cache.values.astype(query.dtype))  # [B, N, K, H]
     attended = attended.transpose(0, 2, 1, 3).reshape(rows, 1, heads, head_dim)

@@ -24,7 +24,7 @@ from flax_transformer.validation import (
     unknown_key_message,
 )
 
-PRESETS = ("base", "big", "small", "mini", "tiny")
+PRESETS = ("base", "big", "small", "mini", "tiny", "t5")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,15 +48,34 @@ class ModelConfig:
   dropout_rate: float = checked_field(0.1, FRACTION)  # Embeddings (+ positions), sub-layers.
   attention_dropout_rate: float = checked_field(0.1, FRACTION)  # Attention weights; 0: fused.
   max_len: int = checked_field(256, POSITIVE)  # Longest source or target the positions cover.
-  positional_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
+  # "none": no absolute positions (T5, whose positions are `relative_attention_num_buckets`).
+  positional_encoding: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
   norm_placement: Literal["post", "pre"] = "post"  # "post": LayerNorm(x + f(x)) as in the paper.
+  # "layer": LayerNorm (x - mean) / std * scale + bias; "rms": T5's, x / rms(x) * scale, no mean
+  # subtraction and no bias (every norm of the model: sub-layers, final and embedding norms).
+  norm_type: Literal["layer", "rms"] = "layer"
   layer_norm_epsilon: float = checked_field(1e-6, POSITIVE)  # Marian (Hugging Face) uses 1e-5.
   # Options that Marian (OPUS-MT) and fairseq checkpoints need; the defaults are the paper's.
   attention_bias: bool = False  # Biases on the attention's Q, K, V and output projections.
   # The Xavier-uniform gain of the Q, K and V kernels at initialization (the output's is 1):
   # fairseq's is 1/sqrt(2) (0.7071...), for one matrix shared by Q, K and V. Training only.
   qkv_init_gain: float = checked_field(1.0, POSITIVE)
-  activation: Literal["relu", "gelu", "swish"] = "relu"  # FFN; gelu is exact (erf), swish = SiLU.
+  # FFN; gelu is exact (erf), swish = SiLU. "gated-gelu" (T5 v1.1, mT5, MADLAD) and
+  # "gated-relu": FFN(x) = (act(x W_0) * (x W_1)) W_o, parameters wi_0, wi_1 and wo, the gelu
+  # being the tanh approximation (Hugging Face's gelu_new), as T5's.
+  activation: Literal["relu", "gelu", "swish", "gated-gelu", "gated-relu"] = "relu"
+  mlp_bias: bool = True  # Biases on the FFN's layers (T5 has none).
+  # Options of the T5 family; the defaults are the paper's.
+  # T5's learned relative-position bias: buckets of key position - query position (Hugging
+  # Face's T5Attention._relative_position_bucket), one table [buckets, N] per stack added to
+  # the self-attention logits of every layer (bidirectional in the encoder, causal in the
+  # decoder; none in cross-attention). 0: off (T5: 32).
+  relative_attention_num_buckets: int = checked_field(0, NON_NEGATIVE)
+  relative_attention_max_distance: int = checked_field(128, POSITIVE)  # Beyond: the last bucket.
+  attention_scale: bool = True  # Logits Q K^T / sqrt(H); False: Q K^T (T5, in its init).
+  # H when it is not D / N (T5's d_kv: mT5-small 6 x 64 with D 512, MADLAD-3B 16 x 128 with
+  # D 1024); 0: D / N, the paper's.
+  attention_head_dim: int = checked_field(0, NON_NEGATIVE)
   # Sinusoid features: "interleaved" sin/cos (the paper) or "halves" [sin..., cos...] (t2t,
   # Marian); the same values, permuted. "fairseq": [sin..., cos...] with the frequencies
   # 10000^(-i / (D/2 - 1)) (fairseq's, so M2M-100's and NLLB's): other values.
@@ -71,6 +90,8 @@ class ModelConfig:
   logits_bias: bool = False  # A learned bias [V] added to the logits (Marian's final_logits_bias).
   share_embeddings: bool = True  # One embedding table for source and target tokens.
   tie_output_projection: bool = True  # Logits = decoder output @ target embedding^T.
+  # The tied projection reads the decoder output times D^-0.5 (T5 v1.0's tied lm_head).
+  scale_tied_logits: bool = False
   share_layer_weights: bool = False  # One layer's weights reused at every depth (Universal T.).
   # The decoder's first input token: 0, padding, here and in Marian; EOS (1) in M2M-100, NLLB
   # and mBART, whose decoder starts with "</s>" (Hugging Face's decoder_start_token_id).
@@ -92,9 +113,11 @@ class ModelConfig:
 
   def __post_init__(self):
     check_fields(self)
-    if self.emb_dim % self.num_heads:
+    if self.emb_dim % self.num_heads and not self.attention_head_dim:
       raise ConfigError(f"config.model.emb_dim ({self.emb_dim}) must be divisible by "
-                        f"config.model.num_heads ({self.num_heads}).")
+                        f"config.model.num_heads ({self.num_heads}), or "
+                        "config.model.attention_head_dim set.")
+    self._check_t5_options()
     layers = self.num_decoder_layers
     if not -layers <= self.alignment_layer < layers:
       raise ConfigError(f"config.model.alignment_layer ({self.alignment_layer}) must name one "
@@ -104,10 +127,28 @@ class ModelConfig:
       raise ConfigError(f"config.model.alignment_heads ({self.alignment_heads}) must be at most "
                         f"config.model.num_heads ({self.num_heads}); 0 averages all heads.")
 
+  def _check_t5_options(self) -> None:
+    """The relative-position buckets' and the scaled tied logits' own constraints."""
+    buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+    if 0 < buckets < 4:  # The encoder's half of them, halved again for exact offsets, >= 1.
+      raise ConfigError(f"config.model.relative_attention_num_buckets must be 0 (off) or >= 4, "
+                        f"got {buckets}.")
+    if buckets and distance <= buckets // 2:  # log(max_distance / exact buckets) > 0.
+      raise ConfigError(f"config.model.relative_attention_max_distance ({distance}) must be > "
+                        f"config.model.relative_attention_num_buckets // 2 ({buckets // 2}).")
+    if self.scale_tied_logits and not self.tie_output_projection:
+      raise ConfigError("config.model.scale_tied_logits needs config.model.tie_output_projection"
+                        " (it scales the tied projection's input), got an untied one.")
+
   @property
   def head_dim(self) -> int:
-    """H, the size of one attention head."""
-    return self.emb_dim // self.num_heads
+    """H, the size of one attention head: `attention_head_dim`, or D / N."""
+    return self.attention_head_dim or self.emb_dim // self.num_heads
+
+  @property
+  def gated(self) -> bool:
+    """Whether the FFN is gated (`activation` "gated-gelu" or "gated-relu")."""
+    return self.activation.startswith("gated-")
 
   @property
   def pre_norm(self) -> bool:
@@ -169,11 +210,31 @@ class ModelConfig:
                     num_decoder_layers=2, max_len=64)
     return cls(vocab_size=vocab_size, **{**settings, **overrides})
 
+  @classmethod
+  def t5(cls, vocab_size: int, **overrides: Any) -> ModelConfig:
+    """A small model shaped as T5 v1.1 (and mT5, MADLAD-400), for the synthetic task and tests:
+    tiny's dimensions (D 64, 4 heads, 2+2 layers, max_len 64) with F 192 gated-GELU, pre-norm
+    RMS norms, no absolute positions but 32 relative-position buckets (max distance 128), no
+    1/sqrt(H), no biases, unscaled embeddings and an untied output projection."""
+    settings = dict(emb_dim=64, num_heads=4, mlp_dim=192, num_encoder_layers=2,
+                    num_decoder_layers=2, max_len=64, **T5_OPTIONS)
+    return cls(vocab_size=vocab_size, **{**settings, **overrides})
+
+
+# What makes the paper's model T5 v1.1's (mT5's, MADLAD-400's): the `t5` preset's options.
+# T5 v1.0 differs in activation "relu" and a tied output (scale_tied_logits).
+T5_OPTIONS: dict[str, Any] = dict(
+    norm_type="rms", norm_placement="pre", positional_encoding="none",
+    relative_attention_num_buckets=32, relative_attention_max_distance=128,
+    attention_scale=False, activation="gated-gelu", mlp_bias=False, attention_bias=False,
+    scale_embeddings=False, share_embeddings=True, tie_output_projection=False,
+    layer_norm_epsilon=1e-6, decoder_start_id=0)
+
 
 def model_config_from(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
   """Builds the `ModelConfig` from the experiment config's `model` group.
 
-  `model.preset` names a preset ("base", "big", "small", "tiny", or "" for none: the field
+  `model.preset` names a preset (one of PRESETS, or "" for none: the field
   defaults, which are the base model); every other field of the group overrides it. A config
   file therefore sets only the fields that differ from its preset, so that
   `--config.model.preset=big` on the command line gives the big model's dimensions.

@@ -206,48 +206,129 @@ class PositionalEncoding(nn.Module):
     return jnp.take(table, positions, axis=0).astype(self.dtype)
 
 
+def relative_position_bucket(relative_position: Array, *, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> Array:
+  """T5's bucket of each relative position (key position - query position), as Hugging Face's
+  `T5Attention._relative_position_bucket` (and Mesh TensorFlow's) computes it.
+
+  Bidirectional (the encoder): half of the buckets for keys after the query, half for the rest.
+  Causal (the decoder): keys after the query (masked anyway) share bucket 0 with the query's own
+  position. Of a side's buckets, the first half are one offset each (0, 1, ...); the rest cover
+  offsets up to `max_distance` logarithmically, everything beyond in the last one. The
+  logarithm is float32's, as there, so the buckets are the same at every boundary.
+
+  Args:
+    relative_position: int [...]; num_buckets >= 4 (>= 2 causal); max_distance > the exact
+      offsets (num_buckets / 4 bidirectional, / 2 causal).
+  Returns:
+    int32 [...] in [0, num_buckets).
+  """
+  relative_position = relative_position.astype(jnp.int32)
+  buckets = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (relative_position > 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(relative_position)
+  else:
+    distance = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  scaled = (jnp.log(distance.astype(jnp.float32) / max_exact)
+            / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+  large = max_exact + scaled.astype(jnp.int32)  # Truncated toward 0 (log(0) is -inf: unused).
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(distance < max_exact, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """T5's learned relative-position bias of one stack: a table `embedding` [buckets, N] of one
+  logit per bucket (`relative_position_bucket`) and head, added to the self-attention logits of
+  every layer of the stack. Computed once per stack (Hugging Face's T5 keeps the table in its
+  first layer, `relative_attention_bias`, and passes the bias on to the others)."""
+
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  bidirectional: bool  # True in the encoder, False (causal) in the decoder.
+  param_dtype: jnp.dtype = jnp.float32
+  init_stddev: float = 1.0  # Of the table's normal init (Hugging Face's T5: D^-0.5).
+
+  @nn.compact
+  def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+    """query_positions int [B, T], key_positions int [B, S] -> float32 bias [B, N, T, S]."""
+    table = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=self.init_stddev),
+                                     (None, "heads")),
+        (self.num_buckets, self.num_heads), self.param_dtype)
+    relative = key_positions[:, None, :] - query_positions[:, :, None]  # [B, T, S]
+    buckets = relative_position_bucket(relative, bidirectional=self.bidirectional,
+                                       num_buckets=self.num_buckets,
+                                       max_distance=self.max_distance)
+    bias = jnp.take(table.astype(jnp.float32), buckets, axis=0)  # [B, T, S, N]
+    return bias.transpose(0, 3, 1, 2)  # [B, N, T, S]
+
+
 # The FFN's activations by config name. "gelu" is the exact x * Phi(x) (erf), as PyTorch's and
 # Hugging Face's "gelu", not the tanh approximation; "swish" is x * sigmoid(x) (SiLU), Marian's.
+# A gated FFN's act: "gated-gelu" is T5's, the tanh approximation (Hugging Face's gelu_new).
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "relu": nn.relu,
     "gelu": lambda x: nn.gelu(x, approximate=False),
     "swish": nn.swish,
+    "gated-gelu": lambda x: nn.gelu(x, approximate=True),
+    "gated-relu": nn.relu,
 }
 
 
 class FeedForward(nn.Module):
-  """Position-wise FFN(x) = act(x W1 + b1) W2 + b2; act is max(0, .) in the paper."""
+  """Position-wise FFN(x) = act(x W1 + b1) W2 + b2; act is max(0, .) in the paper.
+
+  Parameters `wi` (W1, b1) and `wo` (W2, b2). Gated (`activation` "gated-gelu" or
+  "gated-relu", T5 v1.1's): FFN(x) = (act(x W_0) * (x W_1)) W_o with `wi_0` (W_0, the activated
+  one), `wi_1` (W_1, the linear one) and `wo`, the names of T5's checkpoints. `use_bias=False`
+  drops every bias (T5's).
+  """
 
   mlp_dim: int
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   activation: str = "relu"  # A key of ACTIVATIONS.
   quantized: bool = False  # int8 kernels (serving, `model.quantization`).
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     """[B, T, D] -> [B, T, D]."""
     emb_dim = x.shape[-1]
+    act = ACTIVATIONS[self.activation]
+    if self.activation.startswith("gated-"):
+      gate = self._dense(self.mlp_dim, ("embed", "mlp"), "wi_0")(x)  # [B, T, F]
+      linear = self._dense(self.mlp_dim, ("embed", "mlp"), "wi_1")(x)  # [B, T, F]
+      hidden = batch_split(act(gate) * linear)
+    else:
+      hidden = batch_split(act(self._dense(self.mlp_dim, ("embed", "mlp"), "wi")(x)))
+    return self._dense(emb_dim, ("mlp", "embed"), "wo")(hidden)
+
+  def _dense(self, features: int, axes: tuple[str, str], name: str) -> nn.Module:
+    """One of the FFN's layers: [..., in] -> [..., features], int8 when `quantized`."""
     if self.quantized:
-      hidden = quantization.Int8DenseGeneral(self.mlp_dim, use_bias=True, dtype=self.dtype,
-                                             kernel_axes=("embed", "mlp"), name="wi")(x)
-      hidden = batch_split(ACTIVATIONS[self.activation](hidden))  # [B, T, F]
-      return quantization.Int8DenseGeneral(emb_dim, use_bias=True, dtype=self.dtype,
-                                           kernel_axes=("mlp", "embed"), name="wo")(hidden)
-    init = nn.initializers.xavier_uniform()
-    hidden = nn.Dense(
-        self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wi",
-        kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
-    hidden = batch_split(ACTIVATIONS[self.activation](hidden))  # [B, T, F]
+      return quantization.Int8DenseGeneral(features, use_bias=self.use_bias, dtype=self.dtype,
+                                           kernel_axes=axes, name=name)
     return nn.Dense(
-        emb_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="wo",
-        kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(hidden)
+        features, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+        name=name,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]))
 
 
-def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
-  """LayerNorm over D with a learned scale and bias, statistics in float32."""
+def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm | nn.RMSNorm:
+  """The model's norm over D (`ModelConfig.norm_type`), statistics in float32: LayerNorm with a
+  learned scale and bias, or T5's RMS norm x / sqrt(mean(x^2) + eps) * scale (no bias)."""
+  if config.norm_type == "rms":
+    return nn.RMSNorm(
+        epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
+        param_dtype=config.parameter_dtype, name=name,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)))
   return nn.LayerNorm(
       epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
       param_dtype=config.parameter_dtype, name=name,

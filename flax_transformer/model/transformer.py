@@ -53,6 +53,7 @@ from flax_transformer.model.layers import (
   Embedder,
   FeedForward,
   PositionalEncoding,
+  RelativePositionBias,
   SubLayer,
   layer_norm,
 )
@@ -208,12 +209,14 @@ def _attention(config: ModelConfig) -> MultiHeadAttention:
       dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
       param_dtype=config.parameter_dtype, implementation=config.attention_implementation,
       use_bias=config.attention_bias, qkv_init_gain=config.qkv_init_gain,
-      quantized=config.quantization == "int8")
+      quantized=config.quantization == "int8", scale_logits=config.attention_scale,
+      output_dim=config.emb_dim)
 
 
 def _feed_forward(config: ModelConfig) -> FeedForward:
   return FeedForward(config.mlp_dim, config.compute_dtype, config.parameter_dtype,
-                     activation=config.activation, quantized=config.quantization == "int8")
+                     activation=config.activation, quantized=config.quantization == "int8",
+                     use_bias=config.mlp_bias)
 
 
 def _default_positions(ids: Array) -> Array:
@@ -233,10 +236,11 @@ class EncoderLayer(nn.Module):
     self.feed_forward = _feed_forward(c)
     self.feed_forward_block = SubLayer(c, self.dropout, name="feed_forward_norm")
 
-  def __call__(self, x: Array, mask: Array | None, *, train: bool = False) -> Array:
-    """x [B, S, D], mask bool [B, 1, S, S] -> [B, S, D]."""
+  def __call__(self, x: Array, mask: Array | None, *, train: bool = False,
+               bias: Array | None = None) -> Array:
+    """x [B, S, D], mask bool [B, 1, S, S] (bias float32 [B, N, S, S] or None) -> [B, S, D]."""
     x = self.self_attention_block(
-        x, lambda h: self.self_attention(h, h, mask, train=train), train=train)
+        x, lambda h: self.self_attention(h, h, mask, train=train, bias=bias), train=train)
     return self.feed_forward_block(x, self.feed_forward, train=train)
 
 
@@ -256,10 +260,13 @@ class DecoderLayer(nn.Module):
     self.feed_forward_block = SubLayer(c, self.dropout, name="feed_forward_norm")
 
   def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-               cross_mask: Array | None, *, train: bool = False) -> Array:
-    """x [B, T, D], encoded [B, S, D], masks [B, 1, T, T] and [B, 1, T, S] -> [B, T, D]."""
+               cross_mask: Array | None, *, train: bool = False,
+               self_bias: Array | None = None) -> Array:
+    """x [B, T, D], encoded [B, S, D], masks [B, 1, T, T] and [B, 1, T, S] (self_bias float32
+    [B, N, T, T] or None) -> [B, T, D]."""
     x = self.self_attention_block(
-        x, lambda h: self.self_attention(h, h, self_mask, train=train), train=train)
+        x, lambda h: self.self_attention(h, h, self_mask, train=train, bias=self_bias),
+        train=train)
     x = self.cross_attention_block(
         x, lambda h: self.cross_attention(h, encoded, cross_mask, train=train), train=train)
     return self.feed_forward_block(x, self.feed_forward, train=train)
@@ -269,11 +276,13 @@ class DecoderLayer(nn.Module):
     return self.cross_attention.cache_key_values(encoded)
 
   def decode_step(self, x: Array, cache: KeyValues, index: Array, self_mask: Array,
-                  cross: KeyValues, source_mask: Array) -> tuple[Array, KeyValues]:
+                  cross: KeyValues, source_mask: Array,
+                  self_bias: Array | None = None) -> tuple[Array, KeyValues]:
     """One position: x [B*K, 1, D], cache (`DecoderCache`), self_mask [B, 1, K, L*K],
-    cross [B', N, S, H] (B*K a multiple of B') -> [B*K, 1, D]."""
+    cross [B', N, S, H] (B*K a multiple of B'), self_bias float32 [1, N, 1, L*K] or None
+    -> [B*K, 1, D]."""
     x, cache = self.self_attention_block(
-        x, lambda h: self.self_attention.attend_cached(h, cache, index, self_mask),
+        x, lambda h: self.self_attention.attend_cached(h, cache, index, self_mask, self_bias),
         has_aux=True)
     x = self.cross_attention_block(
         x, lambda h: self.cross_attention.attend_grouped(h, cross, source_mask))
@@ -287,12 +296,16 @@ class _Stack(nn.Module):
   `depth` layers of `layer_type` (one module reused at every depth with
   `share_layer_weights`); for pre-norm a final LayerNorm, since the
   last residual sum is not normalised otherwise. Parameters sit under the subclass's name, e.g.
-  `encoder/layers_0/...` and `decoder/final_norm/...`.
+  `encoder/layers_0/...` and `decoder/final_norm/...`. With relative-position buckets
+  (`ModelConfig.relative_attention_num_buckets`, T5's), one bias table for the whole stack,
+  `<stack>/relative_attention_bias/embedding` [buckets, N], whose bias is computed once per call
+  and added to the self-attention of every layer.
   """
 
   config: ModelConfig
   embedder: Embedder
   layer_type: ClassVar[type[EncoderLayer | DecoderLayer]]
+  bidirectional: ClassVar[bool]  # Relative positions after the query: the encoder's.
 
   @property
   def depth(self) -> int:
@@ -301,9 +314,14 @@ class _Stack(nn.Module):
 
   def setup(self):
     c = self.config
-    self.positional_encoding = PositionalEncoding(
+    self.positional_encoding = None if c.positional_encoding == "none" else PositionalEncoding(
         c.positional_encoding, c.max_len, c.emb_dim, c.compute_dtype, c.parameter_dtype,
         sinusoid_layout=c.sinusoid_layout, offset=c.position_offset)
+    self.relative_attention_bias = None
+    if c.relative_attention_num_buckets:
+      self.relative_attention_bias = RelativePositionBias(
+          c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
+          self.bidirectional, c.parameter_dtype, init_stddev=c.emb_dim**-0.5)
     self.embedding_norm = layer_norm(c) if c.embedding_norm else None
     self.dropout = Dropout(c.dropout_rate)
     self.layers = [self.layer_type(c) for _ in range(1 if c.share_layer_weights else self.depth)]
@@ -311,10 +329,19 @@ class _Stack(nn.Module):
 
   def embed(self, ids: Array, positions: Array, *, train: bool = False) -> Array:
     """ids int [B, T], positions int [B, T] -> [B, T, D]."""
-    x = self.embedder(ids) + self.positional_encoding(positions)
+    x = self.embedder(ids)
+    if self.positional_encoding is not None:
+      x = x + self.positional_encoding(positions)
     if self.embedding_norm is not None:  # mBART's layernorm_embedding.
       x = self.embedding_norm(x)
     return batch_split(self.dropout(x, deterministic=not train))
+
+  def self_attention_bias(self, query_positions: Array, key_positions: Array) -> Array | None:
+    """The stack's relative-position bias float32 [B, N, T, S] of query_positions int [B, T]
+    over key_positions int [B, S], or None without relative-position buckets."""
+    if self.relative_attention_bias is None:
+      return None
+    return self.relative_attention_bias(query_positions, key_positions)
 
   def layer(self, depth: int) -> EncoderLayer | DecoderLayer:
     """The layer at `depth` (0 is next to the embeddings)."""
@@ -329,6 +356,7 @@ class Encoder(_Stack):
   """Source embeddings + positions, dropout, then the stack of encoder layers."""
 
   layer_type = EncoderLayer
+  bidirectional = True
 
   @property
   def depth(self) -> int:
@@ -338,8 +366,9 @@ class Encoder(_Stack):
                train: bool = False) -> Array:
     """inputs int [B, S], positions int [B, S], mask [B, 1, S, S] -> [B, S, D]."""
     x = self.embed(inputs, positions, train=train)
+    bias = self.self_attention_bias(positions, positions)  # [B, N, S, S], once for all layers
     for depth in range(self.depth):
-      x = batch_split(self.layer(depth)(x, mask, train=train))
+      x = batch_split(self.layer(depth)(x, mask, train=train, bias=bias))
     return self.normalize_output(x)
 
 
@@ -347,6 +376,7 @@ class Decoder(_Stack):
   """Target embeddings + positions, the decoder layers, and the output projection."""
 
   layer_type = DecoderLayer
+  bidirectional = False
 
   @property
   def depth(self) -> int:
@@ -373,13 +403,17 @@ class Decoder(_Stack):
                train: bool = False) -> Array:
     """Teacher-forced: decoder_inputs int [B, T], encoded [B, S, D] -> logits float32 [B, T, V]."""
     x = self.embed(decoder_inputs, positions, train=train)
+    bias = self.self_attention_bias(positions, positions)  # [B, N, T, T], once for all layers
     for depth in range(self.depth):
-      x = batch_split(self.layer(depth)(x, encoded, self_mask, cross_mask, train=train))
+      x = batch_split(self.layer(depth)(x, encoded, self_mask, cross_mask, train=train,
+                                        self_bias=bias))
     return self._logits(x)
 
   def _logits(self, x: Array, shortlist: OutputShortlist | None = None) -> Array:
     """[B, T, D] -> float32 [B, T, V] (with `shortlist`: [B, T, V'], -inf at its padding)."""
     x = self.normalize_output(x)
+    if self.config.scale_tied_logits:  # T5 v1.0's tied output reads x * D^-0.5.
+      x = x * jnp.asarray(self.config.emb_dim**-0.5, x.dtype)
     if shortlist is not None:
       return self._shortlist_logits(x, shortlist)
     if self.config.tie_output_projection:
@@ -427,6 +461,17 @@ class Decoder(_Stack):
     bias = jnp.take(self.output_bias, ids, axis=0) if c.logits_bias else None
     return OutputShortlist(ids=ids, kernel=kernel, kernel_scale=scale, bias=bias)
 
+  def _cached_bias(self, cache: DecoderCache) -> Array | None:
+    """The relative-position bias float32 [1, N, 1, L*K] of query position `cache.index` over
+    the cache's entries (entry l*K + j holds position l), or None without buckets."""
+    if self.relative_attention_bias is None:
+      return None
+    _, beams, length = cache.slots.shape
+    query = jnp.reshape(cache.index, (1, 1)).astype(jnp.int32)  # [1, 1]
+    keys = jnp.arange(length, dtype=jnp.int32)[None]  # [1, L]
+    bias = self.relative_attention_bias(query, keys)  # [1, N, 1, L]
+    return jnp.repeat(bias, beams, axis=-1)
+
   def cross_attention_cache(self, encoded: Array, source_mask: Array) -> CrossAttentionCache:
     """Cross-attention K/V of every layer from encoded [B, S, D], computed once."""
     distinct = [layer.cross_key_values(encoded) for layer in self.layers]
@@ -448,11 +493,12 @@ class Decoder(_Stack):
     own_slot = jnp.broadcast_to(jnp.arange(beams, dtype=jnp.int32)[:, None], (batch, beams, 1))
     slots = lax.dynamic_update_slice(cache.slots, own_slot, (0, 0, cache.index))  # [B, K, L]
     self_mask = _self_attention_mask(slots, cache.index)  # [B, 1, K, L*K], shared by the layers
+    self_bias = self._cached_bias(cache)  # [1, N, 1, L*K] or None, shared by the layers
     new_self_attention = []
     for depth in range(self.depth):
       x, layer_cache = self.layer(depth).decode_step(
           x, cache.self_attention[depth], cache.index, self_mask, cross.layers[depth],
-          cross.source_mask)
+          cross.source_mask, self_bias)
       new_self_attention.append(layer_cache)
     logits = self._logits(x, shortlist)[:, 0]  # [B*K, V] (or [B*K, V'])
     return logits, DecoderCache(self_attention=tuple(new_self_attention), slots=slots,
