@@ -1,11 +1,13 @@
 """Interoperability: Hugging Face checkpoints in (Marian/OPUS-MT, NLLB-200, M2M-100,
-mBART-50), CTranslate2, Marian and Hugging Face out.
+mBART-50), CTranslate2, Marian and Hugging Face out, one module per model family.
 
-- `hf.py`: a Hugging Face NLLB/M2M-100/mBART-50 folder or Hub id <-> a workdir (`import-hf`,
-  whose Marian case is `marian.py`)
-- `marian.py`: a Hugging Face Marian folder <-> a workdir (config, vocabulary, params)
-- `marian_params.py`: the weight mapping of both directions, from one table (the BART family's)
-- `ctranslate2.py`: a workdir -> a CTranslate2 model folder (TransformerSpec), quantized or not
+- `registry.py`: the model families (`Family`), by Hugging Face model_type and by workdir
+- `hf.py`: a Hugging Face folder or Hub id <-> a workdir (`import-hf`, `export --format hf`),
+  handed to the family of its model_type
+- the families: `paper.py` (the paper's model), `marian.py` (a Hugging Face Marian folder:
+  config, vocabulary, params), `bart.py` (NLLB-200, M2M-100, mBART-50)
+- `marian_params.py`: Marian's and the BART family's weight mapping, both directions, one table
+- `ctranslate2.py`: a workdir -> a CTranslate2 model folder (the family's spec), quantized or not
 
 Optional dependencies are imported inside the functions that need them: reading
 model.safetensors needs only `safetensors` (into NumPy); pytorch_model.bin needs torch;
@@ -49,7 +51,10 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *, for
 
 
 _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "Family": "registry:Family",
+    "HFFormatError": "registry:HFFormatError",
     "MarianFormatError": "marian:MarianFormatError",
+    "bart": "bart",
     "ctranslate2": "ctranslate2",
     "export_ctranslate2": "ctranslate2:export_ctranslate2",
     "export_hf": "hf:export_hf",
@@ -58,6 +63,8 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "import_hf": "hf:import_hf",
     "import_marian": "marian:import_marian",
     "marian": "marian",
+    "paper": "paper",
+    "registry": "registry",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted({"FORMATS", "QUANTIZATIONS", "export_workdir", *_EXPORTS})

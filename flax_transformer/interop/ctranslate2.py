@@ -47,6 +47,7 @@ from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, TextTokenizer
 from flax_transformer.errors import InputError
 from flax_transformer.files import Path, to_path
+from flax_transformer.interop import registry
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.layers import sinusoidal_positions
 
@@ -223,7 +224,8 @@ def export_ctranslate2(workdir: str | os.PathLike, output: str | os.PathLike, *,
   output = to_path(output)
   files.check_new_folder(output, "output")
   params, _ = workdir_lib.restore_params(workdir, step, checkpoint=checkpoint)
-  spec = build_spec(model_config, _numpy(params), tokens_of(tokenizer))
+  family = registry.of_workdir(model_config, tokenizer)
+  spec = family.ctranslate2_spec(model_config, _numpy(params), tokens_of(tokenizer))
   spec.validate()
   spec.optimize(quantization=None if quantization == "none" else quantization)
   with (files.new_folder(output, "output") as folder,

@@ -45,7 +45,8 @@ from flax_transformer.data.marian_tokenizer import MarianTokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from flax_transformer.errors import Error, MissingFileError
 from flax_transformer.files import Path, to_path
-from flax_transformer.interop import marian_params
+from flax_transformer.interop import ctranslate2, marian_params
+from flax_transformer.interop.registry import Family
 from flax_transformer.model.config import ModelConfig, model_group
 from flax_transformer.model.layers import sinusoid_permutation, sinusoidal_positions
 from flax_transformer.validation import group_dict, parse_group
@@ -456,3 +457,22 @@ def _numpy(tree: Any) -> Any:
   if isinstance(tree, dict):
     return {k: _numpy(v) for k, v in tree.items()}
   return np.asarray(tree, np.float32)
+
+
+# ---------------------------------------------------------------------------------- family
+def _import_folder(model_dir: Path, config: dict[str, Any], workdir: str | os.PathLike,
+                   source: str | os.PathLike) -> Path:
+  """import-hf's Marian case: `import_marian` (config.json is read again there)."""
+  return import_marian(model_dir, workdir)
+
+
+def owns(config: ModelConfig, tokenizer: Any) -> bool:
+  """A workdir imported from Marian: Marian's vocabulary files, with no language codes."""
+  return isinstance(tokenizer, MarianTokenizer) and not hasattr(tokenizer, "family")
+
+
+# Marian's weights map by `marian_params`' table; it goes back out with `export_marian`
+# (export --format marian, which also takes the paper's model), not --format hf.
+FAMILY = Family(name="Marian", model_types={"marian": "MarianMTModel"},
+                import_folder=_import_folder, owns=owns, export_hf=None,
+                ctranslate2_spec=ctranslate2.build_spec)
