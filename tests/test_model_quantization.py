@@ -10,8 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_model import (
+  FEW_BUCKETS,
   MARIAN_OPTIONS,
   NLLB_OPTIONS,
+  T5_V10_OPTIONS,
+  WIDE_HEADS,
   assert_cached_decoding_matches_the_full_forward_pass,
   init,
   make_batch,
@@ -20,6 +23,7 @@ from test_model import (
 )
 
 from flax_transformer import ModelConfig, Transformer
+from flax_transformer.model.config import T5_OPTIONS
 from flax_transformer.model.precision import convert_params, precision_config
 from flax_transformer.model.quantization import Int8DenseGeneral, int8_matmul, quantize
 
@@ -178,7 +182,9 @@ def _channels_of_many_scales(params: dict, seed: int) -> dict:
 
 @pytest.mark.parametrize("overrides", [
     dict(), dict(tie_output_projection=False, share_embeddings=False, **MARIAN_OPTIONS),
-    NLLB_OPTIONS], ids=["paper", "marian-untied", "nllb"])
+    NLLB_OPTIONS, dict(T5_OPTIONS, **FEW_BUCKETS, **WIDE_HEADS),
+    dict(T5_V10_OPTIONS, **FEW_BUCKETS)], ids=["paper", "marian-untied", "nllb", "t5-v1.1",
+                                               "t5-v1.0"])
 def test_int8_logits_equal_the_numpy_int8_reference(overrides):
   """The int8 model against numpy_reference's int8 scheme, computed from the float weights:
   only float32 rounding differs (measured 7e-8 to 1e-7 relative), where one weight scale per
