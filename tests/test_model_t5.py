@@ -162,7 +162,7 @@ def test_the_bias_is_computed_once_per_stack_and_reaches_every_layer():
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(count):  # Traced alone: the calls are made while tracing.
-    jax.eval_shape(lambda: Transformer(config).apply(variables, inputs, targets))
+    jax.eval_shape(lambda v: Transformer(config).apply(v, inputs, targets), variables)
   assert calls == ["encoder", "decoder"]
   assert biased.count(("self_attention", True)) == 2 + 3
   assert biased.count(("cross_attention", False)) == 3 and len(biased) == 2 + 3 + 3
