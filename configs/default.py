@@ -13,7 +13,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   # --- model: flax_transformer.config.ModelConfig. `preset` gives every field ("tiny" | "small"
-  # | "base" | "big", see ModelConfig; "" = the field defaults, which are the base model); set
+  # | "mini" | "base" | "big" | "t5", a small T5 v1.1, see ModelConfig; "" = the field
+  # defaults, which are the base model); set
   # here only what differs from it, with the reason, so that --config.model.preset=big gives
   # the big model's dimensions and keeps these fields. Any field can be overridden too, e.g.
   # --config.model.emb_dim=128 or --config.model.dtype=bfloat16 (field wins over preset).

@@ -1,11 +1,13 @@
 """The model: the paper's encoder-decoder Transformer as Flax Linen modules.
 
-- `config.py`: `ModelConfig`, the frozen architecture (presets base, big, small, tiny), and
-  the `config.model` group it is read from and written back to
+- `config.py`: `ModelConfig`, the frozen architecture (presets base, big, small, mini, tiny,
+  t5; `T5_OPTIONS`, what makes the paper's model T5 v1.1's), and the `config.model` group it is
+  read from and written back to
 - `attention.py`: attention masks, multi-head scaled dot-product attention and its explicit
   key/value cache; the shape-letter legend of the whole package
-- `layers.py`: embeddings, positional encodings, the feed-forward network and the sub-layer
-  connection (LayerNorm, dropout, residual)
+- `layers.py`: embeddings, positional encodings (T5's relative-position bias too), the
+  feed-forward network (gated too) and the sub-layer connection (LayerNorm or RMS norm,
+  dropout, residual)
 - `transformer.py`: `Transformer`: encoder and decoder stacks, teacher-forced logits, and the
   calls and cache of step-by-step decoding (`encode`,
   `precompute_cross_attention`, `init_cache`, `decode_step`; a vocabulary shortlist's
@@ -33,6 +35,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "PRECISIONS": "precision:PRECISIONS",
     "OutputShortlist": "transformer:OutputShortlist",
     "PRESETS": "config:PRESETS",
+    "T5_OPTIONS": "config:T5_OPTIONS",
     "Transformer": "transformer:Transformer",
     "alignment": "alignment",
     "alignment_layer_index": "alignment:alignment_layer_index",
