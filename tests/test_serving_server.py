@@ -131,6 +131,11 @@ async def _get(app, path: str) -> httpx.Response:
     return await client.get(path)
 
 
+async def _post(app, path: str, body: dict) -> httpx.Response:
+  async with _client(app) as client:
+    return await client.post(path, json=body)
+
+
 def _metric(text: str, name: str, labels: str = "") -> float:
   prefix = f"{name}{{{labels}}} " if labels else f"{name} "
   return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
@@ -410,6 +415,24 @@ def test_full_queue_answers_429_at_once(translator):
   assert full.json()["error"].startswith("Slowdown: The queue holds 4 of at most 4 sentences")
   assert seconds < 1
   assert first.status_code == 200 and len(first.json()["translatedText"]) == 4
+
+
+def test_a_request_larger_than_the_queue_is_413_not_retry_later(translator):
+  """Retrying cannot help a request with more sentences than the queue ever holds: 413, no
+  Retry-After, naming --max_queue; one that fits an empty queue is searched."""
+  batcher = Batcher(translator, max_queue=3, max_wait_ms=0)
+  batcher.start()
+  app = make_app(batcher, Service("en", "de"))
+  too_large = asyncio.run(_post(app, "/translate", _libre(
+      ["the king sleeps", "a dog runs", "", "the cat sings", "the old man waits"])))
+  fits = asyncio.run(_post(app, "/translate", _libre(["the king sleeps", "", "a dog runs",
+                                                      "the cat sings"])))
+  batcher.close(10)
+  assert too_large.status_code == 413 and "retry-after" not in too_large.headers
+  assert too_large.json()["error"] == (
+      "This request has 4 sentences to search; the queue holds at most 3 (the server's "
+      "--max_queue): send it in parts.")
+  assert fits.status_code == 200 and len(fits.json()["translatedText"]) == 4
 
 
 def test_health_is_503_until_compiled():

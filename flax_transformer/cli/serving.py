@@ -113,7 +113,8 @@ def add_commands(commands) -> None:
   serve.add_argument("--max_wait_ms", type=float, default=5.0,
                      help="How long a queued sentence waits for its batch to fill (default 5).")
   serve.add_argument("--max_queue", type=int, default=2048, help="Most sentences waiting; a "
-                     "request that does not fit is answered 429 at once (default 2048).")
+                     "request that does not fit is answered 429 at once, one larger than this "
+                     "413 (default 2048).")
   serve.add_argument("--max_beam_size", type=int, default=16,
                      help="The largest beam_size a request may ask for (default 16; the "
                      "server's own --beam_size is always allowed): a beam's memory grows with "

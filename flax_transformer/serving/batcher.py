@@ -35,7 +35,8 @@ Requests with constraints, forbidden phrases or alignments are searched alone (t
 arrays are shaped by the request's own phrases), in their turn, by `Translator.iter_nbest` as
 `translate` calls it. A search that raises fails the requests of its batch only (their futures
 raise `BatchFailed`; the traceback is logged once) and the worker goes on. The queue is bounded
-in sentences: `submit` raises `QueueFull` at once when a request does not fit.
+in sentences: `submit` raises `QueueFull` at once when a request does not fit now, and
+`TooLarge` when it would not fit in an empty queue either.
 """
 
 from __future__ import annotations
@@ -61,7 +62,12 @@ BATCHING_MODES = ("exact", "fill")
 
 
 class QueueFull(Error):
-  """The batcher's queue has no room for a request's sentences (HTTP 429)."""
+  """The batcher's queue has no room for a request's sentences now (HTTP 429)."""
+
+
+class TooLarge(Error):
+  """A request has more sentences to search than the queue ever holds (HTTP 413): retrying
+  cannot help."""
 
 
 class Closed(Error):
@@ -272,6 +278,9 @@ class Batcher:
     with self._lock:
       if self._closing:
         raise Closed("The server is shutting down and takes no new requests.")
+      if searched > self.max_queue:
+        raise TooLarge(f"This request has {searched} sentences to search; the queue holds at "
+                       f"most {self.max_queue} (the server's --max_queue): send it in parts.")
       if self._queued + searched > self.max_queue:
         raise QueueFull(f"The queue holds {self._queued} of at most {self.max_queue} "
                         f"sentences; this request has {searched}.")
@@ -553,4 +562,4 @@ def _capacity(count: int, batch_tokens: int, max_len: int) -> tuple[int, int]:
 
 
 __all__ = ["BATCHING_MODES", "BatchFailed", "BatchReport", "Batcher", "Closed", "Job",
-           "QueueFull", "Sentence"]
+           "QueueFull", "Sentence", "TooLarge"]

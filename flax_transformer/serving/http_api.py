@@ -16,7 +16,8 @@ target_lang are then defaults: for `source: auto` and requests that name none), 
 batcher searches sentences of different pairs together.
 
 Every error is one line, `{"error": "..."}`, with 400 (a bad request), 403 (an API key), 413
-(a body over the limit), 429 (the queue is full; with Retry-After), 500 (the search of the
+(a body over the limit, or more sentences than the queue ever holds), 429 (the queue is full
+now; with Retry-After), 500 (the search of the
 request's batch failed) or 503 (compiling, or shutting down; with Retry-After). The handlers
 never search: they queue a `Job` with the batcher and await its future, so the event loop
 keeps answering while the worker thread searches.
@@ -50,6 +51,7 @@ from flax_transformer.serving.batcher import (
   Job,
   QueueFull,
   Sentence,
+  TooLarge,
 )
 from flax_transformer.serving.http_metrics import Metrics
 from flax_transformer.serving.http_page import render_page
@@ -244,6 +246,8 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
                      {"Retry-After": str(RETRY_AFTER_SECONDS)})
     try:
       future = batcher.submit(job)
+    except TooLarge as error:
+      raise ApiError(413, str(error)) from None
     except QueueFull as error:
       raise ApiError(429, f"Slowdown: {error}", {"Retry-After": str(RETRY_AFTER_SECONDS)}
                      ) from None
