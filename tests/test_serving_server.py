@@ -435,6 +435,56 @@ def test_a_request_larger_than_the_queue_is_413_not_retry_later(translator):
   assert fits.status_code == 200 and len(fits.json()["translatedText"]) == 4
 
 
+def test_v1_constraints_forbidden_phrases_and_alignments_are_the_translators(translator,
+                                                                              sentences):
+  """docs/serving.md's /v1 options, sent together by concurrent clients: each answer is what
+  `Translator.iter_nbest` (n-best, constraints met) and `translate_aligned` give for the same
+  lines, to the byte (a request with phrases or alignments is searched alone)."""
+  lines = sentences[:6]
+  plain = translator.translate(lines)
+  # Each line's constraint: a word of the next line's translation that its own lacks.
+  constraints = [[next((w for w in plain[(i + 1) % 6].split() if w not in plain[i].split()),
+                       plain[(i + 1) % 6].split()[0])] for i in range(6)]
+  forbid = [plain[i].split()[:1] for i in range(6)]
+  batcher, app = _serve(translator, max_wait_ms=20)
+  bodies = [{"sentences": lines, "n": 2, "constraints": constraints},
+            {"sentences": lines, "forbid": forbid},
+            {"sentences": lines, "alignments": True},
+            {"sentences": lines, "n": 2, "constraints": constraints, "forbid": forbid,
+             "alignments": True}]
+
+  async def run():
+    async with _client(app) as client:
+      return await asyncio.gather(*[client.post("/v1/translate", json=body) for body in bodies])
+
+  answers = [answer.json()["translations"] for answer in asyncio.run(run())]
+  batcher.close(10)
+  for body, got in zip(bodies, answers, strict=True):
+    phrases = {name: body[name] for name in ("constraints", "forbid") if name in body}
+    expected = in_order(len(lines), translator.iter_nbest(
+        lines, body.get("n", 1), alignments=body.get("alignments", False), **phrases))
+    assert [[(h["text"], h["score"], h.get("alignment"), h.get("constraints_met"))
+             for h in translation["hypotheses"]] for translation in got] == expected, body
+  assert sum(h["constraints_met"] for t in answers[0] for h in t["hypotheses"]) >= 6
+  assert not any(forbid[i][0] in h["text"].split() for i, t in enumerate(answers[1])
+                 for h in t["hypotheses"])
+  assert [(t["hypotheses"][0]["text"], [tuple(p) for p in t["hypotheses"][0]["alignment"]])
+          for t in answers[2]] == translator.translate_aligned(lines)
+
+
+def in_order(count: int, batches) -> list[list[tuple]]:
+  """`iter_nbest`'s batches as the /v1 answer's hypotheses: (text, score, alignment pairs as
+  lists, constraints met), None where not asked for, in input order."""
+  rows: list[list[tuple]] = [[] for _ in range(count)]
+  for batch in batches:
+    for j, i in enumerate(batch.indices):
+      rows[i] = [(text, score,
+                  None if batch.alignments is None else [list(p) for p in batch.alignments[j][k]],
+                  None if batch.constraints_met is None else batch.constraints_met[j][k])
+                 for k, (text, score) in enumerate(batch.hypotheses[j])]
+  return rows
+
+
 def test_health_is_503_until_compiled():
   class Compiling:
     settings = None
