@@ -161,3 +161,110 @@ def _randomize(model, generator) -> None:
     if hasattr(model, "final_logits_bias"):
       model.final_logits_bias.copy_(0.5 * torch.randn(model.final_logits_bias.shape,
                                                       generator=generator))
+
+
+# ---------------------------------------------------------------------------------- T5 family
+# Variants: (model class, feed_forward_proj, untied head, d_kv, MADLAD-400's "<2xx>" codes).
+T5_VARIANTS = {
+    "t5": ("T5", "relu", False, 8, ()),  # T5 v1.0: ReLU, tied head scaled by D^-0.5.
+    "madlad": ("T5", "gated-gelu", True, 8, ("en", "de", "fr")),  # v1.1's shape, MADLAD's codes.
+    "mt5": ("MT5", "gated-gelu", True, 12, ()),  # mT5: H 12 with D 32 and 4 heads (d_kv != D/N).
+}
+T5_EXTRA_IDS = 100
+
+
+def _t5_tokenizer(directory: Path, codes: tuple[str, ...], texts: list[str]):
+  """A SentencePiece model in T5's format (pad 0, eos 1, unk 2, no BOS; MADLAD's "<2xx>" as
+  user-defined pieces) and transformers' T5Tokenizer over it (the 100 sentinels last)."""
+  from transformers import T5Tokenizer
+
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=model, vocab_size=250, model_type="unigram",
+      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=[f"<2{c}>" for c in codes],
+      character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+  (directory / "spiece.model").write_bytes(model.getvalue())
+  (directory / "tokenizer_config.json").write_text(json.dumps(
+      {"tokenizer_class": "T5Tokenizer", "extra_ids": T5_EXTRA_IDS}))
+  tokenizer = T5Tokenizer.from_pretrained(str(directory))
+  tokenizer.save_pretrained(str(directory))
+  return tokenizer
+
+
+def write_t5_model(directory: Path, variant: str, *, seed: int = 0, d_model: int = 32,
+                   layers: int = 2, heads: int = 4, ffn_dim: int = 64,
+                   train_steps: int = 120) -> Path:
+  """Writes a random T5-family model (`T5_VARIANTS`: "t5", "madlad", "mt5") with its
+  tokenizer files to `directory`; returns it. Trained a few steps (the source's first words;
+  MADLAD's "<2fr>" their reverse) so that outputs depend on the source and end with EOS. An
+  untied head is written as T5 v1.1's and mT5's checkpoints hold it: lm_head.weight of its own
+  and tie_word_embeddings false in config.json (transformers 5 builds T5 tied)."""
+  import torch
+  import transformers
+
+  kind, activation, untied, d_kv, codes = T5_VARIANTS[variant]
+  directory.mkdir(parents=True, exist_ok=True)
+  pairs = marian_fixture.synthetic_pairs(300, seed=seed)
+  tokenizer = _t5_tokenizer(directory, codes, [s for s, _ in pairs] + [t for _, t in pairs]
+                            + MULTILINGUAL * 3)
+  config = getattr(transformers, f"{kind}Config")(
+      vocab_size=len(tokenizer), d_model=d_model, d_kv=d_kv, d_ff=ffn_dim, num_layers=layers,
+      num_decoder_layers=layers, num_heads=heads, relative_attention_num_buckets=8,
+      relative_attention_max_distance=20, dropout_rate=0.0, feed_forward_proj=activation,
+      decoder_start_token_id=0, tie_word_embeddings=not untied)
+  torch.manual_seed(seed)
+  model = getattr(transformers, f"{kind}ForConditionalGeneration")(config)
+  generator = torch.Generator().manual_seed(seed)
+  if untied:
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+  _randomize(model, generator)
+  if train_steps:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+      _train_t5(model, tokenizer, codes, pairs, train_steps, seed)
+    finally:
+      torch.set_num_threads(threads)
+  model.eval().save_pretrained(str(directory))
+  if untied:
+    _untie(directory, model)
+  return directory
+
+
+def _untie(directory: Path, model) -> None:
+  """lm_head.weight in model.safetensors and tie_word_embeddings false, as v1.1's files."""
+  from safetensors.numpy import load_file, save_file
+
+  state = load_file(str(directory / "model.safetensors"))
+  state["lm_head.weight"] = model.lm_head.weight.detach().numpy().copy()
+  save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+  config = json.loads((directory / "config.json").read_text())
+  config.pop("scale_decoder_outputs", None)
+  (directory / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+
+
+def t5_source(variant: str, text: str, target: str | None = None) -> str:
+  """The source text a T5-family model reads: MADLAD's "<2xx> " first, the text alone else."""
+  return f"<2{target}> {text}" if T5_VARIANTS[variant][4] and target else text
+
+
+def _train_t5(model, tokenizer, codes, pairs, steps: int, seed: int) -> None:
+  """A few AdamW steps: the source's first four words (MADLAD's second code: reversed)."""
+  import torch
+
+  rng = random.Random(seed)
+  optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3)
+  model.train()
+  for step in range(steps):
+    chunk = rng.sample(pairs, 16)
+    reverse = bool(codes) and step % 2 == 1
+    target = codes[2] if reverse else (codes[1] if codes else None)
+    sources = [f"<2{target}> {s}" if target else s for s, _ in chunk]
+    outputs = [" ".join(s.split()[:4][::-1] if reverse else s.split()[:4]) for s, _ in chunk]
+    batch = tokenizer(sources, text_target=outputs, return_tensors="pt", padding=True)
+    labels = batch.pop("labels")
+    labels[labels == tokenizer.pad_token_id] = -100
+    loss = model(**batch, labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()

@@ -99,15 +99,17 @@ def add_commands(commands) -> None:
                                "output"))
 
   hf = add_command(
-      commands, "import-hf", "Import a Hugging Face NLLB-200, M2M-100, mBART-50 or Marian model "
-      "as a workdir.",
+      commands, "import-hf", "Import a Hugging Face NLLB-200, M2M-100, mBART-50, Marian, T5, mT5 "
+      "or MADLAD-400 model as a workdir.",
       "Makes a workdir of a Hugging Face translation model (a local folder, or a Hub id "
-      "downloaded with huggingface_hub): M2M100ForConditionalGeneration (NLLB-200 dense, "
-      "M2M-100), MBartForConditionalGeneration (mBART-50) or MarianMTModel (the import-marian "
-      "case). translate and evaluate then take --source_lang and --target_lang.",
+      "downloaded with huggingface_hub), by the family of its config.json model_type: "
+      "M2M100ForConditionalGeneration (NLLB-200 dense, M2M-100), MBartForConditionalGeneration "
+      "(mBART-50), MarianMTModel (the import-marian case), T5ForConditionalGeneration (T5, "
+      "MADLAD-400) or MT5ForConditionalGeneration. translate and evaluate then take "
+      "--source_lang and --target_lang (MADLAD-400: --target_lang alone).",
       "flax-transformer import-hf facebook/nllb-200-distilled-600M --workdir workdirs/nllb")
   hf.add_argument("source", help="A model folder (config.json, model.safetensors, "
-                  "sentencepiece.bpe.model and the tokenizer's files) or a Hub id.")
+                  "the SentencePiece model and the tokenizer's files) or a Hub id.")
   hf.add_argument("--workdir", required=True, help="The new workdir (must not exist).")
   hf.set_defaults(run=call("flax_transformer.interop.hf:import_hf", "source", "workdir"),
                   kept=_nothing_written)
@@ -127,8 +129,8 @@ def add_commands(commands) -> None:
   export = add_command(
       commands, "export", "Export a checkpoint to CTranslate2, Marian or Hugging Face.",
       "Writes a checkpoint as a model folder of another engine: CTranslate2 (optionally "
-      "quantized), Hugging Face Marian, or (hf) the Hugging Face M2M-100/NLLB or mBART folder "
-      "of a model import-hf read.",
+      "quantized), Hugging Face Marian, or (hf) the Hugging Face folder of a model import-hf "
+      "read (M2M-100/NLLB, mBART, T5/mT5).",
       "flax-transformer export --workdir workdirs/default --format ctranslate2 --output ct2")
   arguments.add_checkpoint_arguments(export)
   export.add_argument("--format", required=True, choices=("ctranslate2", "marian", "hf"),

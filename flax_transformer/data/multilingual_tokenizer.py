@@ -31,6 +31,7 @@ import copy
 import difflib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from flax_transformer.data.marian_tokenizer import FILES as MARIAN_FILES
@@ -46,7 +47,14 @@ from flax_transformer.files import atomic_write, to_path
 
 LANGUAGES_FILE = "languages.json"
 FILES = (*MARIAN_FILES, LANGUAGES_FILE)
-FAMILIES = {"nllb": "NLLB-200", "m2m100": "M2M-100", "mbart50": "mBART-50"}
+FAMILIES = {"nllb": "NLLB-200", "m2m100": "M2M-100", "mbart50": "mBART-50", "t5": "T5",
+            "madlad": "MADLAD-400"}
+# Families whose Hugging Face tokenizer splits its special tokens (T5's sentinels "<extra_id_N>",
+# "</s>", "<pad>", "<unk>") out of the text before SentencePiece, as T5's does.
+SPLITS_SPECIAL = ("t5", "madlad")
+# Families whose target language is a source token alone (MADLAD-400's "<2de> text"), with
+# nothing forced in the output and no source language.
+TARGET_IN_SOURCE = ("madlad",)
 _NEAREST = 5  # Codes an unknown code's message lists.
 
 
@@ -79,6 +87,9 @@ class MultilingualTokenizer(MarianTokenizer):
     self._skipped = self._skipped | {our_id[piece] for piece in self.special}
     self._language_ids = {code: our_id[token] for code, token in self.codes.items()}
     self._leads: tuple[list[int], list[int]] = ([], [])  # `with_languages`.
+    splits = sorted(set(self.special) - set(self.codes.values()), key=len, reverse=True)
+    self._splitter = re.compile("(" + "|".join(map(re.escape, splits)) + ")") if (
+        family in SPLITS_SPECIAL and splits) else None
 
   def with_languages(self, source_lang: str, target_lang: str) -> MultilingualTokenizer:
     """A copy whose `tokenize*` put `source_lang`'s token first and `tokenize_target*` put
@@ -86,8 +97,34 @@ class MultilingualTokenizer(MarianTokenizer):
     config.data.source_code, target_code). Serving takes the unbound tokenizer: the
     `Translator` places the tokens itself."""
     bound = copy.copy(self)
-    bound._leads = ([self.language_id(source_lang)], [self.language_id(target_lang)])
+    bound._leads = self.language_leads(source_lang, target_lang)
     return bound
+
+  @property
+  def required_languages(self) -> tuple[str, ...]:
+    """The options a translation needs: ("source_lang", "target_lang"), or ("target_lang",)
+    for a family whose target language is a source token (MADLAD-400)."""
+    if self.family in TARGET_IN_SOURCE:
+      return ("target_lang",)
+    return ("source_lang", "target_lang")
+
+  @property
+  def forced_output_tokens(self) -> int:
+    """How many of an output's first tokens are forced language tokens: 1 (the target
+    language's), 0 for MADLAD-400 (its target language is in the source)."""
+    return 0 if self.family in TARGET_IN_SOURCE else 1
+
+  def language_leads(self, source_lang: str | None, target_lang: str
+                     ) -> tuple[list[int], list[int]]:
+    """(the source's first ids, the output's forced first ids) of a language pair: the source
+    language's token and the target language's (NLLB, M2M-100, mBART-50); for MADLAD-400 the
+    ids its tokenizer gives "<2xx>" at the start of a source (SentencePiece's "▁" first where
+    the model has no "▁<2xx>" piece), and nothing forced. InputError for an unknown code,
+    naming the nearest."""
+    target = self.language_id(target_lang)
+    if self.family in TARGET_IN_SOURCE:
+      return self._encode(self._source, [self.codes[target_lang]])[0], []
+    return [self.language_id(source_lang)], [target]
 
   def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Our ids of each source sentence, without EOS (after the bound source token)."""
@@ -132,9 +169,10 @@ class MultilingualTokenizer(MarianTokenizer):
         ensure_ascii=False, indent=2) + "\n")
 
   @property
-  def languages(self) -> list[str]:
-    """The language codes, sorted."""
-    return sorted(self.codes)
+  def languages(self) -> list[str] | None:
+    """The language codes, sorted; None for a vocabulary without any (T5, mT5), which
+    translates as a one-pair model's."""
+    return sorted(self.codes) if self.codes or self.family not in SPLITS_SPECIAL else None
 
   def language_id(self, code: str) -> int:
     """Our id of language `code`'s token; InputError listing the nearest codes for an unknown
@@ -146,10 +184,28 @@ class MultilingualTokenizer(MarianTokenizer):
                      f"{', '.join(nearest_codes(code, self.languages))}.")
 
   def _encode(self, processor, texts: Sequence[str]) -> list[list[int]]:
-    """Pieces -> our ids, with no Marian ">>xx<<" code split off (these models take none)."""
-    pieces = processor.encode(list(texts), out_type=str) if texts else []
+    """Pieces -> our ids, with no Marian ">>xx<<" code split off (these models take none); for
+    T5 (`SPLITS_SPECIAL`) each special token in the text is its own id and the text between
+    them is segmented apart: "a<extra_id_1>b" is "▁a", "<extra_id_1>", then "b" as a text
+    of its own ("▁", "b"), as T5's tokenizer does."""
+    if self._splitter is None:
+      pieces = processor.encode(list(texts), out_type=str) if texts else []
+      return [self._ids_of(row) for row in pieces]
+    rows = []
+    for text in texts:
+      parts = self._splitter.split(text)  # [text, special, text, special, ..., text]
+      ids = []
+      for k, part in enumerate(parts):
+        if k % 2:
+          ids.append(self._ids[part])
+        elif part:
+          ids += self._ids_of(processor.encode(part, out_type=str))
+      rows.append(ids)
+    return rows
+
+  def _ids_of(self, pieces: Sequence[str]) -> list[int]:
     unk = self._ids["<unk>"]
-    return [[self._ids.get(piece, unk) for piece in row] for row in pieces]
+    return [self._ids.get(piece, unk) for piece in pieces]
 
   def source_ids(self, text: str, source_lang: str) -> list[int]:
     """[source language token] + the pieces' ids of `text` (no EOS), as the family's tokenizer
@@ -183,11 +239,13 @@ def for_training(tokenizer: TextTokenizer, source_code: str,
   """
   codes = [f"config.data.{name}" for name, code in (("source_code", source_code),
                                                     ("target_code", target_code)) if code]
-  if not isinstance(tokenizer, MultilingualTokenizer):
+  if not isinstance(tokenizer, MultilingualTokenizer) or tokenizer.languages is None:
     if codes:
       raise InputError(f"{' and '.join(codes)}: this vocabulary has no language codes (only "
                        "an import-hf model's has).")
     return tokenizer
+  if tokenizer.family in TARGET_IN_SOURCE and target_code:  # MADLAD-400: "<2xx>" text.
+    return tokenizer.with_languages(source_code or None, target_code)
   if len(codes) < 2:
     raise InputError(f"This vocabulary has {len(tokenizer.codes)} language codes: set "
                      "config.data.source_code and config.data.target_code (e.g. "
@@ -195,5 +253,5 @@ def for_training(tokenizer: TextTokenizer, source_code: str,
   return tokenizer.with_languages(source_code, target_code)
 
 
-__all__ = ["FAMILIES", "FILES", "LANGUAGES_FILE", "MultilingualTokenizer", "for_training",
-           "nearest_codes"]
+__all__ = ["FAMILIES", "FILES", "LANGUAGES_FILE", "SPLITS_SPECIAL", "TARGET_IN_SOURCE",
+           "MultilingualTokenizer", "for_training", "nearest_codes"]

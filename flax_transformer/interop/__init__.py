@@ -5,7 +5,8 @@ mBART-50), CTranslate2, Marian and Hugging Face out, one module per model family
 - `hf.py`: a Hugging Face folder or Hub id <-> a workdir (`import-hf`, `export --format hf`),
   handed to the family of its model_type
 - the families: `paper.py` (the paper's model), `marian.py` (a Hugging Face Marian folder:
-  config, vocabulary, params), `bart.py` (NLLB-200, M2M-100, mBART-50)
+  config, vocabulary, params), `bart.py` (NLLB-200, M2M-100, mBART-50), `t5.py` (T5, mT5,
+  MADLAD-400)
 - `marian_params.py`: Marian's and the BART family's weight mapping, both directions, one table
 - `ctranslate2.py`: a workdir -> a CTranslate2 model folder (the family's spec), quantized or not
 
@@ -30,8 +31,8 @@ def export_workdir(workdir: str | os.PathLike, output: str | os.PathLike, *, for
                    checkpoint: str | os.PathLike | None = None) -> os.PathLike:
   """A workdir's checkpoint (`step`, default the latest, or an averaged `checkpoint`) written as
   a model folder of another engine: `format` "ctranslate2" (weights stored as `quantization`)
-  or "marian" (a Hugging Face Marian folder) or "hf" (the Hugging Face NLLB/M2M-100/mBART
-  folder of a model `import_hf` read); returns the folder."""
+  or "marian" (a Hugging Face Marian folder) or "hf" (the Hugging Face folder of a model
+  `import_hf` read, by its family: NLLB/M2M-100/mBART, T5/mT5); returns the folder."""
   if format == "ctranslate2":
     from flax_transformer.interop.ctranslate2 import export_ctranslate2
 
@@ -65,6 +66,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "marian": "marian",
     "paper": "paper",
     "registry": "registry",
+    "t5": "t5",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted({"FORMATS", "QUANTIZATIONS", "export_workdir", *_EXPORTS})

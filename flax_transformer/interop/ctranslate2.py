@@ -2,7 +2,9 @@
 
     flax-transformer export --workdir W --format ctranslate2 --quantization int8 --output ct2/
 
-The spec mirrors the model exactly: post-norm or pre-norm (with the stacks' final LayerNorm),
+The spec comes from the workdir's model family (`interop.registry`): `build_spec` here for the
+paper's model, Marian and the BART family, `interop.t5.ctranslate2_spec` for T5. This one
+mirrors the model exactly: post-norm or pre-norm (with the stacks' final LayerNorm),
 the LayerNorm epsilon, ReLU / exact GELU / swish, attention biases, the logits bias, the
 embedding scale, shared or separate embeddings, tied or untied logits, shared layer weights
 (copied per layer), and our position table itself (CTranslate2's own sinusoids start at

@@ -8,7 +8,8 @@
 `import_hf` reads a folder (or a Hub id, downloaded with `huggingface_hub`) and hands it to the
 family whose model_type its config.json names (`interop.registry`): `MarianMTModel`
 (`interop.marian`, so `import-marian` is this command's Marian case), the BART family's
-`M2M100ForConditionalGeneration` and `MBartForConditionalGeneration` (`interop.bart`).
+`M2M100ForConditionalGeneration` and `MBartForConditionalGeneration` (`interop.bart`), and the
+T5 family's `T5ForConditionalGeneration` and `MT5ForConditionalGeneration` (`interop.t5`).
 `export_hf` writes a workdir back as the Hugging Face folder of its family. The rest of this
 module is what every family's import shares: the folder, its JSON files, the workdir written.
 """

@@ -14,7 +14,7 @@ the output axis (`view(..., N, H)`); ours are kernels [in, out] with the heads a
   lm_head.weight [V, D]       <->  decoder output_projection kernel [D, V] (untied models only)
   final_logits_bias [1, V]    <->  decoder logits_bias [V]
 
-The rest of the BART family (M2M-100, NLLB, mBART; `interop.hf`) adds, where its config has them:
+The rest of the BART family (M2M-100, NLLB, mBART; `interop.bart`) adds, where its config has them:
 
   {encoder,decoder}.layer_norm          <->  {encoder,decoder}/final_norm (pre-norm)
   {encoder,decoder}.layernorm_embedding <->  {encoder,decoder}/embedding_norm

@@ -1,6 +1,6 @@
 """The model families import-hf reads and export writes: one module per family, one table.
 
-A family module (`interop.paper`, `interop.marian`, `interop.bart`) ends with a
+A family module (`interop.paper`, `interop.marian`, `interop.bart`, `interop.t5`) ends with a
 `FAMILY = Family(...)` that states, by naming its functions:
 
   - which Hugging Face `model_type`s it reads, and how their config.json maps to our
@@ -27,7 +27,7 @@ from flax_transformer.errors import Error, InputError
 from flax_transformer.model.config import ModelConfig
 
 # Family modules of flax_transformer.interop, asked in this order (the paper's model last).
-MODULES = ("bart", "marian", "paper")
+MODULES = ("t5", "bart", "marian", "paper")
 
 
 class HFFormatError(Error, ValueError):
@@ -41,7 +41,7 @@ class Family:
   Attributes:
     name: the family's name, as messages and docs say it ("T5", "BART", "Marian", "paper").
     model_types: the Hugging Face config.json model_type values it imports, each with its
-      architecture class ({"marian": "MarianMTModel"}); empty for the paper's model.
+      architecture class ({"t5": "T5ForConditionalGeneration"}); empty for the paper's model.
     import_folder: (model folder, config.json dict, workdir, source as given) -> the saved
       checkpoint's folder: the config, weights and tokenizer mapped to ours.
     owns: (ModelConfig, tokenizer) -> whether a workdir's model is this family's architecture.
