@@ -31,6 +31,7 @@ import pytest
 
 from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
+from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.errors import InputError
 from flax_transformer.interop import hf as hf_import
@@ -101,8 +102,9 @@ def test_tokenization_equals_t5s_with_sentinels(imported, sentences):
       for text in sentences[:3]:
         want = imported.tokenizer(f"<2{code}> {text}")["input_ids"]
         assert imported.our_source(text, code) == want, (code, text)
-  else:
-    assert ours.languages is None  # Translates as a one-pair model: no language options.
+  else:  # Translates and fine-tunes as a one-pair model: no language options.
+    assert ours.languages is None
+    assert multilingual_tokenizer.for_training(ours, "", "") is ours
 
 
 def test_madlad_codes_unknown_one_line_naming_the_nearest(imported, sentences):
@@ -116,6 +118,11 @@ def test_madlad_codes_unknown_one_line_naming_the_nearest(imported, sentences):
   assert "\n" not in str(error.value)
   with pytest.raises(InputError, match="nearest"):  # Before any work, as the others' codes.
     Translator.from_workdir(imported.workdir, target_lang="dd")
+  # Fine-tuning (config.data.target_code alone): "<2de>" leads each source, not the target.
+  bound = multilingual_tokenizer.for_training(ours, "", "de")
+  assert bound.tokenize(sentences[0]) + [EOS_ID] == imported.tokenizer(
+      f"<2de> {sentences[0]}")["input_ids"]
+  assert bound.tokenize_target(sentences[0]) == ours.tokenize_target(sentences[0])
 
 
 @pytest.mark.skipif(not hasattr(Translator, "forced_tokens"),
