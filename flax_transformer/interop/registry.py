@@ -111,7 +111,7 @@ def export_hf(workdir: str | os.PathLike, output: str | os.PathLike, *, opened: 
   if family.export_hf is None:
     raise HFFormatError(
         f"{workdir} holds no many-language vocabulary (languages.json): export --format hf "
-        f"writes models import-hf read ({family.name} models: --format marian or ctranslate2).")
+        f"writes models import-hf read (for {family.name}: --format marian or ctranslate2).")
   return family.export_hf(workdir, output, step=step, checkpoint=checkpoint)
 
 
