@@ -87,7 +87,8 @@ class MultilingualTokenizer(MarianTokenizer):
     self._skipped = self._skipped | {our_id[piece] for piece in self.special}
     self._language_ids = {code: our_id[token] for code, token in self.codes.items()}
     self._leads: tuple[list[int], list[int]] = ([], [])  # `with_languages`.
-    splits = sorted(set(self.special) - set(self.codes.values()), key=len, reverse=True)
+    splits = sorted((token for token in set(self.special) - set(self.codes.values())
+                     if not token.startswith("<unused_")), key=len, reverse=True)  # Real ones.
     self._splitter = re.compile("(" + "|".join(map(re.escape, splits)) + ")") if (
         family in SPLITS_SPECIAL and splits) else None
 
