@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from flax_transformer.cli import arguments
 from flax_transformer.cli.arguments import add_command
+from flax_transformer.errors import InputError
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -29,14 +31,39 @@ def run_translate(args: argparse.Namespace) -> int:
 
 
 def run_score(args: argparse.Namespace) -> int:
-  """`score`: log p(target | source) of each line pair of --src and --tgt."""
+  """`score`: log p(target | source) of each line pair of --src and --tgt (or with --metric
+  metricx, MetricX-24's score of each translation)."""
   from flax_transformer.serving import commands
 
+  if args.metric == "metricx":
+    return run_metricx(args)
+  if args.ref is not None:
+    raise InputError("--ref is for --metric metricx (MetricX-24 with references); --metric "
+                     "logprob scores --tgt given --src alone.")
   result = commands.score(
       arguments.parameters(args), src=args.src, tgt=args.tgt, output=args.output,
       normalize=args.normalize, chunk_lines=args.chunk_lines,
       sharing=commands.Sharing(args.coordinator_address, args.num_processes, args.process_id))
   arguments.report_truncated("score", result.truncated, f"{args.src}, {args.tgt}")
+  return 0
+
+
+def run_metricx(args: argparse.Namespace) -> int:
+  """`score --metric metricx`: MetricX-24's score of each line of --tgt for its --src (and
+  --ref) line, with a MetricX workdir (`serving.metricx`)."""
+  from flax_transformer.serving import commands, metricx
+
+  if args.normalize:
+    raise InputError("--normalize divides a log-probability by its tokens; --metric metricx "
+                     "writes MetricX-24 scores (0 to 25): leave it out.")
+  result = commands.score_metricx(
+      arguments.parameters(args), src=args.src, tgt=args.tgt, ref=args.ref, output=args.output,
+      chunk_lines=args.chunk_lines,
+      sharing=commands.Sharing(args.coordinator_address, args.num_processes, args.process_id))
+  if result.truncated:
+    print(f"flax-transformer score: the MetricX inputs of {arguments.lines(result.truncated)} "
+          f"were longer than {metricx.MAX_TOKENS} tokens and were cut to them, as metricx24 "
+          "cuts them.", file=sys.stderr)
   return 0
 
 
@@ -128,10 +155,11 @@ def add_commands(commands) -> None:
   translate.set_defaults(run=run_translate, kept=kept_by_bulk_job)
 
   score = add_command(
-      commands, "score", "Write log p(target | source) of each line pair.",
+      commands, "score", "Write log p(target | source), or MetricX-24, of each line pair.",
       "Scores given translations: for each line pair of --src and --tgt, the model's log "
-      "probability of the target (natural log, EOS included), one number a line. Resumes as "
-      "translate does.",
+      "probability of the target (natural log, EOS included), one number a line; with --metric "
+      "metricx and a MetricX-24 workdir, MetricX-24's score of the translation (0 best, 25 "
+      "worst), with --ref or reference-free. Resumes as translate does.",
       "flax-transformer score --workdir workdirs/default --src test.src --tgt test.ref "
       "--output scores.txt")
   arguments.add_checkpoint_arguments(score, ensemble=True)
@@ -141,6 +169,13 @@ def add_commands(commands) -> None:
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
   score.add_argument("--output", default="-",
                      help="One score a line (default: '-', standard output).")
+  score.add_argument("--metric", choices=("logprob", "metricx"), default="logprob",
+                     help="logprob: the model's log p(target | source) (default); metricx: "
+                     "MetricX-24's score of each translation, lower is better, with a workdir "
+                     "that import-hf made of a MetricX-24 checkpoint.")
+  score.add_argument("--ref", default=None, help="With --metric metricx: references, "
+                     "line-aligned (MetricX-24's hybrid input); without them the score is "
+                     "reference-free (quality estimation).")
   score.add_argument("--normalize", action="store_true", help="Divide by target tokens (+EOS).")
   arguments.add_bulk_arguments(score)
   score.set_defaults(run=run_score, kept=kept_by_bulk_job)

@@ -3,7 +3,8 @@ detokenize, input order), `batching` (length buckets and device batches), `bulk`
 size in chunks, several processes, resuming), `chunk_tasks` (what a bulk job does with a
 chunk), `phrases` (terminology constraints and forbidden phrases as users give them),
 `shortlist` (a target-language vocabulary shortlist, read from a text file), `texts` (text as
-callers give it, checked: a list of strings, each valid Unicode), and the
+callers give it, checked: a list of strings, each valid Unicode), `metricx` (MetricX-24 scores
+of translations with an imported MetricX checkpoint), and the
 HTTP server: `batcher` (concurrent requests merged into the Translator's batches, one worker
 thread), `http_api` (the FastAPI app: LibreTranslate's endpoints and /v1), `http_metrics`
 (Prometheus), `http_page` (the web page) and `http_server` (uvicorn, signals, the ready line;
@@ -29,6 +30,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "http_metrics": "http_metrics",
     "http_page": "http_page",
     "http_server": "http_server",
+    "metricx": "metricx",
     "phrases": "phrases",
     "programs": "programs",
     "serve": "http_server:serve",

@@ -5,9 +5,10 @@ Each checks its files and outputs, opens the command's workdir once (`open_job`:
 are resolved there), chooses the parameters in one place (`restore_point`), restores them once
 and runs:
 
-* `translate`, `score`: a resumable file job (`bulk.plan_file_job` + `bulk.run_file_job`, with
-  the parameters' fingerprint in its manifest), or a stream when an input or the output is '-';
-  they return a `bulk.JobResult` (lines, truncated lines, seconds, whether the output is whole);
+* `translate`, `score`, `score_metricx` (`score --metric metricx`): a resumable file job
+  (`bulk.plan_file_job` + `bulk.run_file_job`, with the parameters' fingerprint in its
+  manifest), or a stream when an input or the output is '-'; they return a `bulk.JobResult`
+  (lines, truncated lines, seconds, whether the output is whole);
 * `evaluate`: translations of a source file scored against line-aligned references (the files
   are read and checked before the workdir is opened); it returns the scores.
 
@@ -174,6 +175,35 @@ def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize:
                    job_settings={"batch_tokens": settings.batch_tokens, "normalize": normalize,
                                  "precision": settings.precision},
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
+
+
+def score_metricx(parameters: Parameters, *, src: str, tgt: str, ref: str | None = None,
+                  output: str, chunk_lines: int = bulk.DEFAULT_CHUNK_LINES,
+                  sharing: Sharing = Sharing()) -> bulk.JobResult:
+  """`flax-transformer score --metric metricx`: MetricX-24's score of each translation of `tgt`
+  for its line of `src` (and of `ref`; reference-free without it) into `output`, one a line,
+  with a MetricX workdir (`serving.metricx`), as `score` runs its job."""
+  from flax_transformer.serving import metricx
+
+  files.check_writable(output)
+  bulk.check_chunk_lines(chunk_lines)
+  check_inputs(src, tgt, ref)
+  files.check_distinct_outputs({"--src": src, "--tgt": tgt, "--ref": ref}, {"--output": output})
+  if len(parameters.checkpoints) > 1:
+    raise InputError("MetricX scores with one checkpoint, not an ensemble: give one "
+                     "--checkpoint (or --step).")
+  opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
+                                          parameters.checkpoints, **parameters.settings)
+  score_id = metricx.check_workdir(opened)
+  return _run_bulk(opened, settings, checkpoint, command="score",
+                   inputs=[path for path in (src, tgt, ref) if path is not None], output=output,
+                   extra_outputs=[],
+                   make_task=lambda restored: metricx.MetricxTask(restored, score_id),
+                   job_settings={"metric": "metricx-24", "reference": ref is not None,
+                                 "max_tokens": metricx.MAX_TOKENS,
+                                 "batch_tokens": settings.batch_tokens,
+                                 "precision": settings.precision},
+                   chunk_lines=chunk_lines, sharing=sharing, warmup=False)
 
 
 def check_inputs(*paths: str | None) -> None:
@@ -354,4 +384,5 @@ def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
 
 __all__ = ["Checkpoint", "EvaluationInputs", "Parameters", "Sharing", "check_nbest",
            "check_phrase_files", "evaluate",
-           "open_job", "read_evaluation", "restore_point", "score", "translate", "translator"]
+           "open_job", "read_evaluation", "restore_point", "score", "score_metricx", "translate",
+           "translator"]
