@@ -66,6 +66,27 @@ def reference_state(seq, phrases, ordered, cont=None):
                                                                                 default=0)
 
 
+def reference_starts_inside_word(seq, token, row, phrases, ordered, cont, room):
+  """Whether the candidate (seq, token) starts a phrase inside a word: token is the first piece
+  of a phrase seq may meet and takes no phrase further (seq + token's longest progress over
+  those phrases is 1), the model's best next token after seq (row: its log-probabilities, EOS
+  included) continues seq's word, seq has no phrase pending (ends with a whole phrase it may
+  meet), and seq has more positions left (room, this one included) than the pieces of its
+  unmet phrases."""
+  if cont is None:
+    return False
+  met, _ = reference_state(seq, phrases, ordered, cont)
+  unmet = [c for c in range(len(phrases)) if not met[c]]
+  may = unmet[:1] if ordered else unmet
+  new = (*seq, token)
+  progress = [max(m for m in range(len(phrases[c]) + 1) if _ends_with(new, phrases[c][:m]))
+              for c in may]
+  pending = any(_ends_with(seq, phrases[c]) for c in may)
+  needed = sum(len(phrases[c]) for c in unmet)
+  return (max(progress, default=0) == 1 and cont[int(np.argmax(row))] and not pending
+          and room > needed)
+
+
 def _divisor(n, alpha):
   return ((5.0 + n) / 6.0) ** alpha
 
@@ -110,6 +131,10 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
             candidates[(seq, t)] = total + rows[seq][t]
         if all(reference_state((*seq, EOS), phrases, ordered, cont)[0]):  # (d)
           candidates[(seq, EOS)] = total + rows[seq][EOS]
+      room = min(max_len, max_len if max_tokens is None else max_tokens) - step
+      candidates = {(seq, t): score for (seq, t), score in candidates.items()
+                    if not reference_starts_inside_word(seq, t, rows[seq], phrases, ordered,
+                                                        cont, room)}
     banks = {c: reference_state((*c[0], c[1]), phrases, ordered, cont)[1] for c in candidates}
     ranked = [c for c in sorted(candidates, key=lambda c: -candidates[c])
               if np.isfinite(candidates[c])]

@@ -25,9 +25,13 @@ from test_serving_bulk import (
 )
 
 from flax_transformer import Translator
+from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
 from flax_transformer.data import synthetic
+from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.serving import phrases
+
+import numpy_reference
 
 SENTENCES = ["the dog sees the cat", "", "a man runs near the old river", "the boy sleeps"]
 
@@ -372,6 +376,37 @@ def test_a_term_the_translation_already_holds_leaves_it_unchanged(trained_workdi
   assert same_score >= 0.9 * sum(held)
   bleu = lambda outputs: sacrebleu.corpus_bleu([o[0][0] for o in outputs], [references]).score
   assert bleu(constrained) >= bleu(plain) - 1.0, (bleu(plain), bleu(constrained))
+
+
+@pytest.mark.slow  # Translates with a trained model: the fast tier leaves it to CI.
+def test_a_term_starts_where_the_model_ends_the_word_before_it(trained_workdir):
+  """Issue 89 item 3, on the trained model: another line's reference word (its middle one) as
+  each line's term. DBA placed a term's first piece after any piece, and the bank it gained
+  kept the hypothesis, so the word before the term was cut to make room ("misere le lamuk
+  miseret" for the term "le": 21 of the Quick start model's first 200 test lines; 20 of these
+  200 lines on this model, 2026-12-06). Now, in every translation, the model ends the word
+  before the term: after the pieces before it, its best next piece (float64 NumPy forward
+  pass, from the checkpoint) does not continue a word, but for a near tie."""
+  translator = Translator.from_workdir(trained_workdir)
+  pairs = synthetic.generate_splits(11, {"held_out": 200})["held_out"]
+  others = [target.split() for _, target in pairs[1:] + pairs[:1]]
+  terms = [[words[len(words) // 2]] for words in others]
+  outputs = translator.translate([source for source, _ in pairs], constraints=terms)
+  params, _ = workdir_lib.restore_params(trained_workdir)
+  vocab, continues = translator.tokenizer, translator.word_continues
+  cut = []
+  for (source, _), text, (term,) in zip(pairs, outputs, terms, strict=True):
+    words = text.split()
+    assert term in words, (text, term)
+    if words.index(term) == 0:
+      continue
+    before = vocab.tokenize_target(" ".join(words[:words.index(term)]))
+    logits = numpy_reference.transformer(
+        params, translator.model_config, np.asarray([[*vocab.tokenize(source), EOS_ID]]),
+        np.asarray([[*before, EOS_ID]]))[0, -1]  # [V]: after the pieces before the term.
+    if logits[continues].max() > logits[~continues].max() + 1e-3:
+      cut.append((text, term))
+  assert not cut, cut
 
 
 def test_a_phrase_without_a_word_or_starting_inside_one_is_one_line(translator):

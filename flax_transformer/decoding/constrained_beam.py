@@ -118,12 +118,10 @@ def _alive_holds(final: BeamState, phrases: Array, ordered: bool,
 def _constrained_step(context: StepContext, phrases: Array, ordered: bool, state: BeamState
                       ) -> BeamState:
   """One position under constraints (phrases int32 [B, C, P]): the candidates of
-  `decoding.constraints` (sources a-d), allocated to banks, taken in DBA's rounds.
-
-  N = K * (K + 2) + K * 2C + K candidates per sentence: every beam's K + 2 best tokens (those
-  in source a or c kept), its 2C constraint tokens (b), its EOS (d). Steps past L and after
-  `done` change no output, as in plain beam search.
-  """
+  `decoding.constraints` (sources a-d, none starting a phrase inside a word), allocated to
+  banks, taken in DBA's rounds. N = K * (K + 2) + K * 2C + K candidates per sentence: every
+  beam's K + 2 best tokens (those in source a or c kept), its 2C constraint tokens (b), its EOS
+  (d). Steps past L and after `done` change no output, as in plain beam search."""
   batch, beams, max_len = state.alive_seqs.shape
   valid = state.step < max_len
   scored, new_state = scored_step(context, state)
@@ -143,23 +141,21 @@ def _constrained_step(context: StepContext, phrases: Array, ordered: bool, state
   advancing_sums = jnp.where(exists, alive[..., None] + advancing_log_probs, NEG_INF)
   natural, natural_ids = _natural_candidates(alive, scored.token_log_probs, scored.token_ids,
                                              scored.forced, advancing, exists)  # (a), (c)
-  columns = natural.shape[-1]
   eos_sums = alive + scored.eos_log_probs.reshape(batch, beams)  # (d) -> [B, K]
-
-  ids = jnp.concatenate([natural_ids.reshape(batch, -1), advancing.reshape(batch, -1),
-                         jnp.full((batch, beams), context.eos_id, jnp.int32)], axis=1)  # [B, N]
-  parents = jnp.concatenate([jnp.repeat(jnp.arange(beams), columns),
-                             jnp.repeat(jnp.arange(beams), advancing.shape[-1]),
-                             jnp.arange(beams)])  # [N]
+  ids, parents = _candidate_ids(natural_ids, advancing, context.eos_id)  # [B, N], [N]
   windows = jnp.concatenate([window[:, parents], ids[..., None]], axis=-1)  # [B, N, P + 1]
   new_met, banks = constraints_lib.advance(windows, phrases, met[:, parents], ordered,
                                            context.word_continues)
   eos_met = constraints_lib.all_met(new_met[:, -beams:], phrases)  # [B, K]: EOS ends the word.
   eos_ok = (scored.eos_allowed[:, None] & (eos_met | scored.forced[:, None]) & valid
             & ~state.done[:, None] & (eos_sums > NEG_INF))
+  goes_on = constraints_lib.word_goes_on(logits, context.word_continues)  # [B, K]
+  inside = constraints_lib.starts_inside_word(  # [B, N]: dropped.
+      windows, phrases, met[:, parents], ordered, goes_on[:, parents],
+      jnp.minimum(context.max_lengths, max_len) - state.step)
   sums = jnp.concatenate([natural.reshape(batch, -1), advancing_sums.reshape(batch, -1),
                           jnp.where(eos_ok, eos_sums, NEG_INF)], axis=1)  # [B, N]
-  order = constraints_lib.bank_order(sums, banks)  # [B, N]
+  order = constraints_lib.bank_order(jnp.where(inside, NEG_INF, sums), banks)  # [B, N]
 
   first, eos_order, finishes, alive_log_probs, pick = _take_rounds(order, sums, eos_ok)
   if scored.first_free is not None:  # A prefix's first free step: EOS only as the best.
@@ -188,6 +184,18 @@ def _best_word_start(logits: Array, word_continues: Array | None, eos_id: int) -
   if word_continues is not None:
     allowed &= ~word_continues
   return jnp.argmax(jnp.where(allowed, logits, NEG_INF), axis=-1).astype(jnp.int32)
+
+
+def _candidate_ids(natural_ids: Array, advancing: Array, eos_id: int) -> tuple[Array, Array]:
+  """The N candidates' tokens int32 [B, N] and parent beams int32 [N], in the order (a, c)
+  natural_ids [B, K, K + 2], (b) advancing [B, K, 2C], (d) each beam's EOS."""
+  batch, beams = natural_ids.shape[:2]
+  ids = jnp.concatenate([natural_ids.reshape(batch, -1), advancing.reshape(batch, -1),
+                         jnp.full((batch, beams), eos_id, jnp.int32)], axis=1)
+  parents = jnp.concatenate([jnp.repeat(jnp.arange(beams), natural_ids.shape[-1]),
+                             jnp.repeat(jnp.arange(beams), advancing.shape[-1]),
+                             jnp.arange(beams)])
+  return ids, parents
 
 
 def _natural_candidates(alive: Array, token_log_probs: Array, token_ids: Array, forced: Array,

@@ -31,14 +31,29 @@ Constraints: phrases every hypothesis must contain (vectorized dynamic beam allo
         phrase's first piece;
     (c) each beam's best token except EOS;
     (d) each beam's EOS, only where it meets every phrase (or the length cap forces EOS).
-  Each candidate is counted once. Candidates fall into banks by the bank of the hypothesis they
-  make; within a bank they rank by score. The step then takes them in rounds (Hu et al.'s
-  vectorized DBA, fairseq's `LexicallyConstrainedBeamSearch`): the best of the highest bank, then
-  the best of every other bank by score, then the second best of each bank in the same way, and so
-  on (`bank_order`): the hypothesis that made the most progress is not crowded out, and with more
+  Each candidate is counted once, and none starts a phrase inside a word (below). Candidates
+  fall into banks by the bank of the hypothesis they make; within a bank they rank by score.
+  The step then takes them in rounds (Hu et al.'s vectorized DBA, fairseq's
+  `LexicallyConstrainedBeamSearch`): the best of the highest bank, then the best of every
+  other bank by score, then the second best of each bank in the same way, and so on
+  (`bank_order`): the hypothesis that made the most progress is not crowded out, and with more
   banks than beams the natural translation keeps its beam. EOS candidates among the first K so
   taken finish their hypotheses; the first K others stay alive. `decoding.constrained_beam` says
   when the search stops and how its answer relates to plain beam search's.
+
+A phrase starts where a word may end
+  SentencePiece marks where a word starts, never where it ends: "▁misere" is a word's start,
+  and whether it is the whole word depends on the next piece ("t" makes "miseret"). A phrase's
+  first piece always starts a word, so without a rule DBA would place it after any piece, and
+  the bank it gains would keep the hypothesis: "misere le lamuk miseret" for the term "le",
+  "miseret" cut to make room. So a candidate that starts a phrase (the new token is a phrase's
+  first piece and advances no phrase further) is dropped where its beam's word goes on: where
+  the model's best next token, EOS included, continues the word (`word_goes_on`). Exempt are a
+  beam with a phrase pending (its word ends there anyway) and a beam with no room to wait: the
+  pieces of its unmet phrases fill every position left before the length cap (a model that
+  never ends a word still meets its phrases where they fit, at the end). The beam's best token
+  is never dropped (it does not continue the word, or the beam's word goes on and it is no
+  phrase start), nor a phrase's later pieces (they advance it).
 
 Forbidden phrases: phrases no hypothesis may contain as whole words
   Where a hypothesis ends with every piece of a forbidden phrase, every token that would end
@@ -129,6 +144,38 @@ def word_boundary(tokens: Array, word_continues: Array | None) -> Array:
   if word_continues is None:
     return jnp.ones(tokens.shape, bool)
   return ~word_continues[tokens] | (tokens == PAD_ID)
+
+
+def word_goes_on(logits: Array, word_continues: Array | None) -> Array:
+  """bool [...]: whether the model's best next token (logits [..., V], EOS included) continues
+  the hypothesis's last word: the model would not end the word there. Always False without
+  `word_continues`."""
+  if word_continues is None:
+    return jnp.zeros(logits.shape[:-1], bool)
+  return word_continues[jnp.argmax(logits, axis=-1)]
+
+
+def starts_inside_word(window: Array, phrases: Array, met: Array, ordered: bool,
+                       goes_on: Array, room: Array) -> Array:
+  """bool [B, N]: candidates that would start a phrase inside a word (module docstring, "A
+  phrase starts where a word may end"): the new token starts a phrase the parent may meet and
+  advances none further, after a parent whose word goes on (goes_on bool [B, N],
+  `word_goes_on`), that has no phrase pending (a pending phrase ends its word anyway) and that
+  has room to wait: more positions left (room int32 [B], this one included, before the length
+  cap or L) than the pieces of its unmet phrases.
+
+  Args:
+    window: int32 [B, N, P + 1], each candidate's last P + 1 tokens (its new token last).
+    phrases: int32 [B, C, P]. met: bool [B, N, C], the parent's met phrases.
+  """
+  lengths = phrase_lengths(phrases)[:, None]  # [B, 1, C]
+  may = may_meet(met, lengths, ordered)  # [B, N, C]
+  after = progress(match_lengths(window[..., 1:], phrases[:, None]), lengths)  # [B, N, C]
+  before = progress(match_lengths(window[..., :-1], phrases[:, None]), lengths)
+  pending = jnp.any(may & (before == lengths) & (lengths > 0), axis=-1)  # [B, N]
+  starts = jnp.max(jnp.where(may, after, 0), axis=-1, initial=0) == 1  # [B, N]
+  needed = jnp.sum(jnp.where(met, 0, lengths), axis=-1)  # [B, N]: pieces still to place
+  return starts & goes_on & ~pending & (room[:, None] > needed)
 
 
 def first_unmet(met: Array, lengths: Array) -> Array:
@@ -280,4 +327,5 @@ def satisfied(tokens: Sequence[int], phrases: Sequence[Sequence[int]], ordered: 
 
 __all__ = ["NEVER", "advance", "advancing_tokens", "all_met", "ban_forbidden", "bank_order",
            "first_unmet", "holds_every_phrase", "match_lengths", "may_meet",
-           "phrase_lengths", "progress", "satisfied", "tail", "word_boundary"]
+           "phrase_lengths", "progress", "satisfied", "starts_inside_word", "tail",
+           "word_boundary", "word_goes_on"]
