@@ -126,7 +126,9 @@ def kept_by_bulk_job(args: argparse.Namespace) -> str:
   if kept is None:
     return " before any chunk was done; nothing was written"
   done, total = kept
-  return (f" after {done} of {total} chunk{'' if total == 1 else 's'} (kept in "
+  lines = bulk.kept_lines(args.output)  # Lines of unfinished chunks (the engine's slots).
+  within = f" and {lines:,} more lines" if lines else ""
+  return (f" after {done} of {total} chunk{'' if total == 1 else 's'}{within} (kept in "
           f"{bulk.partial_dir(args.output)}); the same command resumes")
 
 
@@ -138,19 +140,21 @@ def add_commands(commands) -> None:
       "line. A file job works in chunks kept in OUTPUT.partial/: stopped or killed, the same "
       "command resumes where it stopped, with the same result.",
       "flax-transformer translate --workdir workdirs/default --input test.src --output out.txt")
-  arguments.add_checkpoint_arguments(translate, ensemble=True)
-  arguments.add_settings_arguments(translate)
   translate.add_argument("--input", default="-", help="UTF-8 text, one sentence a line (default: "
                          "'-', standard input: each line typed or piped in comes back at once).")
   translate.add_argument("--output", default="-", help="Output file (gzip when it ends in .gz; "
                          "default: '-', standard output). A file job resumes; a stream does not.")
-  translate.add_argument("--target_prefix", default=None, help="A file of line-aligned target "
-                         "prefixes that each translation starts with (an empty line: none).")
+  arguments.add_checkpoint_arguments(translate, ensemble=True, resumes=True)
+  arguments.section(translate, "phrases").add_argument(
+      "--target_prefix", default=None, help="A file of line-aligned target prefixes that each "
+      "translation starts with (an empty line: none).")
   arguments.add_phrase_arguments(translate)
-  translate.add_argument("--alignments", default=None, help="Also write each output line's word "
-                         "alignment here, Moses 'i-j' (source word i, target word j, from 0).")
-  translate.add_argument("--nbest", type=int, default=None,
-                         help="Write K hypotheses per line as 'i ||| hypothesis ||| score'.")
+  arguments.add_settings_arguments(translate)
+  more = arguments.section(translate, "more_output")
+  more.add_argument("--alignments", default=None, help="Also write each output line's word "
+                    "alignment here, Moses 'i-j' (source word i, target word j, from 0).")
+  more.add_argument("--nbest", type=int, default=None,
+                    help="Write K hypotheses per line as 'i ||| hypothesis ||| score'.")
   arguments.add_bulk_arguments(translate)
   translate.set_defaults(run=run_translate, kept=kept_by_bulk_job)
 
@@ -162,9 +166,6 @@ def add_commands(commands) -> None:
       "worst), with --ref or reference-free. Resumes as translate does.",
       "flax-transformer score --workdir workdirs/default --src test.src --tgt test.ref "
       "--output scores.txt")
-  arguments.add_checkpoint_arguments(score, ensemble=True)
-  arguments.add_settings_arguments(score, "batch_tokens", "precision", "source_lang",
-                                   "target_lang")
   score.add_argument("--src", required=True, help="Source sentences, one a line.")
   score.add_argument("--tgt", required=True, help="Their translations, line-aligned.")
   score.add_argument("--output", default="-",
@@ -176,7 +177,11 @@ def add_commands(commands) -> None:
   score.add_argument("--ref", default=None, help="With --metric metricx: references, "
                      "line-aligned (MetricX-24's hybrid input); without them the score is "
                      "reference-free (quality estimation).")
-  score.add_argument("--normalize", action="store_true", help="Divide by target tokens (+EOS).")
+  arguments.add_checkpoint_arguments(score, ensemble=True, resumes=True)
+  arguments.add_settings_arguments(score, "batch_tokens", "precision", "source_lang",
+                                   "target_lang")
+  arguments.section(score, "more_output").add_argument(
+      "--normalize", action="store_true", help="Divide by target tokens (+EOS).")
   arguments.add_bulk_arguments(score)
   score.set_defaults(run=run_score, kept=kept_by_bulk_job)
 
@@ -185,11 +190,12 @@ def add_commands(commands) -> None:
       "Measures a checkpoint: translates --src and prints BLEU and chrF against the references "
       "in --ref.",
       "flax-transformer evaluate --workdir workdirs/default --src test.src --ref test.ref")
-  arguments.add_checkpoint_arguments(evaluate, ensemble=True)
-  arguments.add_settings_arguments(evaluate)
   evaluate.add_argument("--src", required=True, help="Source sentences, one a line.")
   evaluate.add_argument("--ref", required=True, help="Reference translations, line-aligned.")
   evaluate.add_argument("--output", default=None, help="Also write the translations here.")
-  evaluate.add_argument("--json", action="store_true", help="Print the scores as JSON.")
+  arguments.add_checkpoint_arguments(evaluate, ensemble=True)
   arguments.add_phrase_arguments(evaluate)
+  arguments.add_settings_arguments(evaluate)
+  arguments.section(evaluate, "more_output").add_argument(
+      "--json", action="store_true", help="Print the scores as JSON.")
   evaluate.set_defaults(run=run_evaluate, kept=lambda args: "; nothing was written: rerun it")

@@ -14,6 +14,8 @@ searched over the local devices), and its output is written when it is done, bes
     chunk_000000 ...  chunk i's output lines, each written atomically (fsync'd, renamed) when done;
                       with extra outputs (translate --alignments), chunk_000000.1 ... hold
                       theirs, written before the main one, whose presence marks the chunk done.
+    chunk_000000.lines_000001 ...  the unfinished chunk's lines kept as they finish (slots only:
+                      `serving.chunk_journal`), removed once the chunk's file is written.
     merge.lock        locked (flock) by the process that assembles OUT.
 
 Process p of P translates the chunks i with i % P == p that have no file yet; the processes need
@@ -22,7 +24,9 @@ jax.distributed; else the last to finish, under the lock) concatenates them in o
 temporary file, renames it onto OUT, and removes OUT.partial. A kill at any moment (kill -9
 included) loses at most the chunks in flight: rerunning the same command redoes only the missing
 chunks, and the output is byte-identical to an uninterrupted run (the search plan never depends
-on the device count; `flax_transformer.serving.batching`).
+on the device count; `flax_transformer.serving.batching`). Where each line's output does not
+depend on the other lines (the engine's slots), a chunk's lines are also kept as they finish
+(`serving.chunk_journal`), so a kill loses seconds of work, not the chunk in flight.
 
 Standard input cannot be resumed: `run_stream_job` translates it chunk by chunk (a chunk ends
 when it is full or input stalls briefly) and writes each chunk's lines as soon as they are done.
@@ -38,7 +42,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from flax_transformer import files
@@ -46,6 +50,7 @@ from flax_transformer.errors import Error, InputError
 from flax_transformer.files import Path, atomic_write, to_path
 from flax_transformer.progress import ProgressBar, counted
 from flax_transformer.runtime.processes import Processes
+from flax_transformer.serving.chunk_journal import ChunkJournal, Texts
 
 if TYPE_CHECKING:
   from flax_transformer.workdir import Workdir
@@ -78,9 +83,38 @@ class ChunkOutput(NamedTuple):
   unmet: int = 0  # Input lines whose translation misses a constraint (the length cap first).
 
 
+class Finished(NamedTuple):
+  """Lines of a chunk just done: each one's output texts (line in the chunk -> one text per
+  output file), and how many of them were cut to max_len or miss a constraint."""
+
+  texts: dict[int, Texts]
+  truncated: int = 0
+  unmet: int = 0
+
+
+def assemble(count: int, finished: Iterable[Finished], outputs: int,
+             kept: Mapping[int, Texts] | None = None) -> ChunkOutput:
+  """A chunk's output from its lines' texts as they were done (`finished`, plus the `kept`
+  lines of earlier runs), in line order: `count` lines, `outputs` output files."""
+  texts: dict[int, Texts] = dict(kept or {})
+  truncated = unmet = 0
+  for done in finished:
+    texts.update(done.texts)
+    truncated, unmet = truncated + done.truncated, unmet + done.unmet
+  if len(texts) != count:
+    raise ValueError(f"The chunk task did {len(texts)} of {count} lines.")
+  return ChunkOutput(tuple("".join(texts[i][part] for i in range(count))
+                           for part in range(outputs)), truncated, unmet)
+
+
 class ChunkTask(Protocol):
   """Turns one chunk's records (a tuple of line-aligned input lines each) into its output. A
-  task keeps no results: each call returns its own."""
+  task keeps no results: each call returns its own.
+
+  A task may also have `independent` (True where each line's output is the same bytes whatever
+  other lines share its search) and `finished(first_line, records, progress, skip)`, which
+  yields `Finished` lines as they are done, leaving out the lines of the chunk in `skip`: a bulk
+  job then keeps a chunk's lines as they finish (`serving.chunk_journal`)."""
 
   verb: str  # "Translated", "Scored": the progress summary's first word.
   line_per_record: bool  # Exactly one output line per record (checked when merging).
@@ -210,6 +244,10 @@ class FileJob:
     """Chunk `chunk`'s file of output `part` (0: the main output, k: extra_outputs[k - 1])."""
     return self.partial / (f"chunk_{chunk:06d}" + (f".{part}" if part else ""))
 
+  def journal(self, chunk: int) -> ChunkJournal:
+    """The lines of chunk `chunk` kept as they finish (`serving.chunk_journal`)."""
+    return ChunkJournal(self.chunk_path(chunk), self.chunk_lines_of(chunk), len(self.outputs))
+
   @property
   def outputs(self) -> tuple[str, ...]:
     """The main output, then the extra ones."""
@@ -266,6 +304,20 @@ def checkpoint_identity(opened: Workdir, step: int | None, checkpoints: Sequence
       "model": dataclasses.asdict(opened.model_config)}
 
 
+def kept_lines(output: str) -> int:
+  """Lines of unfinished chunks that the partial run of `output` kept as they finished
+  (`serving.chunk_journal`): a rerun of the same command does not search them again."""
+  manifest = read_manifest(partial_dir(output))
+  if manifest is None:
+    return 0
+  job = FileJob((), output, manifest["chunk_lines"], manifest["lines"], manifest,
+                tuple(manifest.get("extra_outputs", ())))
+  journaled = {int(path.name[len("chunk_"):].split(".")[0])
+               for path in job.partial.glob("chunk_*.lines_*")}
+  return sum(len(job.journal(chunk).load()) for chunk in sorted(journaled)
+             if chunk < job.num_chunks and not job.chunk_path(chunk).exists())
+
+
 def previous_step(output: str) -> int | None:
   """The step a partial run of `output` restored, if one was started (None otherwise)."""
   return ((read_manifest(partial_dir(output)) or {}).get("checkpoint") or {}).get("step")
@@ -307,20 +359,26 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   publish_manifest(job.partial, manifest)
   mine = range(processes.index, job.num_chunks, processes.count)
   todo = [chunk for chunk in mine if not job.chunk_path(chunk).exists()]
-  _report_start(job, processes, len(mine), todo)
+  journals = ({chunk: job.journal(chunk) for chunk in todo} if getattr(task, "independent", False)
+              else {})
+  kept = {chunk: len(journal.load()) for chunk, journal in journals.items()}
+  _report_start(job, processes, len(mine), todo, sum(kept.values()))
   total = sum(job.chunk_lines_of(chunk) for chunk in mine)
-  bar = ProgressBar(total, unit="sentences",
-                    start=total - sum(job.chunk_lines_of(chunk) for chunk in todo))
+  bar = ProgressBar(total, unit="sentences", start=total - sum(
+      job.chunk_lines_of(chunk) - kept.get(chunk, 0) for chunk in todo))
   advance = lambda lines, tokens: bar.advance(lines, **{"target tokens": tokens})
   lines = truncated = unmet = 0
   with bar:
     for chunk, records in read_chunks(job.inputs, job.chunk_lines, todo):
-      output = _checked_output(task(chunk * job.chunk_lines, records, advance),
+      output = _checked_output(_chunk_output(task, chunk * job.chunk_lines, records, advance,
+                                             journals.get(chunk), len(job.outputs)),
                                len(job.outputs))
       for part in range(len(output.texts) - 1, -1, -1):  # The main output last: it marks the
         atomic_write(job.chunk_path(chunk, part), output.texts[part])  # chunk done.
-      lines, truncated = lines + len(records), truncated + output.truncated
-      unmet += output.unmet
+      if chunk in journals:
+        journals[chunk].remove()
+      lines += len(records) - kept.get(chunk, 0)
+      truncated, unmet = truncated + output.truncated, unmet + output.unmet
   bar.close(task.verb)
   report = not todo  # A run that translated nothing says what it wrote; else the summary does.
   if processes.barrier is None:
@@ -333,6 +391,28 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   return JobResult(complete, lines, truncated, time.perf_counter() - start, unmet)
 
 
+def _chunk_output(task: ChunkTask, first_line: int, records: Sequence[tuple[str, ...]],
+                  progress: Progress, journal: ChunkJournal | None, outputs: int
+                  ) -> ChunkOutput:
+  """The task's output for a chunk. With a `journal` (the task's lines do not depend on each
+  other: `serving.chunk_journal`), the lines it kept are not searched again, and lines are
+  kept as they finish, written when due and when the run stops."""
+  if journal is None:
+    return task(first_line, records, progress)
+  def kept_as_done(finished: Iterable[Finished]) -> Iterator[Finished]:
+    for done in finished:
+      journal.add(done.texts)
+      yield done
+
+  try:
+    return assemble(
+        len(records), kept_as_done(task.finished(first_line, records, progress,
+                                                 skip=journal.kept)),
+        outputs, journal.kept)
+  finally:
+    journal.flush()
+
+
 def _checked_output(output: ChunkOutput, count: int) -> ChunkOutput:
   """A task's output, checked to hold one text per output file (`count`)."""
   if len(output.texts) != count:
@@ -341,15 +421,19 @@ def _checked_output(output: ChunkOutput, count: int) -> ChunkOutput:
   return output
 
 
-def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int]) -> None:
+def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int],
+                  kept: int = 0) -> None:
   """One line on stderr when this run resumes or has several chunks to do: what it does (not a
   log message: the CLI's log level may hide those, and this line tells a resumed job's state).
-  A one-chunk job prints only the summary."""
+  A one-chunk job prints only the summary. `kept`: lines of the chunks to do that earlier runs
+  kept (`serving.chunk_journal`)."""
   share = "" if processes.count == 1 else f" (process {processes.index} of {processes.count})"
   done = mine - len(todo)
-  if done:
+  if done or kept:
+    lines = sum(job.chunk_lines_of(chunk) for chunk in todo)
+    within = f"; {kept:,} of {lines:,} lines already done in them" if kept else ""
     say(f"Resuming {job.partial}{share}: {done} of {mine} chunks already done, {len(todo)} to "
-        "do.")
+        f"do{within}.")
   elif len(todo) > 1:
     say(f"{job.num_lines} lines in {job.num_chunks} chunks of {job.chunk_lines}{share}; "
         f"progress is kept in {job.partial} (rerun the same command to resume).")

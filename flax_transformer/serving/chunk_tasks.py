@@ -5,7 +5,7 @@ over files and streams; they are plain callables, so a test can swap in its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,8 @@ import numpy as np
 from flax_transformer.data.alignments import format_alignment
 from flax_transformer.files import as_line
 from flax_transformer.serving.batching import in_input_order
-from flax_transformer.serving.bulk import ChunkOutput, Progress
+from flax_transformer.serving.bulk import ChunkOutput, Finished, Progress, assemble
+from flax_transformer.serving.chunk_journal import Texts
 from flax_transformer.serving.phrases import parse_line
 from flax_transformer.serving.translator import Translator
 
@@ -58,40 +59,64 @@ class TranslationTask:
       return None
     return [record[1 + self.extra_inputs.index(name)] for record in records]
 
+  @property
+  def independent(self) -> bool:
+    """Whether each line's output is the same bytes whatever other lines share its search:
+    true where the translator searches in the engine's slots (`Translator.runs_in_slots`),
+    so a bulk job keeps lines as they finish (`serving.chunk_journal`)."""
+    return self.translator.runs_in_slots(constraints="constraints" in self.extra_inputs,
+                                         alignments=self.alignments)
+
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
                progress: Progress) -> ChunkOutput:
-    lines = [record[0] for record in records]
-    prefixes = self._column("target_prefix", records)
+    return assemble(len(records), self.finished(first_line, records, progress),
+                    1 + self.alignments)
+
+  def finished(self, first_line: int, records: Sequence[tuple[str, ...]], progress: Progress,
+               skip: Collection[int] = ()) -> Iterator[Finished]:
+    """The chunk's lines as they are done (in search order; blank lines, which are not
+    searched, last), but those in `skip` (lines of the chunk done before): each line's output
+    texts, and counts."""
+    todo = [i for i in range(len(records)) if i not in skip]
+    if not todo:
+      return
+    column = lambda name: (None if (lines := self._column(name, records)) is None
+                           else [lines[i] for i in todo])
     constraints, forbid = (
-        None if column is None else [parse_line(text, f"{name}, line {first_line + i + 1}")
-                                     for i, text in enumerate(column)]
-        for name, column in (("constraints", self._column("constraints", records)),
-                             ("forbid", self._column("forbid", records))))
-    truncated = unmet = 0
+        None if (given := column(name)) is None
+        else [parse_line(text, f"{name}, line {first_line + i + 1}")
+              for i, text in zip(todo, given, strict=True)]
+        for name in ("constraints", "forbid"))
+    searched: set[int] = set()
+    for batch in self.translator.iter_nbest(
+        [records[i][0] for i in todo], self.nbest or 1, first_index=first_line,
+        line_numbers=[first_line + i for i in todo], target_prefix=column("target_prefix"),
+        constraints=constraints, forbid=forbid, alignments=self.alignments):
+      progress(len(batch.indices), batch.target_tokens)
+      aligned = batch.alignments or [None] * len(batch.indices)
+      done = {todo[j]: self._texts(first_line + todo[j], hypotheses, pairs)
+              for j, hypotheses, pairs in zip(batch.indices, batch.hypotheses, aligned,
+                                              strict=True)}
+      searched.update(done)
+      yield Finished(done, batch.truncated, batch.unmet)
+    blank = {i: self._texts(first_line + i, [("", 0.0)], [[]])
+             for i in todo if i not in searched}
+    progress(len(blank), 0)
+    if blank:
+      yield Finished(blank)
 
-    def batches() -> Iterator[tuple[np.ndarray, list[tuple[list[tuple[str, float]], Any]]]]:
-      nonlocal truncated, unmet
-      for batch in self.translator.iter_nbest(lines, self.nbest or 1, first_index=first_line,
-                                              target_prefix=prefixes, constraints=constraints,
-                                              forbid=forbid, alignments=self.alignments):
-        truncated, unmet = truncated + batch.truncated, unmet + batch.unmet
-        progress(len(batch.indices), batch.target_tokens)
-        yield batch.indices, list(zip(batch.hypotheses,
-                                      batch.alignments or [None] * len(batch.indices),
-                                      strict=True))
-
-    results = in_input_order(len(lines), batches(), ([("", 0.0)], [[]]))
-    progress(sum(1 for line in lines if not line.strip()), 0)
+  def _texts(self, line: int, hypotheses: list[tuple[str, float]],
+             aligned: list[Any] | None) -> Texts:
+    """One input line's output texts: its translation line (or n-best entries, `line` being
+    its 0-based number in the input), and with alignments, its alignment lines."""
     if self.nbest is None:
-      text = "".join(as_line(hypotheses[0][0]) for hypotheses, _ in results)
+      text = as_line(hypotheses[0][0])
     else:
-      text = "".join(as_line(f"{first_line + i} ||| {hyp} ||| {format_score(score)}")
-                     for i, (hypotheses, _) in enumerate(results) for hyp, score in hypotheses)
+      text = "".join(as_line(f"{line} ||| {hyp} ||| {format_score(score)}")
+                     for hyp, score in hypotheses)
     if not self.alignments:
-      return ChunkOutput((text,), truncated, unmet)
-    return ChunkOutput((text, "".join(as_line(format_alignment(pairs))
-                                      for _, aligned in results for pairs in aligned)),
-                       truncated, unmet)
+      return (text,)
+    return text, "".join(as_line(format_alignment(pairs)) for pairs in aligned)
 
 
 class ScoringTask:
@@ -100,6 +125,7 @@ class ScoringTask:
 
   verb = "Scored"
   line_per_record = True
+  independent = False  # Scores are searched in batches (shapes set by the chunk's lengths).
 
   def __init__(self, translator: Translator, normalize: bool = False):
     self.translator, self.normalize = translator, normalize

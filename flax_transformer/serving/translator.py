@@ -569,21 +569,36 @@ class Translator:
     return [[(self.tokenizer.detokenize(row[k]), float(row_scores[k])) for k in range(count)]
             for row, row_scores, count in zip(sequences, scores, found, strict=True)]
 
-  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None,
-                alignments: bool) -> bool:
-    """Whether a call with `options` runs on the engine's slots (`serving.engine`): asked for,
-    and none of what still runs in batches (docs/design.md, "The engine")."""
+  def runs_in_slots(self, *, constraints: bool = False, alignments: bool = False,
+                    options: TranslateConfig | None = None) -> bool:
+    """Whether a call with `options` (default: this translator's settings), with or without
+    constraints and alignments, runs on the engine's slots (`serving.engine`), where each
+    sentence's output is the same bytes whatever else is searched with it: asked for
+    (`engine="slots"`), and none of what still runs in batches (docs/design.md, "The
+    engine")."""
+    return self._batches_only(options or self.settings, constraints, alignments) == []
+
+  def _batches_only(self, options: TranslateConfig, constraints: bool, alignments: bool
+                    ) -> list[str] | None:
+    """None when a call runs in batches because `options` ask for them; else what makes it
+    run in batches though slots are asked for (empty: it runs in slots)."""
     if options.engine != "slots":
-      return False
-    batches_only = [why for why, applies in (
-        ("constraints", constraint_ids is not None), ("alignments", alignments),
+      return None
+    return [why for why, applies in (
+        ("constraints", constraints), ("alignments", alignments),
         (f"{self.num_devices} devices", self.num_devices > 1),
         ("a search function of its own", not isinstance(self.search_fn,
                                                         programs.StoredPrograms)))
         if applies]
+
+  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None,
+                alignments: bool) -> bool:
+    """`runs_in_slots` for one call; an info line when slots were asked for but it runs in
+    batches."""
+    batches_only = self._batches_only(options, constraint_ids is not None, alignments)
     if batches_only:
       _log.info("Searching in batches, not slots: %s run in batches.", ", ".join(batches_only))
-    return not batches_only
+    return batches_only == []
 
   def _slot_translated(self, params: Any, sentences: Sequence[str],
                        token_ids: Sequence[Sequence[int]], cut: np.ndarray,
@@ -599,7 +614,7 @@ class Translator:
                                forbid_rows[i] if forbid_rows and forbid_rows[i] else None,
                                int(numbers[i]) % (1 << 32)) for i in real]
     search_settings = options.search
-    how = engine.Search.of(search_settings, forced_tokens=int(bool(self.languages)),
+    how = engine.Search.of(search_settings, forced_tokens=self.forced_tokens,
                            ensemble=self.ensemble)
     spec = engine.Run(how, search_settings.length_penalty, options.seed, options.batch_tokens,
                       search_settings,
@@ -710,18 +725,24 @@ class Translator:
 
   def language_tokens(self, options: TranslateConfig) -> tuple[list[int], list[int]]:
     """(the source's first tokens, the output's forced first tokens): a many-language model's
-    language tokens (`data.multilingual_tokenizer`), ([], []) for a one-pair model."""
+    language tokens (`data.multilingual_tokenizer`: MADLAD-400's "<2xx>" is a source lead
+    alone), ([], []) for a one-pair model."""
     languages = getattr(self.tokenizer, "languages", None)
     if languages is None:  # One pair: the codes only name it (evaluate's BLEU variant).
       return [], []
-    missing = [f"--{name}" for name in ("source_lang", "target_lang")
+    missing = [f"--{name}" for name in self.tokenizer.required_languages
                if not getattr(options, name)]
     if missing:
       raise InputError(
           f"This model translates between {len(languages)} languages: give {' and '.join(missing)}"
           f" (its codes look like {', '.join(languages[:3])}).")
-    return ([self.tokenizer.language_id(options.source_lang)],
-            [self.tokenizer.language_id(options.target_lang)])
+    return self.tokenizer.language_leads(options.source_lang, options.target_lang)
+
+  @property
+  def forced_tokens(self) -> int:
+    """How many of an output's first tokens are a many-language model's forced language
+    tokens (1; 0 for MADLAD-400, and for a one-pair model)."""
+    return self.tokenizer.forced_output_tokens if self.languages else 0
 
   @property
   def languages(self) -> list[str]:
@@ -744,10 +765,10 @@ class Translator:
     if len(languages) != count:
       raise InputError(f"{len(languages)} language pairs for {count} sentences; give one "
                        "(source_lang, target_lang) per sentence.")
-    ids = {code: self.tokenizer.language_id(code)  # An unknown code: one line, the nearest.
-           for pair in languages for code in pair}
-    return ([[ids[source]] for source, _ in languages],
-            [[ids[target]] for _, target in languages])
+    leads = {pair: self.tokenizer.language_leads(*pair)  # An unknown code: the nearest.
+             for pair in dict.fromkeys(map(tuple, languages))}
+    return ([leads[tuple(pair)][0] for pair in languages],
+            [leads[tuple(pair)][1] for pair in languages])
 
   def _params(self, params: Any) -> Any:
     """The call's params (as trained: converted to the serving precision), else the
@@ -827,7 +848,7 @@ class Translator:
     # The length penalty is data: one program per shape serves every alpha.
     length_penalty = self._replicate(np.float32(options.search.length_penalty))
     settings = options.search.replace(length_penalty=0.0)
-    forced = int(bool(self.languages))  # The target language token of a many-language model.
+    forced = self.forced_tokens  # The target language token of a many-language model.
     static = {**({"align": align} if align else {}),
               **({"forced_tokens": forced} if forced else {})}
     shape = (self.search_fn, settings, len(inputs), step.length, decode_len,
@@ -866,7 +887,7 @@ class Translator:
     bar = ProgressBar(len(shapes), unit="programs", enabled=progress)
     for rows, length in shapes:
       empty = Step((None,) * self.num_devices, rows, length)  # Padding rows only.
-      forced = bool(self.languages)  # A language token is a prefix (whichever pair asks).
+      forced = bool(self.forced_tokens)  # A language token is a prefix (whichever pair asks).
       jax.block_until_ready(self._search_step(params, empty, [], np.zeros(0, np.int64),
                                               options, [] if prefixed or forced else None,
                                               align, shortlist=self.shortlist_ids(options)))
