@@ -52,6 +52,11 @@ def tokenizer() -> Tokenizer:
 def workdir(tmp_path_factory, tokenizer) -> Path:
   """A serving workdir: the tiny model with random params at step 1, its vocabulary, and a
   config.json whose search group sets beam 3 and short outputs."""
+  return serving_workdir(tmp_path_factory.mktemp("bulk") / "workdir", tokenizer)
+
+
+def serving_workdir(root: Path, tokenizer: Tokenizer, max_len: int = 64) -> Path:
+  """`workdir`'s workdir in `root` (made), for sources and outputs of up to `max_len` tokens."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -60,16 +65,15 @@ def workdir(tmp_path_factory, tokenizer) -> Path:
   from flax_transformer import ModelConfig, Transformer
   from flax_transformer import workdir as workdir_lib
 
-  root = tmp_path_factory.mktemp("bulk") / "workdir"
   root.mkdir()
   config = {
-      "model": {"preset": "tiny", "max_len": 64, "dropout_rate": 0.0,
+      "model": {"preset": "tiny", "max_len": max_len, "dropout_rate": 0.0,
                 "attention_dropout_rate": 0.0},
       "data": {}, "train": {}, "checkpoint": {}, "eval": {},
       "search": {"beam_size": 3, "grow_cache": "no", "max_len_b": 10, "min_length": 2}}
   (root / workdir_lib.CONFIG_FILE).write_text(json.dumps(config))
   (root / workdir_lib.VOCAB_FILE).write_bytes(tokenizer.proto)
-  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=64))
+  model = Transformer(ModelConfig.tiny(tokenizer.vocab_size, max_len=max_len))
   tokens = jnp.ones((1, 4), jnp.int32)
   params = nn.meta.unbox(model.init(jax.random.key(7), tokens, tokens)["params"])
   # Scaled up, random weights give varied, input-dependent outputs (at scale 1, most lines of

@@ -19,6 +19,7 @@ import types
 
 import httpx
 import pytest
+from serving_fixtures import serving_workdir
 
 from flax_transformer.data import synthetic
 from flax_transformer.serving import Batcher, Job, Service, Translator
@@ -483,6 +484,33 @@ def in_order(count: int, batches) -> list[list[tuple]]:
                   None if batch.constraints_met is None else batch.constraints_met[j][k])
                  for k, (text, score) in enumerate(batch.hypotheses[j])]
   return rows
+
+
+def test_after_a_warm_up_no_request_of_a_warm_kind_compiles(tokenizer, tmp_path):
+  """--warmup compiles every kind /health calls warm (the server's settings, a target prefix,
+  alignments, the other methods): after ready, a request of each adds no program; what /health
+  says is compiled on first use (constraints) does. The tiny model of max_len 16: 2 shapes."""
+  translator = Translator.from_workdir(serving_workdir(tmp_path / "workdir", tokenizer, 16),
+                                       batch_tokens=64)
+  batcher = Batcher(translator, max_programs=64)
+  batcher.start(warmup=True)
+  assert batcher.ready.wait(600) and batcher.failed is None
+  app = make_app(batcher, Service("en", "de", step=translator.step))
+  health = asyncio.run(_get(app, "/health")).json()
+  assert health["warm"] == ["beam (the server's settings)", "target_prefix", "alignments",
+                            "greedy", "sample"]
+  compiled = batcher.programs
+  assert compiled == 5 * 2
+  lines = ["a man", "a man is riding a red bike down the street"]  # Two buckets.
+  for body in ({}, {"target_prefix": ["the", ""]}, {"alignments": True},
+               {"method": "greedy"}, {"method": "sample", "seed": 3}):
+    answer = asyncio.run(_post(app, "/v1/translate", {"sentences": lines, **body}))
+    assert answer.status_code == 200 and batcher.programs == compiled, body
+  assert "constraints" in health["compiled_on_first_use"]
+  answer = asyncio.run(_post(app, "/v1/translate", {"sentences": lines,
+                                                    "constraints": [["park"], []]}))
+  assert answer.status_code == 200 and batcher.programs > compiled
+  batcher.close(10)
 
 
 def test_health_is_503_until_compiled():

@@ -61,6 +61,21 @@ _log = logging.getLogger(__name__)
 BATCHING_MODES = ("exact", "fill")
 
 
+METHODS = ("beam", "greedy", "sample")
+# What a warm server still compiles on a request's first use, as /health says it.
+COLD = ("constraints and forbidden phrases (their programs are shaped by each request's "
+        "phrases), n-best alignments, and settings other than the server's but the method")
+
+
+def warm_kinds(method: str) -> list[tuple[str, dict[str, Any]]]:
+  """The kinds of request a warm-up compiles, (name, `Translator.compile`'s options): the
+  server's own settings (`method` the search method), with a target prefix, with
+  alignments, and each other search method with the server's other settings."""
+  return [(f"{method} (the server's settings)", {}), ("target_prefix", {"prefixed": True}),
+          ("alignments", {"align": 1}),
+          *((other, {"method": other}) for other in METHODS if other != method)]
+
+
 class QueueFull(Error):
   """The batcher's queue has no room for a request's sentences now (HTTP 429)."""
 
@@ -204,7 +219,8 @@ class Batcher:
       raise InputError(f"max_programs must be >= 1, got {max_programs}.")
     if max_programs is not None and isinstance(translator.search_fn, programs.StoredPrograms):
       own = translator.settings.search.replace(length_penalty=0.0)  # As the search takes it.
-      translator.search_fn.bound(max_programs, lambda static: static.get("settings") == own)
+      kept = [own.replace(method=method) for method in METHODS]  # What the warm-up compiles.
+      translator.search_fn.bound(max_programs, lambda static: static.get("settings") in kept)
     self.translator = translator
     self.max_wait = max_wait_ms / 1000
     self.max_queue = max_queue
@@ -212,6 +228,7 @@ class Batcher:
     self.batching_mode = batching_mode
     self.observe = observe
     self.ready = threading.Event()  # Set once the warm-up is done.
+    self.warm: list[str] = []  # The kinds of request the warm-up compiled (`warm_kinds`).
     self.failed: BaseException | None = None  # The warm-up's error, if it raised.
     self._pending: collections.deque[_Piece] = collections.deque()
     self._queued = 0  # Sentences in _pending.
@@ -232,8 +249,9 @@ class Batcher:
     return search.count if isinstance(search, programs.StoredPrograms) else 0
 
   def start(self, warmup: bool = False, progress: bool = False) -> None:
-    """Starts the worker thread; with `warmup`, it first compiles every search shape of the
-    translator's settings (`Translator.compile`) and sets `ready` after."""
+    """Starts the worker thread; with `warmup`, it first compiles every search shape of each
+    kind of request `warm_kinds` names (`Translator.compile`), so that none of those waits
+    for a compile, and sets `ready` after."""
     self._thread = threading.Thread(target=self._work, args=(warmup, progress),
                                     name="flax-transformer-batcher", daemon=True)
     self._thread.start()
@@ -358,8 +376,9 @@ class Batcher:
   def _work(self, warmup: bool, progress: bool) -> None:
     """The worker thread: the warm-up, then batches until closed and drained."""
     try:
-      if warmup:
-        self.translator.compile(progress=progress)
+      for kind, options in warm_kinds(self.translator.settings.search.method) if warmup else ():
+        self.translator.compile(progress=progress, **options)
+        self.warm.append(kind)
     except BaseException as error:  # The server reports it and stops.
       self.failed = error
       _log.exception("The warm-up failed.")

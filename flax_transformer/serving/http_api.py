@@ -45,6 +45,7 @@ from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.errors import Error, InputError
 from flax_transformer.serving import texts as serving_texts
 from flax_transformer.serving.batcher import (
+  COLD,
   Batcher,
   BatchFailed,
   Closed,
@@ -360,7 +361,9 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       return JSONResponse({"status": "failed", "step": service.step}, 500)
     if not batcher.ready.is_set():
       return JSONResponse({"status": "compiling", "step": service.step}, 503)
-    return JSONResponse({"status": "ok", "step": service.step, "queued": batcher.queued})
+    return JSONResponse({"status": "ok", "step": service.step, "queued": batcher.queued,
+                         "warm": batcher.warm,
+                         "compiled_on_first_use": COLD if batcher.warm else "every search"})
 
   @app.get("/metrics", summary="Prometheus metrics")
   async def metrics_page() -> Response:
