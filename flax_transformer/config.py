@@ -337,7 +337,7 @@ class TranslateConfig:
   target_lang: str = checked_field(
       "", doc="A many-language model's target language code: its token is forced as the first "
       "output token (before any target prefix). evaluate: also BLEU on lc.norm.tok text for a "
-      "two-letter code (de, de_DE; default: the workdir's data.target_lang).")
+      "two-letter code (de, de_DE), or without a code for the workdir's data.target_lang.")
   engine: Literal["batches", "slots"] = checked_field(
       "batches", doc="batches: sentences of similar length searched together, each batch "
       "until its longest sentence ends; slots: one table of slots per source length, each "

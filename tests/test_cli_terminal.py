@@ -44,14 +44,40 @@ def test_every_command_has_help_for_users_with_one_example(command, capsys):
   assert re.search(rf"example:\n  (echo .* \| )?flax-transformer {command} ", text), text
 
 
-@pytest.mark.parametrize("command", ["translate", "evaluate", "score", "serve"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_names_every_default_once_and_never_an_empty_one(command, capsys):
   with pytest.raises(SystemExit):
-    main([command, "--help"])
+    main([*command.split(), "--help"])
   text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere.
-  assert "else )" not in text and "else ''" not in text, text
+  for empty in ("else )", "else ''", "default: )", "default: ''", "default: None"):
+    assert empty not in text, text
   for option in re.split(r" (?=--\w)", text):  # One option's help: one default at most.
     assert option.count("default:") <= 1, option
+  # A resumed file job keeps its step: said by the commands that resume, not by serve.
+  assert ("resumed file job" in text) == (command in ("translate", "score")), text
+
+
+@pytest.mark.parametrize("command, first", [
+    ("translate", ["--input", "--output", "--workdir", "--source_lang", "--target_lang"]),
+    ("evaluate", ["--src", "--ref", "--output", "--workdir", "--source_lang", "--target_lang"]),
+    ("score", ["--src", "--tgt", "--output", "--metric", "--ref", "--workdir", "--source_lang",
+               "--target_lang"]),
+])
+def test_help_starts_with_what_a_user_types_then_the_rest_in_sections(command, first, capsys):
+  """translate --help gave --input and --output after the search's internals (151 lines)."""
+  with pytest.raises(SystemExit):
+    main([command, "--help"])
+  text = capsys.readouterr().out
+  sections = text.split("\n\n")
+  options = next(section for section in sections if section.startswith("options:\n"))
+  flags = re.findall(r"^  (--\w+)", options, flags=re.MULTILINE)
+  assert flags[:len(first)] == first and flags[len(first):] == ["--verbose"], flags
+  titles = [section.split("\n")[0] for section in sections if section.endswith(":") is False
+            and re.match(r"[a-z][a-z ,]*:\n  -", section)]
+  assert titles[0] == "options:" and len(titles) >= 4, titles
+  if command != "score":  # The search's settings under their own title.
+    search = next(section for section in sections if section.startswith("search:\n"))
+    assert "--beam_size" in search and "--input" not in search
 
 
 def test_the_command_list_is_for_users_not_contributors(capsys):

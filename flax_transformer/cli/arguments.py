@@ -59,19 +59,53 @@ def add_command(commands, name: str, summary: str, description: str,
                              epilog=f"example:\n  {example}")
 
 
-def add_checkpoint_arguments(parser: argparse.ArgumentParser, ensemble: bool = False) -> None:
-  """--workdir, --step, --checkpoint (repeated: an ensemble) and --compilation_cache_dir."""
-  parser.add_argument("--workdir", required=not ensemble, help="The training workdir"
-                      + (" (default: the first --checkpoint's)." if ensemble else "."))
-  parser.add_argument("--step", type=int, default=None,
-                      help="Checkpoint step to restore (default: the latest; a resumed bulk job "
-                      "keeps the step it started with).")
-  parser.add_argument("--checkpoint", default=None, action="append" if ensemble else "store",
-                      help="A checkpoint folder, WORKDIR/checkpoints/STEP or WORKDIR/averaged/"
-                      "NAME (from `average`), instead of a step" + (
-                          "; repeat it for an ensemble (fairseq's rule: the models' mean "
-                          "probability at every step, in one search)." if ensemble else "."))
-  parser.add_argument(
+# The sections of a command's --help after its first one ("options": what a user types first,
+# its input, output, workdir and languages), in the order shown; empty ones are not shown.
+SECTIONS = (("search", "search"),
+            ("phrases", "target prefixes, terms and forbidden phrases"),
+            ("more_output", "more output"),
+            ("model", "model and speed"),
+            ("jobs", "file jobs on several processes"))
+# The translate settings shown outside "search", by section; "options" is the first one.
+_SETTING_SECTIONS = {
+    "source_lang": "options", "target_lang": "options",
+    "constraint_order": "phrases", "max_constraints": "phrases",
+    "max_constraint_pieces": "phrases",
+    "batch_tokens": "model", "precision": "model", "engine": "model", "grow_cache": "model",
+    "vocab_shortlist": "model",
+}
+
+
+def section(parser: argparse.ArgumentParser, name: str):
+  """The argument group of `parser`'s --help named `name` (`SECTIONS`, or "options", the
+  first: where the command's own flags go, -h first). The first call makes every section, so
+  they show in `SECTIONS`' order whatever order flags are added in."""
+  if not hasattr(parser, "help_sections"):
+    parser.help_sections = {"options": parser._optionals}
+    parser.help_sections.update((key, parser.add_argument_group(title))
+                                for key, title in SECTIONS)
+  return parser.help_sections[name]
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, ensemble: bool = False,
+                             resumes: bool = False) -> None:
+  """--workdir (first section), and --step, --checkpoint (repeated: an ensemble) and
+  --compilation_cache_dir (section "model"); `resumes`: the command is a file job that
+  resumes (--step then says what a resumed job restores)."""
+  section(parser, "options").add_argument(
+      "--workdir", required=not ensemble, help="The training workdir"
+      + (" (default: the first --checkpoint's)." if ensemble else "."))
+  model = section(parser, "model")
+  model.add_argument("--step", type=int, default=None,
+                     help="Checkpoint step to restore (default: the latest" + (
+                         "; a resumed file job keeps the step it started with)." if resumes
+                         else ")."))
+  model.add_argument("--checkpoint", default=None, action="append" if ensemble else "store",
+                     help="A checkpoint folder, WORKDIR/checkpoints/STEP or WORKDIR/averaged/"
+                     "NAME (from `average`), instead of a step" + (
+                         "; repeat it for an ensemble (fairseq's rule: the models' mean "
+                         "probability at every step, in one search)." if ensemble else "."))
+  model.add_argument(
       "--compilation_cache_dir", default=None,
       help="Persistent XLA compilation cache, so a later run with the same shapes skips "
       "compiling (default: $FLAX_TRANSFORMER_COMPILATION_CACHE, else "
@@ -80,7 +114,8 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, ensemble: bool = F
 
 def add_settings_arguments(parser: argparse.ArgumentParser, *names: str) -> None:
   """One flag per translate setting (`TranslateConfig.setting_fields`, or only `names`), typed,
-  with its choices and help from the field; default: the workdir's config.search."""
+  with its choices and help from the field, in its section (`_SETTING_SECTIONS`, else
+  "search"); default: the workdir's config.search, else the field's default."""
   from flax_transformer.config import TranslateConfig
 
   for field, hint in [(f, h) for f, h in TranslateConfig.setting_fields()
@@ -90,34 +125,38 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *names: str) -> None
     if "default:" not in doc:  # A field's doc may say its own default.
       shown = "none" if field.default in ("", None) else field.default
       doc += f" (default: the workdir's config, else {shown})"
-    parser.add_argument(f"--{field.name}", type=None if choices else hint, choices=choices,
-                        help=f"{doc}.")
+    section(parser, _SETTING_SECTIONS.get(field.name, "search")).add_argument(
+        f"--{field.name}", type=None if choices else hint, choices=choices, help=f"{doc}.")
   if not names:
-    parser.add_argument("--warmup", action="store_true", help="Compile the search of every "
-                        "length bucket and batch size first, with a progress bar.")
+    section(parser, "model").add_argument(
+        "--warmup", action="store_true", help="Compile the search of every length bucket and "
+        "batch size first, with a progress bar.")
 
 
 def add_phrase_arguments(parser: argparse.ArgumentParser) -> None:
-  """--constraints and --forbid: files of phrases, line-aligned with the input."""
-  parser.add_argument(
+  """--constraints and --forbid: files of phrases, line-aligned with the input (section
+  "phrases")."""
+  phrases = section(parser, "phrases")
+  phrases.add_argument(
       "--constraints", default=None, help="A file of line-aligned terminology constraints: the "
       "target phrases each translation must contain, separated by tabs (or a JSON list), an "
       "empty line for none; beam search only (--constraint_order: in any order, or as given).")
-  parser.add_argument(
+  phrases.add_argument(
       "--forbid", default=None, help="A file of line-aligned phrases no translation may "
       "contain, laid out as --constraints.")
 
 
 def add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
-  """--chunk_lines and the flags that share a file job between processes."""
+  """--chunk_lines and the flags that share a file job between processes (section "jobs")."""
   from flax_transformer.serving.bulk import DEFAULT_CHUNK_LINES
 
-  parser.add_argument(
+  jobs = section(parser, "jobs")
+  jobs.add_argument(
       "--chunk_lines", type=int, default=DEFAULT_CHUNK_LINES,
       help="Input lines per chunk: the unit of sorting, of writing OUT.partial/ and of redoing "
       f"after a kill (default {DEFAULT_CHUNK_LINES}). Several processes (the options below) "
       "share the chunks: process i does chunks c with c %% num_processes == i.")
-  distributed.add_arguments(parser)
+  distributed.add_arguments(jobs)
 
 
 def parameters(args: argparse.Namespace):
