@@ -9,6 +9,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -17,6 +18,7 @@ from flax_transformer.data.tokenizer import EOS_ID, UNK_ID
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import absolute, atomic_write, to_path
 from flax_transformer.model.alignment import alignment_layer_index, select_heads
+from flax_transformer.progress import compiling
 from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),
@@ -39,8 +41,9 @@ def attention_maps(model, params: Any, inputs: np.ndarray,
     {"encoder/self_attention": [depth] of [N, S, S], "decoder/self_attention": [N, T, T],
      "decoder/cross_attention": [N, T, S]}.
   """
-  _, state = model.apply({"params": params}, jnp.asarray(inputs)[None],
-                         jnp.asarray(targets)[None], mutable=["intermediates"])
+  # One compiled program (kept in the persistent compilation cache), not op by op.
+  apply = jax.jit(lambda p, x, y: model.apply({"params": p}, x, y, mutable=["intermediates"]))
+  _, state = apply(params, jnp.asarray(inputs)[None], jnp.asarray(targets)[None])
   found: dict[str, list[np.ndarray]] = defaultdict(list)
   stack_sizes = {"encoder": model.config.num_encoder_layers,
                  "decoder": model.config.num_decoder_layers}
@@ -78,11 +81,14 @@ def plot_attention(translator, text: str, output: str | os.PathLike, *,
   import matplotlib.pyplot as plt
 
   tokenizer = translator.tokenizer
-  target = translator.translate([text])[0] if target is None else target
+  if target is None:
+    with compiling("the search of the translation"):
+      target = translator.translate([text])[0]
   source_ids = np.asarray(tokenizer.tokenize(text) + [EOS_ID], np.int32)
   target_ids = np.asarray(tokenizer.tokenize_target(target) + [EOS_ID], np.int32)
   _warn_unknown(text, source_ids)
-  maps = attention_maps(translator.model, translator.params, source_ids, target_ids)
+  with compiling("the forward pass that records the attention"):
+    maps = attention_maps(translator.model, translator.params, source_ids, target_ids)
   source_tokens = [tokenizer.id_to_piece(i) for i in source_ids]
   target_tokens = [tokenizer.id_to_piece(i) for i in target_ids]
   labels = {"encoder/self_attention": (source_tokens, source_tokens),

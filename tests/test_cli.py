@@ -5,8 +5,10 @@ print (nothing but the summary, one line for an error), and that training's BLEU
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 import sacrebleu
 from conftest import REPO, run_train_py
 
-from flax_transformer import Translator
+from flax_transformer import Translator, progress
 from flax_transformer.cli import main
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
@@ -194,6 +196,36 @@ def test_evaluate_command_scores_with_sacrebleu(trained_workdir, tmp_path, capsy
                str(ref2)]) == 2
 
 
+@pytest.mark.parametrize("flags, named", [
+    ([], ""),
+    (["--precision", "bfloat16"], ", bfloat16"),
+    (["--constraints", "terms.txt", "--constraint_order", "ordered", "--forbid", "no.txt"],
+     ", constraints terms.txt (ordered), forbidding no.txt"),
+    (["--precision", "int8", "--vocab_shortlist", "list.de", "--engine", "slots"],
+     ", int8, shortlist list.de, engine slots"),
+])
+def test_evaluates_header_names_what_shapes_the_translations(flags, named, monkeypatch, capsys):
+  """evaluate's header named the checkpoint and the beam only: the same line for a plain, a
+  constrained (BLEU 62.97) and a bfloat16 run. The scores are a stub's: the header is the test."""
+  from flax_transformer.scoring import score_translations
+  from flax_transformer.serving import commands
+
+  def evaluate(parameters, **given):
+    scores = score_translations(["a b c"], ["a b d"])
+    scores.update(step=600, checkpoint=None, method="beam", beam_size=4, length_penalty=0.6,
+                  length_normalization="gnmt", finish_rule="top_k", truncated=0)
+    if given["constraints"] or given["forbid"]:  # As serving.commands.evaluate adds them.
+      scores.update(constraints=given["constraints"], forbid=given["forbid"], unmet=0,
+                    constraint_order=parameters.settings.get("constraint_order", "unordered"))
+    return scores
+
+  monkeypatch.setattr(commands, "evaluate", evaluate)
+  assert main(["evaluate", "--workdir", "w", "--src", "s", "--ref", "r", *flags]) == 0
+  header = capsys.readouterr().out.splitlines()[0]
+  assert header == ("step 600 of w, beam 4, length penalty 0.6 (gnmt), finish rule top_k"
+                    f"{named}:"), header
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
   """`flax-transformer ARGS` as a user runs it, in a fresh process."""
   return subprocess.run([sys.executable, "-m", "flax_transformer.cli", *args], cwd=REPO,
@@ -344,11 +376,28 @@ def test_average_command_averages_parameters(workdir, capsys):
     average_checkpoints(workdir, last=5)
 
 
-def test_attention_and_curves_pictures(workdir, workdir_test_split, tmp_path):
+def test_attention_and_curves_pictures(workdir, workdir_test_split, tmp_path, monkeypatch):
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  # On a terminal, a compile that takes over COMPILE_NOTICE_SECONDS (here any) says what it
+  # compiled, or loaded from the persistent compilation cache, and how long it took (attention
+  # said nothing for 21 s).
+  monkeypatch.setattr(progress, "COMPILE_NOTICE_SECONDS", 0.0)
+  monkeypatch.setattr(sys, "stderr", terminal := Terminal())
   picture = tmp_path / "attention.png"
   assert main(["attention", "--workdir", str(workdir), "--text", workdir_test_split[0][0],
                "--output", str(picture)]) == 0
   assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+  # What the terminal shows: each line's text after its last return-and-erase.
+  said = [line.split("\r\033[K")[-1] for line in terminal.getvalue().split("\n")]
+  assert len(said) == 3 and said[-1] == "", terminal.getvalue()
+  for line, what in zip(said[:2], ("the search of the translation",
+                               "the forward pass that records the attention"), strict=True):
+    assert re.fullmatch(rf"(Compiled {what}|Loaded {what} from the persistent compilation "
+                        r"cache) in \d+\.\d s\.", line), line
+  monkeypatch.undo()
   curves = tmp_path / "curves.png"
   assert main(["curves", "--workdir", str(workdir), "--output", str(curves)]) == 0
   assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -151,6 +151,45 @@ def test_a_log_record_erases_a_shown_bar_first_from_any_thread():
   assert shown[2] == "outside" and stream.getvalue().count("ETA") == 2, stream.getvalue()
 
 
+def test_a_compile_over_two_seconds_says_what_it_compiled_or_loaded(tmp_path):
+  """attention showed nothing for 21 s, a first bulk run nothing for 12 s. On a terminal, a
+  wait past COMPILE_NOTICE_SECONDS gets 'Compiling WHAT...', then in its place whether the
+  program was compiled, loaded from the persistent compilation cache or already in memory;
+  a short wait, a pipe, or a call that raises leaves nothing."""
+  import jax
+  import jax.numpy as jnp
+
+  from flax_transformer.progress import compiling
+
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  scale = random.random()  # A program no cache holds yet.
+  program = jax.jit(lambda x: jnp.sin(x) * scale)
+
+  def said(after, stream=None, fail=False):
+    stream = Terminal() if stream is None else stream
+    with contextlib.suppress(KeyboardInterrupt), compiling("the toy", stream=stream,
+                                                            after=after):
+      program(jnp.arange(3.0)).block_until_ready()
+      if fail:
+        raise KeyboardInterrupt
+    return stream.getvalue()
+
+  assert re.fullmatch(r"\r\033\[KCompiling the toy\.\.\.\r\033\[KCompiled the toy in \d+\.\d s\.\n",
+                      said(0.0))
+  assert said(0.0) == ("\r\033[KCompiling the toy...\r\033[KFound the toy compiled earlier in "
+                       "this process in 0.0 s.\n")
+  cached = jax.config.jax_compilation_cache_dir  # The session's cache (conftest), unless off.
+  jax.clear_caches()
+  again = said(0.0).split("\r\033[K")[-1]
+  assert again.startswith("Loaded the toy from the persistent compilation cache in " if cached
+                          else "Compiled the toy in "), again
+  assert said(60.0) == "" and said(0.0, stream=io.StringIO()) == ""
+  assert said(0.0, fail=True) == "\r\033[KCompiling the toy...\r\033[K"  # Erased for the stop.
+
+
 def _as_shown(raw: bytes) -> list[str]:
   """The lines a terminal shows for `raw`: '\\r' returns to the line's start, ESC[K erases it."""
   shown = []

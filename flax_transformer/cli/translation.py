@@ -82,23 +82,37 @@ def run_evaluate(args: argparse.Namespace) -> int:
   if args.json:
     print(json.dumps(scores, indent=2))
   else:
-    print(_measured(scores, args.workdir), summary(scores), sep="\n")
+    print(_measured(scores, args), summary(scores), sep="\n")
   return 0
 
 
-def _measured(scores: dict, workdir: str | None) -> str:
-  """What `evaluate` scored, in one line: the checkpoint(s) and the search."""
+def _measured(scores: dict, args: argparse.Namespace) -> str:
+  """What `evaluate` scored, in one line: the checkpoint(s), the search, and what else shapes
+  the translations: constraints and forbidden phrases, the precision, the vocabulary shortlist
+  and the engine (as the scores name them, else as the flags do; a default left unsaid)."""
   checkpoint = scores["checkpoint"]
   if isinstance(checkpoint, list):
     what = f"an ensemble of {len(checkpoint)} checkpoints ({', '.join(checkpoint)})"
   else:
     what = f"{checkpoint} (step {scores['step']})" if checkpoint else (
-        f"step {scores['step']} of {workdir}")
+        f"step {scores['step']} of {args.workdir}")
   search = {"greedy": "greedy", "sample": "sampling"}.get(scores["method"])
   if search is None:
     search = (f"beam {scores['beam_size']}, length penalty {scores['length_penalty']:g} "
               f"({scores['length_normalization']}), finish rule {scores['finish_rule']}")
-  return f"{what}, {search}:"
+  given = lambda name: scores.get(name, getattr(args, name, None))
+  parts = [what, search]
+  if scores.get("constraints"):
+    parts.append(f"constraints {scores['constraints']} ({scores['constraint_order']})")
+  if scores.get("forbid"):
+    parts.append(f"forbidding {scores['forbid']}")
+  if given("precision"):
+    parts.append(given("precision"))
+  if given("vocab_shortlist"):
+    parts.append(f"shortlist {given('vocab_shortlist')}")
+  if given("engine"):
+    parts.append(f"engine {given('engine')}")
+  return ", ".join(parts) + ":"
 
 
 def _moses_language(code: str | None) -> str | None:

@@ -32,9 +32,12 @@ import contextlib
 import logging
 import os
 import secrets
+import threading
 import time
+from collections.abc import Iterator
 
 import jax
+import jax.monitoring
 from jax._src import compilation_cache as jax_compilation_cache
 from jax._src import lru_cache
 
@@ -150,6 +153,67 @@ def _write_entries_whole(path: str) -> bool:
           os.unlink(entry.path)
   jax_compilation_cache._cache = WholeEntryCache(path, max_size=-1)
   return True
+
+
+class CompileEvents:
+  """The programs JAX compiled or loaded on this thread while inside `counted_compiles`:
+  `programs` through XLA's compile step, `hits` of them loaded from the persistent cache."""
+
+  def __init__(self) -> None:
+    self.programs = self.hits = 0
+
+  def outcome(self) -> str:
+    """'compiled', 'loaded' (from the persistent compilation cache), 'in memory' (nothing went
+    to XLA: the programs were compiled earlier in this process), or 'compiled N, loaded M'."""
+    compiled = self.programs - self.hits
+    if not self.programs:
+      return "in memory"
+    if not compiled:
+      return "loaded"
+    return "compiled" if not self.hits else f"compiled {compiled}, loaded {self.hits}"
+
+
+# JAX's events (jax.monitoring), each recorded on the thread that compiles: every program that
+# reaches XLA's compile step (a persistent cache hit included), and each cache hit.
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_COUNTING: dict[int, list[CompileEvents]] = {}  # thread id -> its open counters
+_LISTENING = False
+
+
+def _count(field: str) -> None:
+  for events in _COUNTING.get(threading.get_ident(), ()):
+    setattr(events, field, getattr(events, field) + 1)
+
+
+def _on_event(event: str, **_: object) -> None:
+  if event == _HIT_EVENT:
+    _count("hits")
+
+
+def _on_duration(event: str, seconds: float, **_: object) -> None:
+  del seconds
+  if event == _COMPILE_EVENT:
+    _count("programs")
+
+
+@contextlib.contextmanager
+def counted_compiles() -> Iterator[CompileEvents]:
+  """Counts the programs this thread compiles or loads from the persistent cache while
+  inside (`CompileEvents`)."""
+  global _LISTENING
+  if not _LISTENING:
+    jax.monitoring.register_event_listener(_on_event)
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    _LISTENING = True
+  events, thread = CompileEvents(), threading.get_ident()
+  _COUNTING.setdefault(thread, []).append(events)
+  try:
+    yield events
+  finally:
+    _COUNTING[thread].remove(events)
+    if not _COUNTING[thread]:
+      del _COUNTING[thread]
 
 
 _DEFAULT_CHOSEN = False
