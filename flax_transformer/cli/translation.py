@@ -61,9 +61,10 @@ def run_metricx(args: argparse.Namespace) -> int:
       chunk_lines=args.chunk_lines,
       sharing=commands.Sharing(args.coordinator_address, args.num_processes, args.process_id))
   if result.truncated:
-    print(f"flax-transformer score: the MetricX inputs of {arguments.lines(result.truncated)} "
-          f"were longer than {metricx.MAX_TOKENS} tokens and were cut to them, as metricx24 "
-          "cuts them.", file=sys.stderr)
+    verb = "was" if result.truncated == 1 else "were"
+    print(f"flax-transformer score: {arguments.lines(result.truncated)} {verb} longer than "
+          f"MetricX's {metricx.MAX_TOKENS} tokens (its input text, EOS included) and {verb} cut "
+          "to them, as metricx24 cuts them.", file=sys.stderr)
   return 0
 
 
