@@ -5,6 +5,7 @@ with exit status 128 + signal and nothing half-written."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import logging
@@ -284,6 +285,27 @@ def test_a_signal_raises_stopped_once_and_the_handlers_come_back():
   assert (stop.value.name, stop.value.exit_code) == ("SIGTERM", 143)
   assert isinstance(stop.value, KeyboardInterrupt)  # Cleans up as Ctrl-C does.
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("stdin_is_a_terminal, output, said", [
+    (True, "-", "; the lines printed are whole"),
+    (False, "-", "; a stream (input or output '-') cannot resume: rerun it; the lines printed "
+     "are whole"),
+    (True, "out.txt", "; a stream (input or output '-') cannot resume: rerun it"),
+])
+def test_ctrl_c_at_an_interactive_translate_says_no_bulk_jobs_line(
+    stdin_is_a_terminal, output, said, monkeypatch):
+  """A person typing lines into translate ends it with Ctrl-C: its stop line said, as a piped
+  stream's does, 'a stream ... cannot resume: rerun it'."""
+  from flax_transformer.cli.translation import kept_by_bulk_job
+
+  class Stdin(io.StringIO):
+    def isatty(self):
+      return stdin_is_a_terminal
+
+  monkeypatch.setattr("sys.stdin", Stdin())
+  args = argparse.Namespace(command="translate", input="-", output=output, started=0.0)
+  assert kept_by_bulk_job(args) == said
 
 
 def _handlers_installed(pid: int) -> bool:

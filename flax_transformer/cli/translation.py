@@ -125,8 +125,11 @@ def _moses_language(code: str | None) -> str | None:
 
 def kept_by_bulk_job(args: argparse.Namespace) -> str:
   """What a stopped `translate` or `score` leaves, the end of its stop line: its chunks in
-  OUT.partial, which the same command resumes; a stream keeps nothing."""
+  OUT.partial, which the same command resumes; a stream keeps nothing; a person typing at a
+  terminal (standard input and output) keeps what was printed, and has nothing to rerun."""
   inputs = [args.input] if args.command == "translate" else [args.src, args.tgt]
+  if inputs == ["-"] and args.output == "-" and sys.stdin.isatty():
+    return "; the lines printed are whole"  # Typed in: Ctrl-C is how a person ends it.
   if "-" in inputs or args.output == "-":
     printed = "; the lines printed are whole" if args.output == "-" else ""
     return f"; a stream (input or output '-') cannot resume: rerun it{printed}"
