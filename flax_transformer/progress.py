@@ -171,76 +171,6 @@ class ProgressBar:
     return elapsed
 
 
-COMPILE_NOTICE_SECONDS = 2.0  # A wait this long for a program to compile gets a line.
-
-
-@contextlib.contextmanager
-def compiling(what: str, *, bar: ProgressBar | None = None, stream: TextIO | None = None,
-              after: float | None = None) -> Iterator[None]:
-  """Around a call that may compile `what` ("the beam search of [128 x 8] sentences"): on a
-  terminal, once the call has run `after` seconds (default: `COMPILE_NOTICE_SECONDS`; 0: at
-  once), the line 'Compiling WHAT...' (the bar, if any, erased first); when the call returns,
-  the line in its place says what happened (`compilation_cache.counted_compiles`):
-
-    Compiled the beam search of [128 x 8] sentences in 9.4 s.
-    Loaded the beam search of [128 x 8] sentences from the persistent compilation cache in 2.3 s.
-
-  A shorter call, or another stream (a pipe, a log file), prints nothing: the line is for a
-  person waiting at a terminal. A call that raises (Ctrl-C) erases the line."""
-  stream = sys.stderr if stream is None else stream
-  if not stream.isatty():
-    yield
-    return
-  from flax_transformer.runtime.compilation_cache import counted_compiles
-
-  lock, shown, finished, began = threading.Lock(), [], [], time.perf_counter()
-
-  def announce() -> None:
-    with lock:
-      if not finished:
-        if bar is not None:
-          bar.clear()
-        stream.write(f"\r\033[KCompiling {what}...")
-        stream.flush()
-        shown.append(True)
-
-  def finish(outcome: str | None) -> None:  # None: the call raised; the line is erased.
-    timer.cancel()
-    with lock:
-      finished.append(True)
-      if shown:
-        said = "" if outcome is None else _compiled(what, outcome)
-        seconds = time.perf_counter() - began
-        stream.write(f"\r\033[K{said} in {seconds:.1f} s.\n" if said else "\r\033[K")
-        stream.flush()
-
-  delay = COMPILE_NOTICE_SECONDS if after is None else after
-  timer = threading.Timer(delay, announce)
-  timer.daemon = True
-  with counted_compiles() as events:
-    if delay <= 0:
-      announce()
-    else:
-      timer.start()
-    try:
-      yield
-    except BaseException:
-      finish(None)
-      raise
-    finish(events.outcome())
-
-
-def _compiled(what: str, outcome: str) -> str:
-  """The line that says what `compiling` waited for (`CompileEvents.outcome`)."""
-  if outcome == "loaded":
-    return f"Loaded {what} from the persistent compilation cache"
-  if outcome == "in memory":
-    return f"Found {what} compiled earlier in this process"
-  if outcome == "compiled":
-    return f"Compiled {what}"
-  return f"Compiled {what} ({outcome} from the persistent compilation cache)"
-
-
 class _ErasesBar(logging.Filter):
   """A handler's filter that erases a shown bar before the handler writes (a filter runs right
   before the record is written, under the handler's lock)."""
@@ -255,5 +185,4 @@ class _ErasesBar(logging.Filter):
     return True
 
 
-__all__ = ["COMPILE_NOTICE_SECONDS", "ProgressBar", "compiling", "counted", "format_duration",
-           "format_rate"]
+__all__ = ["ProgressBar", "counted", "format_duration", "format_rate"]

@@ -18,7 +18,7 @@ from flax_transformer.data.tokenizer import EOS_ID, UNK_ID
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import absolute, atomic_write, to_path
 from flax_transformer.model.alignment import alignment_layer_index, select_heads
-from flax_transformer.progress import compiling
+from flax_transformer.runtime import compiling
 from flax_transformer.workdir import METRICS_FILE
 
 KINDS = (("encoder", "self_attention", "encoder self-attention"),

@@ -20,12 +20,13 @@ import pytest
 import sacrebleu
 from conftest import REPO, run_train_py
 
-from flax_transformer import Translator, progress
+from flax_transformer import Translator
 from flax_transformer.cli import main
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
 from flax_transformer.errors import Error, InputError
 from flax_transformer.files import read_lines
+from flax_transformer.runtime import compilation_cache
 from flax_transformer.runtime.compilation_cache import (
   CompilationCacheError,
   enable_compilation_cache,
@@ -384,7 +385,7 @@ def test_attention_and_curves_pictures(workdir, workdir_test_split, tmp_path, mo
   # On a terminal, a compile that takes over COMPILE_NOTICE_SECONDS (here any) says what it
   # compiled, or loaded from the persistent compilation cache, and how long it took (attention
   # said nothing for 21 s).
-  monkeypatch.setattr(progress, "COMPILE_NOTICE_SECONDS", 0.0)
+  monkeypatch.setattr(compilation_cache, "COMPILE_NOTICE_SECONDS", 0.0)
   monkeypatch.setattr(sys, "stderr", terminal := Terminal())
   picture = tmp_path / "attention.png"
   assert main(["attention", "--workdir", str(workdir), "--text", workdir_test_split[0][0],

@@ -160,7 +160,7 @@ def test_a_compile_over_two_seconds_says_what_it_compiled_or_loaded(tmp_path):
   import jax
   import jax.numpy as jnp
 
-  from flax_transformer.progress import compiling
+  from flax_transformer.runtime.compilation_cache import compiling
 
   class Terminal(io.StringIO):
     def isatty(self):

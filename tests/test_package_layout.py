@@ -35,7 +35,7 @@ ALLOWED = {
     "data": {"exports", "conventions", "errors", "config", "files", "progress"},
     "decoding": {"exports", "conventions", "model", "runtime"},
     "workdir": {"errors", "model", "data", "config", "files"},
-    "visualize": {"errors", "workdir", "data", "model", "files"},
+    "visualize": {"errors", "workdir", "data", "model", "files", "runtime"},
     "serving": {"exports", "conventions", "errors", "decoding", "workdir", "model", "data",
                 "config", "files", "progress", "runtime", "scoring"},
     "interop": {"exports", "errors", "workdir", "model", "data", "config", "validation", "files"},

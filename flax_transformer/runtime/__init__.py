@@ -18,6 +18,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "accelerators": "accelerators",
     "batch_split": "sharding:batch_split",
     "compilation_cache": "compilation_cache",
+    "compiling": "compilation_cache:compiling",
     "distributed": "distributed",
     "enable_compilation_cache": "compilation_cache:enable_compilation_cache",
     "host_memory": "host_memory",
