@@ -37,14 +37,13 @@ that shows no TPU, so that an installed libtpu does not print its errors there; 
 when set, decides instead (`flax_transformer.runtime.platforms`).
 """
 
-import importlib
-
+from flax_transformer.exports import lazy_exports
 from flax_transformer.runtime import platforms as _platforms
 
-# Public name -> "module:attribute": imported on first use, so `import flax_transformer` loads
-# no JAX (as gemma's `epy.lazy_api_imports` does); `dir()` and `from flax_transformer import *`
-# list them all.
-_LAZY = {
+# Public name -> "module:attribute": imported on first use (exports.lazy_exports, as every
+# subpackage's `__init__` does), so `import flax_transformer` loads no JAX; `dir()` and `from
+# flax_transformer import *` list them all.
+_EXPORTS = {
     "EOS_ID": "flax_transformer.conventions:EOS_ID",
     "Error": "flax_transformer.errors:Error",
     "PAD_ID": "flax_transformer.conventions:PAD_ID",
@@ -81,21 +80,6 @@ _LAZY = {
 _platforms.skip_absent_tpu_once_jax_loads()
 
 
-def __getattr__(name: str):
-  target = _LAZY.get(name)
-  if target is None:
-    raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
-  module, _, attribute = target.partition(":")
-  value = importlib.import_module(module)
-  if attribute:
-    value = getattr(value, attribute)
-  globals()[name] = value  # Later lookups skip __getattr__.
-  return value
-
-
-def __dir__() -> list[str]:
-  return sorted({*globals(), *_LAZY})
-
-
-__all__ = sorted(_LAZY)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

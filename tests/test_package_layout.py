@@ -44,8 +44,9 @@ ALLOWED = {
     "planning": {"errors", "training", "serving", "decoding", "model", "config", "runtime"},
     "cli": {"errors", "serving", "interop", "planning", "workdir", "visualize", "scoring",
             "config", "experiment_flags", "runtime", "data"},
-    "__init__": {"errors", "config", "model", "decoding", "serving", "runtime", "conventions",
-                 "data", "files", "interop", "scoring", "training", "workdir", "experiment_flags"},
+    "__init__": {"exports", "errors", "config", "model", "decoding", "serving", "runtime",
+                 "conventions", "data", "files", "interop", "scoring", "training", "workdir",
+                 "experiment_flags"},
 }
 # Modules that must not import some rooms even where their room may: the search core works on
 # any step function (the bridge, decoding/bridge.py, is where the model plugs in).
