@@ -34,7 +34,7 @@ ALLOWED = {
     "experiment_flags": {"config"},
     "data": {"exports", "conventions", "errors", "config", "files", "progress"},
     "decoding": {"exports", "conventions", "model", "runtime"},
-    "workdir": {"errors", "model", "data", "config", "files"},
+    "workdir": {"errors", "model", "data", "config", "files", "runtime"},
     "visualize": {"errors", "workdir", "data", "model", "files", "runtime"},
     "serving": {"exports", "conventions", "errors", "decoding", "workdir", "model", "data",
                 "config", "files", "progress", "runtime", "scoring"},

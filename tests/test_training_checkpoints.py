@@ -178,6 +178,7 @@ def test_a_stop_signal_during_a_read_is_a_stop_not_an_unreadable_checkpoint(tmp_
   during a restore reaches `read_checkpoint` inside another error. It must come out as itself
   (the CLI then prints its stop line), and the checkpoint must not be remembered as damaged."""
   from flax_transformer.cli.stopping import Stopped
+  from flax_transformer.runtime import orbax_logs
   from flax_transformer.workdir import checkpoints as workdir_checkpoints
 
   path = tmp_path / "checkpoints" / "1"
@@ -192,7 +193,7 @@ def test_a_stop_signal_during_a_read_is_a_stop_not_an_unreadable_checkpoint(tmp_
   with pytest.raises(Stopped) as raised:
     workdir_checkpoints.read_checkpoint(read, path, [1], "Pass --step")
   assert raised.value is stop
-  assert str(path) not in workdir_checkpoints._FAILED_CHECKPOINTS
+  assert str(path) not in orbax_logs.FAILED_CHECKPOINTS
 
   def damaged():  # Without an interrupt in it, a failed read still names the file.
     raise ValueError("OUT_OF_RANGE: Error reading")

@@ -20,6 +20,7 @@ import pytest
 
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.data.tokenizer import train_tokenizer
+from flax_transformer.runtime import orbax_logs
 from flax_transformer.workdir import (
     Ensemble,
     average_checkpoints,
@@ -115,8 +116,8 @@ def test_the_stray_reads_of_a_failed_restore_report_nothing_later(caplog, monkey
   bare error (no traceback; CI, 2026-11-29). After a failed read, reports of orbax's reads and
   of errors naming the failed checkpoint are dropped, and only those."""
   failed = "/w/checkpoints/30"
-  monkeypatch.setattr(workdir_checkpoints, "_FAILED_CHECKPOINTS", {failed})
-  workdir_checkpoints._drop_stray_orbax_reads()  # What a failed read_checkpoint does.
+  monkeypatch.setattr(orbax_logs, "FAILED_CHECKPOINTS", {failed})
+  orbax_logs.drop_stray_reads()  # What a failed read_checkpoint does.
 
   def _read_array_index_and_device_put():  # orbax's name; it re-raises as a bare Exception.
     raise ValueError("OUT_OF_RANGE: Error reading 'kernel' in OCDBT database")
@@ -163,7 +164,7 @@ def test_the_stray_reads_of_a_failed_restore_report_nothing_later(caplog, monkey
 
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")  # Under the filter the failed restore added.
-    workdir_checkpoints._drop_stray_orbax_reads()
+    orbax_logs.drop_stray_reads()
     for read in (_read_array_index_and_device_put, another_read):
       coroutine = read()
       del coroutine

@@ -12,16 +12,11 @@ training alike.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import logging
 import os
 import re
-import sys
-import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -31,6 +26,7 @@ import orbax.checkpoint as ocp
 from flax_transformer import files
 from flax_transformer.errors import Error, InputError, MissingFileError
 from flax_transformer.files import Path
+from flax_transformer.runtime import orbax_logs
 from flax_transformer.workdir.layout import AVERAGED_DIR, CHECKPOINT_DIR
 
 PARAMS_ITEM = "params"  # The checkpoint item serving reads; training adds its own items.
@@ -139,28 +135,6 @@ def _params_manager(workdir: str | os.PathLike) -> ocp.CheckpointManager:
                             async_save=False, read_only=True)
 
 
-class _ServingNoise(logging.Filter):
-  """Drops what orbax warns on every read-only restore of params alone: the folder is read-only
-  and the training items are not restored, both on purpose."""
-
-  NOISE = ("Given directory is read only", "was found in the checkpoint, but could not be "
-           "restored")
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not any(text in str(record.msg) for text in self.NOISE)
-
-
-@contextlib.contextmanager
-def _serving_read() -> Iterator[None]:
-  noise = _ServingNoise()
-  logger = logging.getLogger("absl")  # Orbax logs through absl.
-  logger.addFilter(noise)
-  try:
-    yield
-  finally:
-    logger.removeFilter(noise)
-
-
 def save_params(workdir: str | os.PathLike, step: int, params: Any) -> Path:
   """Writes `params` alone as WORKDIR's checkpoint `step` (what `restore_params` reads); no
   training state, so `train.py` cannot resume from it (fine-tune with config.train.init_from).
@@ -180,7 +154,7 @@ def saved_steps(workdir: str | os.PathLike) -> list[int]:
   """The steps of WORKDIR's finished checkpoints, ascending (empty when none)."""
   if not (files.to_path(workdir) / CHECKPOINT_DIR).is_dir():
     return []
-  with _serving_read():
+  with orbax_logs.quiet_read_only_restore():
     manager = _params_manager(workdir)
     try:
       return sorted(manager.all_steps())
@@ -313,7 +287,7 @@ def _read_params(located: _Located, place: Callable[[Any], Any] | None) -> Any:
     return _read_averaged(located.folder, place)
   directory = located.workdir / CHECKPOINT_DIR
   step = located.step
-  with _serving_read():
+  with orbax_logs.quiet_read_only_restore():
     manager = _params_manager(located.workdir)
     try:
       steps = sorted(manager.all_steps())
@@ -369,8 +343,8 @@ def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], adv
   """
   # Before the read, not after it fails: a read's task can fail and be collected while the
   # failure is still on its way to `read()`'s caller (CI under load, 2026-11-29).
-  _drop_stray_orbax_reads()
-  with _tracebacks_of_stray_reads_dropped():
+  orbax_logs.drop_stray_reads()
+  with orbax_logs.tracebacks_of_stray_reads_dropped():
     try:
       return read()
     except _ShapeMismatch:
@@ -381,93 +355,11 @@ def read_checkpoint(read: Callable[[], T], path: Path, saved: Sequence[int], adv
         # Ctrl-C or a stop signal (cli.stopping's Stopped) raised while orbax's reads ran, and
         # wrapped by them: the command was stopped; the file is not to blame (CI, 2026-11-30).
         raise interrupt from None
-      _FAILED_CHECKPOINTS.update({str(path), os.path.abspath(path)} if "://" not in str(path)
-                                 else {str(path)})
+      orbax_logs.note_failed_read(str(path))
       steps = f" Saved steps: {list(saved)}." if saved else ""
       raise UnreadableCheckpointError(
           f"The checkpoint {path} is unreadable: {_first_line(error)}.{steps} {advice}."
       ) from error
-
-
-@contextlib.contextmanager
-def _tracebacks_of_stray_reads_dropped(settle_seconds: float = 0.2,
-                                       most_seconds: float = 2.0) -> Iterator[None]:
-  """Orbax reads a checkpoint's arrays concurrently and raises at the first failure while the
-  other reads are still running; when they end, tensorstore's threads print a traceback each
-  ("Event loop is closed"), dozens for one damaged file. What is written to sys.stderr during
-  a read is held back: passed on when the read succeeds, dropped when it fails, once nothing
-  more has been written for `settle_seconds` (at most `most_seconds`)."""
-  held, real = io.StringIO(), sys.stderr
-  sys.stderr = held
-  try:
-    yield
-  except BaseException:
-    deadline, size = time.monotonic() + most_seconds, -1
-    while size != held.tell() and time.monotonic() < deadline:
-      size = held.tell()
-      time.sleep(settle_seconds)
-    raise
-  else:
-    real.write(held.getvalue())
-  finally:
-    sys.stderr = real
-
-
-_ORBAX_READ = "_read_array_index_and_device_put"  # orbax's coroutine that reads one array
-# The checkpoints whose reads failed in this process: tensorstore's errors name the file.
-_FAILED_CHECKPOINTS: set[str] = set()
-
-
-def _drop_stray_orbax_reads() -> None:
-  """The unfinished reads of a failed restore are garbage collected later (often at exit), and
-  each then reports its error past the window above: as 'Exception ignored in: <coroutine
-  _read_array_index_and_device_put>' (sys.unraisablehook), or, for the asyncio futures that
-  gathered them, as an ERROR log record "... exception was never retrieved" with the read's
-  traceback (asyncio's logger; seen under load in CI, 2026-11-28), or for a read's own
-  tensorstore future, with its bare error, which names the checkpoint's folder (CI,
-  2026-11-29), or, for a read that never started, as "RuntimeWarning: coroutine
-  '_read_array_index_and_device_put' was never awaited" (a warning; under load, 2026-11-29).
-  All are dropped in this process from the first read on (a call installs the hooks once), for
-  reads of orbax's alone and errors that name a checkpoint whose read failed."""
-  warnings.filterwarnings("ignore", rf"coroutine '([\w<>]+\.)*{_ORBAX_READ}' was never awaited",
-                          RuntimeWarning)
-  previous = sys.unraisablehook
-  if getattr(previous, "drops_orbax_reads", False):
-    return
-
-  def hook(unraisable: Any) -> None:
-    if getattr(unraisable.object, "__qualname__", "") != _ORBAX_READ:
-      previous(unraisable)
-
-  hook.drops_orbax_reads = True
-  sys.unraisablehook = hook
-  logging.getLogger("asyncio").addFilter(_not_a_stray_orbax_read)
-
-
-def _names(text: str, path: str) -> bool:
-  """Whether `text` names the folder `path` itself or a file in it (the path, then no character
-  that goes on a file name), not a longer name that begins the same (checkpoint 300 after
-  checkpoint 30 failed)."""
-  return re.search(re.escape(path.rstrip("/")) + r"(?![\w.-])", text) is not None
-
-
-def _not_a_stray_orbax_read(record: logging.LogRecord) -> bool:
-  """A logging filter: False for asyncio's report of an orbax read's exception that nothing
-  retrieved (raised in `_ORBAX_READ`, or by an error chained from one, or naming a checkpoint
-  in `_FAILED_CHECKPOINTS`)."""
-  if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
-    return True
-  error = record.exc_info[1]
-  while error is not None:
-    if any(_names(str(error), path) for path in _FAILED_CHECKPOINTS):
-      return False
-    traceback = error.__traceback__
-    while traceback is not None:
-      if traceback.tb_frame.f_code.co_name == _ORBAX_READ:
-        return False
-      traceback = traceback.tb_next
-    error = error.__cause__ or error.__context__
-  return True
 
 
 class _ShapeMismatch(ValueError):
