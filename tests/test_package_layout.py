@@ -327,3 +327,55 @@ def test_notebooks_readme_and_docs_import_only_public_names():
       if name not in public:
         problems.append(f"{where}: from {module} import {name}")
   assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------ design.md's layout map
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+
+
+def _map_files(page: str) -> set[str]:
+  """The package's files that the layout map of `page` (the first code block under "## Code
+  layout") names, relative to the package: a line whose name starts at column 0, 2 or 4 (a
+  deeper one goes on describing the line above) names a file ("files.py") or a folder
+  ("serving/": its __init__.py) in the folder named above it at the smaller indent."""
+  block = page.split("## Code layout", 1)[1].split("```\n", 2)[1]
+  named, folders = set(), []
+  for line in block.splitlines():
+    match = re.match(r"( *)([\w.]+/?)(?:\s|$)", line)
+    if not match or len(match.group(1)) not in (0, 2, 4):
+      continue
+    depth, name = len(match.group(1)) // 2, match.group(2)
+    folders = folders[:depth]
+    path = "".join(folders) + name
+    if name.endswith("/"):
+      folders.append(name)
+      path += "__init__.py"
+    if path.startswith("flax_transformer/"):
+      named.add(path.removeprefix("flax_transformer/"))
+  return named
+
+
+def _map_problems(named: set[str]) -> list[str]:
+  """A line per module of the package the map leaves out, and per file it names that is gone."""
+  present = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")}
+  return ([f"not in design.md's layout map: flax_transformer/{name}"
+           for name in sorted(present - named)]
+          + [f"design.md's layout map names a file that is gone: flax_transformer/{name}"
+             for name in sorted(named - present)])
+
+
+def test_the_layout_map_lists_every_module():
+  """Every module of the package is on design.md's map, and every file the map names exists."""
+  problems = _map_problems(_map_files(DESIGN.read_text()))
+  assert not problems, "\n".join(problems)
+
+
+def test_the_layout_map_check_can_fail():
+  page = DESIGN.read_text()
+  named = _map_files(page)
+  assert {"__init__.py", "files.py", "serving/__init__.py", "serving/translator.py",
+          "cli/__main__.py"} <= named
+  cut = page.replace("    translator.py ", "    translatorx.py ", 1)
+  assert _map_problems(_map_files(cut)) == [
+      "not in design.md's layout map: flax_transformer/serving/translator.py",
+      "design.md's layout map names a file that is gone: flax_transformer/serving/translatorx.py"]
