@@ -49,7 +49,7 @@ def test_parts_are_compacted_and_a_damaged_part_is_searched_again(tmp_path, capf
 
 # ---------------------------------------------------------------- a stopped job, in this process
 class StoppingTask(TranslationTask):
-  """A TranslationTask that counts the lines it searches and raises KeyboardInterrupt (Ctrl-C)
+  """A TranslationTask that counts the lines it yields and raises KeyboardInterrupt (Ctrl-C)
   once `stop_after` lines are done."""
 
   def __init__(self, translator, stop_after=None):
@@ -57,61 +57,42 @@ class StoppingTask(TranslationTask):
     self.searched, self.stop_after = 0, stop_after
 
   def finished(self, first_line, records, progress, skip=()):
-    self.searched += len(records) - len(skip)
-    done_lines = 0
     for done in super().finished(first_line, records, progress, skip):
       yield done
-      done_lines += len(done.texts)
-      if self.stop_after is not None and done_lines >= self.stop_after:
+      self.searched += len(done.texts)
+      if self.stop_after is not None and self.searched >= self.stop_after:
         raise KeyboardInterrupt
 
 
-@pytest.fixture(scope="module")
-def slots(trained_workdir) -> Translator:
-  return Translator.from_workdir(trained_workdir, engine="slots")
-
-
-def test_ctrl_c_keeps_the_finished_lines_and_the_rerun_searches_only_the_rest(slots, tmp_path,
-                                                                               capfd):
+@pytest.mark.parametrize("engine", ["slots", "batches"])
+def test_ctrl_c_keeps_the_finished_lines_and_the_rerun_searches_only_the_rest(
+    engine, trained_workdir, tmp_path, capfd):
+  """Stopped after 40 of chunk 0's 100 lines: the lines done are kept, each as an uninterrupted
+  run writes it; the rerun searches the rest (in batches: the batches that hold a line not
+  kept, planned as for the whole chunk) and writes an uninterrupted run's bytes."""
+  translator = Translator.from_workdir(trained_workdir, engine=engine, batch_tokens=64)
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   lines = write_input(source, 120, seed=3)
   job = lambda: bulk.plan_file_job([str(source)], str(output), chunk_lines=100, job={
-      "command": "translate", "checkpoint": {"step": 400}, "settings": {"engine": "slots"}})
-  stopped = StoppingTask(slots, stop_after=40)
-  assert stopped.independent
+      "command": "translate", "checkpoint": {"step": 400}, "settings": {"engine": engine}})
   with pytest.raises(KeyboardInterrupt):
-    bulk.run_file_job(job(), stopped, params_sha256="p")
+    bulk.run_file_job(job(), StoppingTask(translator, stop_after=40), params_sha256="p")
   kept = bulk.kept_lines(str(output))
   assert 40 <= kept < 100  # Chunk 0's lines done before the stop, though the chunk is not.
   assert bulk.kept_chunks(str(output)) == (0, 2)
   journal = chunk_journal.ChunkJournal(bulk.partial_dir(str(output)) / "chunk_000000", 100, 1)
   kept_texts = journal.load()
-  translations = slots.translate(lines)
+  translations = translator.translate(lines[:100]) + translator.translate(lines[100:])
   assert {line: texts[0] for line, texts in kept_texts.items()} == {
       line: translations[line] + "\n" for line in kept_texts}
 
-  resumed = StoppingTask(slots)
+  resumed = StoppingTask(translator)
   result = bulk.run_file_job(job(), resumed, params_sha256="p")
-  assert resumed.searched == 120 - kept and result.lines == 120 - kept
+  assert result.lines == 120 - kept
+  assert 120 - kept <= resumed.searched < 120
   assert output.read_text() == "".join(text + "\n" for text in translations)
   assert not bulk.partial_dir(str(output)).exists()
   assert f"Translated {120 - kept} sentences in" in capfd.readouterr().err
-
-
-def test_batches_keep_no_lines_within_a_chunk(trained_workdir, tmp_path):
-  """In batches a line's bytes depend on its batch's shape, so a chunk is kept whole or not."""
-  batches = Translator.from_workdir(trained_workdir)
-  source, output = tmp_path / "in.txt", tmp_path / "out.txt"
-  write_input(source, 60, seed=4)
-  stopped = StoppingTask(batches, stop_after=1)
-  assert not stopped.independent
-  job = bulk.plan_file_job([str(source)], str(output), chunk_lines=100, job={
-      "command": "translate", "checkpoint": {"step": 400}, "settings": {}})
-  with pytest.raises(KeyboardInterrupt):
-    bulk.run_file_job(job, stopped, params_sha256="p")
-  assert stopped.searched == 60
-  assert bulk.kept_lines(str(output)) == 0
-  assert [path.name for path in bulk.partial_dir(str(output)).iterdir()] == ["manifest.json"]
 
 
 # -------------------------------------------------------------------- kill -9, the CLI
@@ -119,11 +100,12 @@ KILLED_LINES = 1200
 
 
 def test_kill_9_mid_chunk_loses_seconds_and_the_rerun_gives_the_same_bytes(workdir, tmp_path):
-  """`translate --engine slots` with one chunk, killed -9 once lines are kept: the rerun
-  searches only the lines not kept and writes an uninterrupted run's bytes."""
+  """`translate` (in batches, the default) with one chunk, killed -9 once lines are kept: the
+  rerun searches only the batches whose lines were not all kept, and writes an uninterrupted
+  run's bytes."""
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   lines = write_input(source, KILLED_LINES, seed=8)
-  flags = ("--engine", "slots", "--chunk_lines", str(KILLED_LINES), "--batch_tokens", "256")
+  flags = ("--chunk_lines", str(KILLED_LINES), "--batch_tokens", "128")
   partial = bulk.partial_dir(str(output))
   run = cli(*translate_args(workdir, source, output, *flags), devices=1,
             stderr=subprocess.DEVNULL)
@@ -144,7 +126,6 @@ def test_kill_9_mid_chunk_loses_seconds_and_the_rerun_gives_the_same_bytes(workd
   assert f"Translated {KILLED_LINES - kept:,} sentences in" in log
   # An uninterrupted run's bytes: the same search in this process (XLA's flags are the
   # children's: conftest.small_program_child_xla_flags).
-  translations = Translator.from_workdir(workdir, engine="slots", batch_tokens=256).translate(
-      lines)
+  translations = Translator.from_workdir(workdir, batch_tokens=128).translate(lines)
   assert output.read_text() == "".join(text + "\n" for text in translations)
   assert not partial.exists()

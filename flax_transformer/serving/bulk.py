@@ -14,8 +14,8 @@ searched over the local devices), and its output is written when it is done, bes
     chunk_000000 ...  chunk i's output lines, each written atomically (fsync'd, renamed) when done;
                       with extra outputs (translate --alignments), chunk_000000.1 ... hold
                       theirs, written before the main one, whose presence marks the chunk done.
-    chunk_000000.lines_000001 ...  the unfinished chunk's lines kept as they finish (slots only:
-                      `serving.chunk_journal`), removed once the chunk's file is written.
+    chunk_000000.lines_000001 ...  the unfinished chunk's lines kept as they finish
+                      (`serving.chunk_journal`), removed once the chunk's file is written.
     merge.lock        locked (flock) by the process that assembles OUT.
 
 Process p of P translates the chunks i with i % P == p that have no file yet; the processes need
@@ -24,9 +24,9 @@ jax.distributed; else the last to finish, under the lock) concatenates them in o
 temporary file, renames it onto OUT, and removes OUT.partial. A kill at any moment (kill -9
 included) loses at most the chunks in flight: rerunning the same command redoes only the missing
 chunks, and the output is byte-identical to an uninterrupted run (the search plan never depends
-on the device count; `flax_transformer.serving.batching`). Where each line's output does not
-depend on the other lines (the engine's slots), a chunk's lines are also kept as they finish
-(`serving.chunk_journal`), so a kill loses seconds of work, not the chunk in flight.
+on the device count; `flax_transformer.serving.batching`). A translation chunk's lines are also
+kept as they finish (`serving.chunk_journal`), so a kill loses seconds of work, not the chunk
+in flight.
 
 Standard input cannot be resumed: `run_stream_job` translates it chunk by chunk (a chunk ends
 when it is full or input stalls briefly) and writes each chunk's lines as soon as they are done.
@@ -111,10 +111,10 @@ class ChunkTask(Protocol):
   """Turns one chunk's records (a tuple of line-aligned input lines each) into its output. A
   task keeps no results: each call returns its own.
 
-  A task may also have `independent` (True where each line's output is the same bytes whatever
-  other lines share its search) and `finished(first_line, records, progress, skip)`, which
-  yields `Finished` lines as they are done, leaving out the lines of the chunk in `skip`: a bulk
-  job then keeps a chunk's lines as they finish (`serving.chunk_journal`)."""
+  A task may also have `finished(first_line, records, progress, skip)`, which yields
+  `Finished` lines as they are done, each the same bytes as its `__call__` gives, and does not
+  search again the lines of the chunk in `skip`: a bulk job then keeps a chunk's lines as they
+  finish (`serving.chunk_journal`)."""
 
   verb: str  # "Translated", "Scored": the progress summary's first word.
   line_per_record: bool  # Exactly one output line per record (checked when merging).
@@ -359,8 +359,7 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   publish_manifest(job.partial, manifest)
   mine = range(processes.index, job.num_chunks, processes.count)
   todo = [chunk for chunk in mine if not job.chunk_path(chunk).exists()]
-  journals = ({chunk: job.journal(chunk) for chunk in todo} if getattr(task, "independent", False)
-              else {})
+  journals = {chunk: job.journal(chunk) for chunk in todo} if hasattr(task, "finished") else {}
   kept = {chunk: len(journal.load()) for chunk, journal in journals.items()}
   _report_start(job, processes, len(mine), todo, sum(kept.values()))
   total = sum(job.chunk_lines_of(chunk) for chunk in mine)
@@ -394,9 +393,9 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
 def _chunk_output(task: ChunkTask, first_line: int, records: Sequence[tuple[str, ...]],
                   progress: Progress, journal: ChunkJournal | None, outputs: int
                   ) -> ChunkOutput:
-  """The task's output for a chunk. With a `journal` (the task's lines do not depend on each
-  other: `serving.chunk_journal`), the lines it kept are not searched again, and lines are
-  kept as they finish, written when due and when the run stops."""
+  """The task's output for a chunk. With a `journal` (`serving.chunk_journal`), the lines it
+  kept are not searched again, and lines are kept as they finish, written when due and when
+  the run stops."""
   if journal is None:
     return task(first_line, records, progress)
   def kept_as_done(finished: Iterable[Finished]) -> Iterator[Finished]:

@@ -59,14 +59,6 @@ class TranslationTask:
       return None
     return [record[1 + self.extra_inputs.index(name)] for record in records]
 
-  @property
-  def independent(self) -> bool:
-    """Whether each line's output is the same bytes whatever other lines share its search:
-    true where the translator searches in the engine's slots (`Translator.runs_in_slots`),
-    so a bulk job keeps lines as they finish (`serving.chunk_journal`)."""
-    return self.translator.runs_in_slots(constraints="constraints" in self.extra_inputs,
-                                         alignments=self.alignments)
-
   def __call__(self, first_line: int, records: Sequence[tuple[str, ...]],
                progress: Progress) -> ChunkOutput:
     return assemble(len(records), self.finished(first_line, records, progress),
@@ -75,32 +67,29 @@ class TranslationTask:
   def finished(self, first_line: int, records: Sequence[tuple[str, ...]], progress: Progress,
                skip: Collection[int] = ()) -> Iterator[Finished]:
     """The chunk's lines as they are done (in search order; blank lines, which are not
-    searched, last), but those in `skip` (lines of the chunk done before): each line's output
-    texts, and counts."""
-    todo = [i for i in range(len(records)) if i not in skip]
-    if not todo:
-      return
-    column = lambda name: (None if (lines := self._column(name, records)) is None
-                           else [lines[i] for i in todo])
+    searched, last), but those in `skip` (lines of the chunk done before, by a run of the same
+    job): each line's output texts, and counts. The chunk is searched as a whole without the
+    skipped lines' work (`Translator.iter_nbest(skip=)`), so each line's bytes are the same."""
+    lines = [record[0] for record in records]
+    prefixes = self._column("target_prefix", records)
     constraints, forbid = (
-        None if (given := column(name)) is None
-        else [parse_line(text, f"{name}, line {first_line + i + 1}")
-              for i, text in zip(todo, given, strict=True)]
-        for name in ("constraints", "forbid"))
-    searched: set[int] = set()
+        None if column is None else [parse_line(text, f"{name}, line {first_line + i + 1}")
+                                     for i, text in enumerate(column)]
+        for name, column in (("constraints", self._column("constraints", records)),
+                             ("forbid", self._column("forbid", records))))
+    searched: set[int] = set(skip)
     for batch in self.translator.iter_nbest(
-        [records[i][0] for i in todo], self.nbest or 1, first_index=first_line,
-        line_numbers=[first_line + i for i in todo], target_prefix=column("target_prefix"),
-        constraints=constraints, forbid=forbid, alignments=self.alignments):
+        lines, self.nbest or 1, first_index=first_line, target_prefix=prefixes,
+        constraints=constraints, forbid=forbid, alignments=self.alignments, skip=skip):
       progress(len(batch.indices), batch.target_tokens)
       aligned = batch.alignments or [None] * len(batch.indices)
-      done = {todo[j]: self._texts(first_line + todo[j], hypotheses, pairs)
-              for j, hypotheses, pairs in zip(batch.indices, batch.hypotheses, aligned,
+      done = {i: self._texts(first_line + i, hypotheses, pairs)
+              for i, hypotheses, pairs in zip(batch.indices.tolist(), batch.hypotheses, aligned,
                                               strict=True)}
       searched.update(done)
       yield Finished(done, batch.truncated, batch.unmet)
     blank = {i: self._texts(first_line + i, [("", 0.0)], [[]])
-             for i in todo if i not in searched}
+             for i in range(len(records)) if i not in searched}
     progress(len(blank), 0)
     if blank:
       yield Finished(blank)
@@ -125,7 +114,6 @@ class ScoringTask:
 
   verb = "Scored"
   line_per_record = True
-  independent = False  # Scores are searched in batches (shapes set by the chunk's lengths).
 
   def __init__(self, translator: Translator, normalize: bool = False):
     self.translator, self.normalize = translator, normalize

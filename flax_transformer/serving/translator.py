@@ -54,7 +54,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -467,11 +467,17 @@ class Translator:
                  alignments: bool = False, plan: Sequence[batching.Batch] | None = None,
                  line_numbers: Sequence[int] | None = None,
                  languages: Sequence[tuple[str, str]] | None = None,
-                 **settings: Any) -> Iterator[Translated]:
+                 skip: Collection[int] = (), **settings: Any) -> Iterator[Translated]:
     """Yields the n best translations step by step, in plan order; blank sentences are not
     searched (and not yielded). `first_index` is the line number of sentences[0], from which
     sampling derives each sentence's key. `target_prefix`: one prefix per sentence ('' for
     none). `alignments`: also the word alignment of each hypothesis yielded.
+
+    `skip`: positions of sentences done before, by a call with the same sentences and
+    settings (a resumed bulk job): in slots they are not searched; in batches the call plans
+    every sentence as without `skip` and searches only the batches that hold one not in
+    `skip`, so every sentence yielded is the same bytes as without it (a batch's rows depend
+    on its shape, which the whole call's plan sets). Some skipped sentences may be yielded.
 
     `plan`: the device batches to search (`batching.Batch`: indices into `sentences`, none of
     them blank, padded to a shape `plan_batches` makes), instead of planning them here;
@@ -527,9 +533,10 @@ class Translator:
                else np.asarray(line_numbers, np.int64))
     beams = options.search.beam_size if options.search.method == "beam" else 1
     take = min(n or beams, beams)
+    skip = frozenset(skip)
     if plan is None and self._in_slots(options, constraint_ids, alignments):
       yield from self._slot_translated(params, sentences, token_ids, cut, numbers, options,
-                                       prefix_ids, forbid_ids, shortlist, take)
+                                       prefix_ids, forbid_ids, shortlist, take, skip)
       return
     if plan is None:
       real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
@@ -538,6 +545,7 @@ class Translator:
       batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
     else:
       batches = list(plan)
+    batches = [b for b in batches if not skip.issuperset(b.indices.tolist())]
     steps = group_steps(batches, self.num_devices)
     call = lambda step: self._search_step(params, step, token_ids, numbers, options,
                                           prefix_ids, take if alignments else 0,
@@ -569,46 +577,31 @@ class Translator:
     return [[(self.tokenizer.detokenize(row[k]), float(row_scores[k])) for k in range(count)]
             for row, row_scores, count in zip(sequences, scores, found, strict=True)]
 
-  def runs_in_slots(self, *, constraints: bool = False, alignments: bool = False,
-                    options: TranslateConfig | None = None) -> bool:
-    """Whether a call with `options` (default: this translator's settings), with or without
-    constraints and alignments, runs on the engine's slots (`serving.engine`), where each
-    sentence's output is the same bytes whatever else is searched with it: asked for
-    (`engine="slots"`), and none of what still runs in batches (docs/design.md, "The
-    engine")."""
-    return self._batches_only(options or self.settings, constraints, alignments) == []
-
-  def _batches_only(self, options: TranslateConfig, constraints: bool, alignments: bool
-                    ) -> list[str] | None:
-    """None when a call runs in batches because `options` ask for them; else what makes it
-    run in batches though slots are asked for (empty: it runs in slots)."""
+  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None,
+                alignments: bool) -> bool:
+    """Whether a call with `options` runs on the engine's slots (`serving.engine`): asked for,
+    and none of what still runs in batches (docs/design.md, "The engine")."""
     if options.engine != "slots":
-      return None
-    return [why for why, applies in (
-        ("constraints", constraints), ("alignments", alignments),
+      return False
+    batches_only = [why for why, applies in (
+        ("constraints", constraint_ids is not None), ("alignments", alignments),
         (f"{self.num_devices} devices", self.num_devices > 1),
         ("a search function of its own", not isinstance(self.search_fn,
                                                         programs.StoredPrograms)))
         if applies]
-
-  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None,
-                alignments: bool) -> bool:
-    """`runs_in_slots` for one call; an info line when slots were asked for but it runs in
-    batches."""
-    batches_only = self._batches_only(options, constraint_ids is not None, alignments)
     if batches_only:
       _log.info("Searching in batches, not slots: %s run in batches.", ", ".join(batches_only))
-    return batches_only == []
+    return not batches_only
 
   def _slot_translated(self, params: Any, sentences: Sequence[str],
                        token_ids: Sequence[Sequence[int]], cut: np.ndarray,
                        numbers: np.ndarray, options: TranslateConfig,
                        prefix_ids: Sequence[Sequence[int]] | None,
                        forbid_ids: phrases.PhraseIds | None, shortlist: np.ndarray | None,
-                       take: int) -> Iterator[Translated]:
+                       take: int, skip: frozenset[int] = frozenset()) -> Iterator[Translated]:
     """`iter_nbest`'s translations through the engine's slot tables, yielded as sentences
-    finish (`serving.engine`)."""
-    real = [i for i, ids in enumerate(token_ids) if ids]
+    finish (`serving.engine`); those in `skip` are not searched."""
+    real = [i for i, ids in enumerate(token_ids) if ids and i not in skip]
     forbid_rows = None if forbid_ids is None else forbid_ids.ids
     requests = [engine.Request(token_ids[i], None if prefix_ids is None else prefix_ids[i],
                                forbid_rows[i] if forbid_rows and forbid_rows[i] else None,
