@@ -106,6 +106,9 @@ class Metricx:
     self.qe = [metricx_text(s, c, None) for s, c in zip(self.sources, self.candidates,
                                                         strict=True)]
     self._set_score_row()
+    config = json.loads((self.model_dir / "config.json").read_text())
+    config["architectures"] = ["MT5ForRegression"]  # MetricX-24's own class (same weights).
+    (self.model_dir / "config.json").write_text(json.dumps(config))
     self.workdir = root / "workdir"
     hf_import.import_hf(self.model_dir, self.workdir)
     self.translator = Translator.from_workdir(self.workdir)

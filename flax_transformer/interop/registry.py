@@ -48,6 +48,9 @@ class Family:
     export_hf: (workdir, output, step=, checkpoint=) -> the Hugging Face folder written; None
       where the family has no Hugging Face form of its own.
     ctranslate2_spec: (ModelConfig, params, tokens) -> a CTranslate2 model spec.
+    same_weights: other architecture classes whose checkpoints hold the same weights
+      (MetricX-24's `MT5ForRegression`, an mT5 whose score is one logit): imported as the
+      model_type's own.
   """
 
   name: str
@@ -56,6 +59,7 @@ class Family:
   owns: Callable[[ModelConfig, Any], bool]
   export_hf: Callable[..., Any] | None
   ctranslate2_spec: Callable[[ModelConfig, Any, list[str]], Any]
+  same_weights: tuple[str, ...] = ()
 
 
 def families() -> list[Family]:
@@ -98,7 +102,7 @@ def check_architecture(config: dict[str, Any], family: Family) -> None:
   """Refuses a config.json whose architectures is not its model_type's translation model."""
   want = family.model_types[config["model_type"]]
   architectures = config.get("architectures") or [want]
-  if architectures != [want]:
+  if architectures not in ([want], *([other] for other in family.same_weights)):
     raise HFFormatError(
         f"Unsupported architecture: config.json architectures {architectures}; a "
         f"{config['model_type']} translation model is {want}.")

@@ -492,7 +492,7 @@ FAMILY = Family(
     name="T5 (T5, mT5, MADLAD-400)",
     model_types={"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"},
     import_folder=import_t5, owns=owns, export_hf=export_t5,
-    ctranslate2_spec=ctranslate2_spec)
+    ctranslate2_spec=ctranslate2_spec, same_weights=("MT5ForRegression",))
 
 __all__ = ["DEFAULTS", "FAMILY", "MAX_LEN", "SPM_FILE", "check_config", "check_exportable",
            "ctranslate2_spec", "entries", "export_t5", "hf_config", "import_t5",
