@@ -17,7 +17,12 @@ Prints one JSON line per measurement and a closing summary line per choice.
 
   python benchmarks/quality/terminology_constraints.py --workdir W \
       [--src test.en.gz --ref test.de.gz | --data_dir ../shared/data/multi30k] \
-      [--choices first,last,random] [--beam_size 4] [--repeats 3] [--limit N]
+      [--choices first,last,random] [--terms_from own|next] [--beam_size 4] [--repeats 3]
+      [--limit N]
+
+--terms_from next takes each line's term from the next line's reference (the last line's from
+the first's): a term the translation has no reason to hold, which the search must place
+somewhere; there a term placed inside a word cut that word (issue 89 item 3).
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ def main() -> None:
   parser.add_argument("--target_lang", default="de")
   parser.add_argument("--choices", default="first,last,random")
   parser.add_argument("--min_chars", type=int, default=4)
+  parser.add_argument("--terms_from", choices=("own", "next"), default="own",
+                      help="Each line's own reference, or the next line's.")
   parser.add_argument("--beam_size", type=int, default=4)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--limit", type=int, default=None, help="Only the first N lines.")
@@ -110,7 +117,8 @@ def main() -> None:
 
   plain, seconds = run()  # The first run compiles.
   for choice in args.choices.split(","):
-    terms = choose_terms(references, spellable, choice, args.min_chars)
+    given = references if args.terms_from == "own" else references[1:] + references[:1]
+    terms = choose_terms(given, spellable, choice, args.min_chars)
     emit(kind="terms", choice=choice, lines=len(terms), lines_with_terms=sum(map(bool, terms)),
          example=terms[:3])
     base = quality(f"unconstrained ({choice} terms)", plain, terms, seconds)
