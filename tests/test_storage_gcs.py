@@ -64,7 +64,7 @@ def test_an_upload_that_fails_midway_is_discarded_not_finished(folder):
 
   target = files.to_path(f"{folder}/half.bin")
   with pytest.raises(OSError, match="connection reset"):
-    files._upload(target, Broken())
+    files.atomic.upload(target, Broken())
   assert not target.exists()
 
 
@@ -86,8 +86,8 @@ def test_unsupported_schemes_are_refused_naming_what_works(path):
 
 
 def test_gs_without_the_extra_names_the_extra(monkeypatch):
-  real = files.importlib.util.find_spec
-  monkeypatch.setattr(files.importlib.util, "find_spec",
+  real = files.storage.importlib.util.find_spec
+  monkeypatch.setattr(files.storage.importlib.util, "find_spec",
                       lambda name, *a: None if name == "gcsfs" else real(name, *a))
   with pytest.raises(files.StorageError, match=r"need the \[gcs\] extra: pip install "):
     files.to_path("gs://b/x")
