@@ -321,7 +321,8 @@ def _handlers_installed(pid: int) -> bool:
 
 
 STOPPED_LINE = re.compile(
-    r"flax-transformer translate: stopped by (SIGINT|SIGTERM)( after (\d+) of 10 chunks \(kept "
+    r"flax-transformer translate: stopped by (SIGINT|SIGTERM)( after (\d+) of 10 chunks"
+    r"(?: and [\d,]+ more lines)? \(kept "
     r"in (.*)\); the same command resumes| before (any chunk was done|it began); nothing was "
     r"written"
     r"| after writing (.*))\.")
@@ -355,8 +356,8 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
     if moment == "start-up":
       time.sleep(rng.uniform(0.0, 1.0))
     elif moment == "mid-job":
-      target = len(list(partial.glob("chunk_*"))) + rng.randint(1, 3)
-      while len(list(partial.glob("chunk_*"))) < target and run.poll() is None:
+      target = len(list(partial.glob("chunk_??????"))) + rng.randint(1, 3)
+      while len(list(partial.glob("chunk_??????"))) < target and run.poll() is None:
         time.sleep(0.01)
       time.sleep(rng.uniform(0.0, 0.2))
     else:
@@ -381,8 +382,10 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
       continue
     assert not output.exists()  # Never half-written.
     if match[3] is not None:  # What the line says is kept, is.
-      assert int(match[3]) == len(list(partial.glob("chunk_*"))), error
+      assert int(match[3]) == len(list(partial.glob("chunk_??????"))), error
       assert match[4] == str(partial)
+      more = re.search(r" and ([\d,]+) more lines", last)  # Lines of unfinished chunks.
+      assert (int(more[1].replace(",", "")) if more else 0) == bulk.kept_lines(str(output))
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.txt")]
     assert leftovers == [], leftovers  # No temporary file of the output.
   assert stops >= 4
