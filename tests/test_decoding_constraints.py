@@ -66,12 +66,12 @@ def reference_state(seq, phrases, ordered, cont=None):
                                                                                 default=0)
 
 
-def reference_starts_inside_word(seq, token, row, phrases, ordered, cont, room):
+def reference_starts_inside_word(seq, token, row, phrases, ordered, cont, left):
   """Whether the candidate (seq, token) starts a phrase inside a word: token is the first piece
   of a phrase seq may meet and takes no phrase further (seq + token's longest progress over
   those phrases is 1), the model's best next token after seq (row: its log-probabilities, EOS
   included) continues seq's word, seq has no phrase pending (ends with a whole phrase it may
-  meet), and seq has more positions left (room, this one included) than the pieces of its
+  meet), and seq has more positions left (left, this one included) than the pieces of its
   unmet phrases."""
   if cont is None:
     return False
@@ -84,7 +84,7 @@ def reference_starts_inside_word(seq, token, row, phrases, ordered, cont, room):
   pending = any(_ends_with(seq, phrases[c]) for c in may)
   needed = sum(len(phrases[c]) for c in unmet)
   return (max(progress, default=0) == 1 and cont[int(np.argmax(row))] and not pending
-          and room > needed)
+          and left > needed)
 
 
 def _divisor(n, alpha):
@@ -131,10 +131,10 @@ def reference_dba(log_probs, vocab, max_len, beams, alpha, phrases, ordered, max
             candidates[(seq, t)] = total + rows[seq][t]
         if all(reference_state((*seq, EOS), phrases, ordered, cont)[0]):  # (d)
           candidates[(seq, EOS)] = total + rows[seq][EOS]
-      room = min(max_len, max_len if max_tokens is None else max_tokens) - step
+      left = min(max_len, max_len if max_tokens is None else max_tokens) - step
       candidates = {(seq, t): score for (seq, t), score in candidates.items()
                     if not reference_starts_inside_word(seq, t, rows[seq], phrases, ordered,
-                                                        cont, room)}
+                                                        cont, left)}
     banks = {c: reference_state((*c[0], c[1]), phrases, ordered, cont)[1] for c in candidates}
     ranked = [c for c in sorted(candidates, key=lambda c: -candidates[c])
               if np.isfinite(candidates[c])]

@@ -46,10 +46,10 @@ A phrase starts where a word may end
   and whether it is the whole word depends on the next piece ("t" makes "miseret"). A phrase's
   first piece always starts a word, so without a rule DBA would place it after any piece, and
   the bank it gains would keep the hypothesis: "misere le lamuk miseret" for the term "le",
-  "miseret" cut to make room. So a candidate that starts a phrase (the new token is a phrase's
+  "miseret" cut to make space. So a candidate that starts a phrase (the new token is a phrase's
   first piece and advances no phrase further) is dropped where its beam's word goes on: where
   the model's best next token, EOS included, continues the word (`word_goes_on`). Exempt are a
-  beam with a phrase pending (its word ends there anyway) and a beam with no room to wait: the
+  beam with a phrase pending (its word ends there anyway) and a beam that cannot wait: the
   pieces of its unmet phrases fill every position left before the length cap (a model that
   never ends a word still meets its phrases where they fit, at the end). The beam's best token
   is never dropped (it does not continue the word, or the beam's word goes on and it is no
@@ -156,12 +156,12 @@ def word_goes_on(logits: Array, word_continues: Array | None) -> Array:
 
 
 def starts_inside_word(window: Array, phrases: Array, met: Array, ordered: bool,
-                       goes_on: Array, room: Array) -> Array:
+                       goes_on: Array, positions_left: Array) -> Array:
   """bool [B, N]: candidates that would start a phrase inside a word (module docstring, "A
   phrase starts where a word may end"): the new token starts a phrase the parent may meet and
   advances none further, after a parent whose word goes on (goes_on bool [B, N],
   `word_goes_on`), that has no phrase pending (a pending phrase ends its word anyway) and that
-  has room to wait: more positions left (room int32 [B], this one included, before the length
+  can wait: more positions left (positions_left int32 [B], this one included, before the length
   cap or L) than the pieces of its unmet phrases.
 
   Args:
@@ -175,7 +175,7 @@ def starts_inside_word(window: Array, phrases: Array, met: Array, ordered: bool,
   pending = jnp.any(may & (before == lengths) & (lengths > 0), axis=-1)  # [B, N]
   starts = jnp.max(jnp.where(may, after, 0), axis=-1, initial=0) == 1  # [B, N]
   needed = jnp.sum(jnp.where(met, 0, lengths), axis=-1)  # [B, N]: pieces still to place
-  return starts & goes_on & ~pending & (room[:, None] > needed)
+  return starts & goes_on & ~pending & (positions_left[:, None] > needed)
 
 
 def first_unmet(met: Array, lengths: Array) -> Array:
