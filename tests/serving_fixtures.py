@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 if TYPE_CHECKING:
+  from flax_transformer import Translator
   from flax_transformer.data.tokenizer import Tokenizer
 
 WORDS = [
@@ -85,3 +86,42 @@ def serving_workdir(root: Path, tokenizer: Tokenizer, max_len: int = 64) -> Path
   manager.wait_until_finished()
   manager.close()
   return root
+
+
+def copy_search(params, inputs, rng, length_penalty, *, settings, max_decode_len):
+  """Stands in for beam search: K hypotheses, each the source itself, cut at the length cap."""
+  import jax.numpy as jnp
+
+  from flax_transformer.data.tokenizer import EOS_ID
+  from flax_transformer.decoding.bridge import output_length_caps
+
+  del params, rng, length_penalty
+  beam_size = settings.beam_size
+  rows, length = inputs.shape
+  caps = output_length_caps(inputs, settings.max_len_a, settings.max_len_b)  # before EOS
+  source = jnp.zeros((rows, max_decode_len), jnp.int32).at[:, : min(length, max_decode_len)].set(
+      inputs[:, :max_decode_len])
+  positions = jnp.arange(max_decode_len)[None]
+  copied = jnp.where(positions < caps[:, None], source,
+                     jnp.where(positions == caps[:, None], EOS_ID, 0))
+  after_eos = jnp.cumsum(copied == EOS_ID, axis=1) - (copied == EOS_ID) > 0
+  copied = jnp.where(after_eos, 0, copied)
+  sequences = jnp.repeat(copied[:, None], beam_size, axis=1)  # [B, K, L]
+  scores = -jnp.arange(beam_size, dtype=jnp.float32)[None].repeat(rows, 0)  # [B, K]
+  return sequences, scores
+
+
+def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
+  """A Translator of the tiny model whose search is `copy_search`: every line's output is
+  known exactly (test_serving_translator, the bulk jobs' crash tests)."""
+  import jax
+  import jax.numpy as jnp
+
+  from flax_transformer import ModelConfig, Transformer, Translator
+  from flax_transformer.config import TranslateConfig
+
+  config = ModelConfig.tiny(tokenizer.vocab_size, max_len=max_len)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
+  return Translator(config, params, tokenizer, TranslateConfig().replace(**settings),
+                    search_fn=copy_search)

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+from bulk_jobs import cli, translate_args, write_input
 from conftest import REPO, train_command
-from test_serving_bulk import cli, translate_args, write_input
 
 from flax_transformer.cli import build_parser, main, stopping
 from flax_transformer.progress import ProgressBar

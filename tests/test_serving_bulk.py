@@ -14,9 +14,7 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import types
 from pathlib import Path
@@ -24,17 +22,22 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import STORAGE_KINDS, listing, small_program_child_xla_flags, storage_folder
-from jax.sharding import Mesh
-from serving_fixtures import sentences
-from test_serving_translator import copy_translator
+from bulk_jobs import (
+  cli,
+  crash_after_chunks,
+  free_port,
+  translate_args,
+  translate_on_eight_devices_one_and_two_processes,
+  write_input,
+)
+from conftest import STORAGE_KINDS, listing, storage_folder
+from serving_fixtures import copy_translator, sentences
 
 from flax_transformer import ModelConfig, files, progress
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.progress import ProgressBar
-from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.serving import bulk
 from flax_transformer.serving.batching import group_steps, plan_batches
 from flax_transformer.serving.chunk_tasks import TranslationTask
@@ -42,36 +45,6 @@ from flax_transformer.serving.chunk_tasks import TranslationTask
 import numpy_reference as ref
 
 pytestmark = pytest.mark.slow  # kill -9 and several processes.
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11,
-                max_words: int = 29) -> list[str]:
-  lines = [("" if i % empty_every == 1 else line) for i, line in
-           enumerate(sentences(count, seed, max_words))]
-  path.write_text("".join(line + "\n" for line in lines))
-  return lines
-
-
-def crash_after_chunks(monkeypatch, chunks: int) -> None:
-  """Bulk jobs read `chunks` chunks, then raise RuntimeError("simulated kill") (a crash that is
-  not an Error: the CLI prints its traceback and exits with 1); `monkeypatch.undo()` ends it."""
-  real_read_chunks = bulk.read_chunks
-
-  def crashing(*a, **k):
-    for number, item in enumerate(real_read_chunks(*a, **k)):
-      if number == chunks:
-        raise RuntimeError("simulated kill")
-      yield item
-
-  monkeypatch.setattr(bulk, "read_chunks", crashing)
-
-
-def translate_args(workdir: Path, source: Path, output: Path, *extra: str) -> list[str]:
-  return ["translate", "--workdir", str(workdir), "--input", str(source), "--output",
-          str(output), *extra]
-
 
 # ------------------------------------------------------------------------- planning, reading
 def test_device_batches_do_not_depend_on_the_number_of_devices():
@@ -330,56 +303,6 @@ def test_a_resumed_job_keeps_the_checkpoint_it_started_with(workdir, tmp_path, m
 
 
 # ------------------------------------------------------------- devices, processes, kill -9
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def cli(*args: str, devices: int = 8, cache: Path | None = None, environ: dict | None = None,
-        product_xla: bool = False, **popen) -> subprocess.Popen:
-  """Starts `python -m flax_transformer.cli *args` on `devices` CPU devices. XLA compiles with
-  conftest's small_program_child_xla_flags(), or with its defaults, as the product does, where
-  the test pins a promise that holds at those (`product_xla`: the same bytes on 1 device, 8
-  devices and 2 processes)."""
-  xla = "" if product_xla else small_program_child_xla_flags()
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {xla}",
-             JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",  # Cache the tiny model's too.
-             **(environ or {}))
-  extra = ["--compilation_cache_dir", str(cache)] if cache else []
-  return subprocess.Popen([sys.executable, "-m", "flax_transformer.cli", *args, *extra],
-                          cwd=REPO, env=env, text=True, **popen)
-
-
-def translate_on_eight_devices_one_and_two_processes(
-    workdir: Path, source: Path, outputs: dict[str, Path], flags: list[str], monkeypatch,
-    cache: Path | None = None, in_this_process: bool = True, product_xla: bool = False) -> None:
-  """Translates `source` into outputs["eight"] (8 devices), outputs["one"] (one device) and
-  outputs["gloo"] (2 processes of 2 devices joined by jax.distributed). "eight" and "one" run
-  in this process (which compiles with conftest's IN_PROCESS_XLA_FLAGS), or with
-  `in_this_process=False` in processes of their own; the processes compile as `cli`'s
-  `product_xla` says."""
-  port = free_port()
-  runs = [cli(*translate_args(workdir, source, outputs["gloo"], *flags),
-              "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
-              "--process_id", str(i), devices=2, cache=cache, product_xla=product_xla,
-              stderr=subprocess.PIPE)
-          for i in range(2)]
-  if in_this_process:
-    assert main(translate_args(workdir, source, outputs["eight"], *flags)) == 0
-    monkeypatch.setattr(sharding_lib, "local_mesh",
-                        lambda: Mesh(np.asarray(jax.devices()[:1]), ("data",)))
-    assert main(translate_args(workdir, source, outputs["one"], *flags)) == 0
-  else:
-    runs += [cli(*translate_args(workdir, source, outputs[name], *flags), devices=devices,
-                 cache=cache, product_xla=product_xla, stderr=subprocess.PIPE)
-             for name, devices in (("eight", 8), ("one", 1))]
-  errors = [run.communicate(timeout=300)[1] for run in runs]
-  assert [run.returncode for run in runs] == [0] * len(runs), "\n".join(
-      e[-3000:] for e in errors)
-
-
 def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir, tmp_path,
                                                                           monkeypatch):
   source = tmp_path / "in.txt"

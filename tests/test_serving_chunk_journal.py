@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from test_serving_bulk import cli, translate_args, write_input
+from bulk_jobs import cli, translate_args, write_input
 
 from flax_transformer import Translator
 from flax_transformer.serving import bulk, chunk_journal

@@ -15,14 +15,14 @@ import re
 import numpy as np
 import pytest
 import sacrebleu
-from conftest import STORAGE_KINDS, storage_folder
-from serving_fixtures import ONE_BUCKET_WORDS
-from test_serving_bulk import (
+from bulk_jobs import (
   crash_after_chunks,
   translate_args,
   translate_on_eight_devices_one_and_two_processes,
   write_input,
 )
+from conftest import STORAGE_KINDS, storage_folder
+from serving_fixtures import ONE_BUCKET_WORDS
 
 from flax_transformer import Translator
 from flax_transformer import workdir as workdir_lib

@@ -8,13 +8,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from serving_fixtures import ONE_BUCKET_WORDS, sentences
-from test_serving_bulk import (
+from bulk_jobs import (
   crash_after_chunks,
   translate_args,
   translate_on_eight_devices_one_and_two_processes,
   write_input,
 )
+from serving_fixtures import ONE_BUCKET_WORDS, sentences
 
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.cli import main

@@ -10,8 +10,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from bulk_jobs import crash_after_chunks, translate_args, write_input
 from conftest import STORAGE_KINDS, storage_folder
-from test_serving_bulk import crash_after_chunks, translate_args, write_input
 
 from flax_transformer import Translator
 from flax_transformer.cli import main

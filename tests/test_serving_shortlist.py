@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_serving_bulk import crash_after_chunks, translate_args, write_input
+from bulk_jobs import crash_after_chunks, translate_args, write_input
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.cli import main

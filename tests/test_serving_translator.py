@@ -12,43 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from serving_fixtures import sentences
+from serving_fixtures import copy_translator, sentences
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import ConfigError, TranslateConfig
-from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.decoding import bridge
-from flax_transformer.decoding.bridge import output_length_caps
 from flax_transformer.errors import InputError
 from flax_transformer.files import read_lines, write_lines_atomically
 from flax_transformer.serving.batching import Batch, bucket_length, plan_batches, row_counts
 from flax_transformer.serving.translator import Translator, translate_lines
-
-
-def copy_search(params, inputs, rng, length_penalty, *, settings, max_decode_len):
-  """Stands in for beam search: K hypotheses, each the source itself, cut at the length cap."""
-  del params, rng, length_penalty
-  beam_size = settings.beam_size
-  rows, length = inputs.shape
-  caps = output_length_caps(inputs, settings.max_len_a, settings.max_len_b)  # before EOS
-  source = jnp.zeros((rows, max_decode_len), jnp.int32).at[:, : min(length, max_decode_len)].set(
-      inputs[:, :max_decode_len])
-  positions = jnp.arange(max_decode_len)[None]
-  copied = jnp.where(positions < caps[:, None], source,
-                     jnp.where(positions == caps[:, None], EOS_ID, 0))
-  after_eos = jnp.cumsum(copied == EOS_ID, axis=1) - (copied == EOS_ID) > 0
-  copied = jnp.where(after_eos, 0, copied)
-  sequences = jnp.repeat(copied[:, None], beam_size, axis=1)  # [B, K, L]
-  scores = -jnp.arange(beam_size, dtype=jnp.float32)[None].repeat(rows, 0)  # [B, K]
-  return sequences, scores
-
-
-def copy_translator(tokenizer, max_len: int = 64, **settings) -> Translator:
-  config = ModelConfig.tiny(tokenizer.vocab_size, max_len=max_len)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  params = Transformer(config).init(jax.random.key(0), tokens, tokens)["params"]
-  return Translator(config, params, tokenizer, TranslateConfig().replace(**settings),
-                    search_fn=copy_search)
 
 
 def test_a_one_pair_model_refuses_a_language_pair_per_sentence(tokenizer):
