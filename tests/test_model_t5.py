@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_model import (
+from model_cases import (
   FEW_BUCKETS,
   WIDE_HEADS,
   B,
