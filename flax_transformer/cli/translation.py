@@ -107,11 +107,11 @@ def _measured(scores: dict, args: argparse.Namespace) -> str:
     parts.append(f"constraints {scores['constraints']} ({scores['constraint_order']})")
   if scores.get("forbid"):
     parts.append(f"forbidding {scores['forbid']}")
-  if given("precision"):
+  if given("precision") not in (None, "float32"):
     parts.append(given("precision"))
   if given("vocab_shortlist"):
     parts.append(f"shortlist {given('vocab_shortlist')}")
-  if given("engine"):
+  if given("engine") not in (None, "batches"):
     parts.append(f"engine {given('engine')}")
   return ", ".join(parts) + ":"
 

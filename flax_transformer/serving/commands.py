@@ -360,7 +360,9 @@ def evaluate(parameters: Parameters, *, src: str, ref: str, output: str | None =
                 ref=inputs.ref, method=search.method, beam_size=search.beam_size,
                 length_penalty=search.length_penalty,
                 length_normalization=search.length_normalization,
-                finish_rule=search.finish_rule, truncated=truncated)
+                finish_rule=search.finish_rule, truncated=truncated,
+                precision=settings.precision, vocab_shortlist=settings.vocab_shortlist or None,
+                engine=settings.engine)
   if constraints is not None or forbid is not None:
     scores.update(constraints=constraints, forbid=forbid,
                   constraint_order=search.constraint_order, unmet=unmet)

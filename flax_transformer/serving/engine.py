@@ -24,6 +24,7 @@ P pieces of a phrase.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -40,6 +41,7 @@ from flax_transformer.config import ModelConfig, SearchConfig
 from flax_transformer.decoding import bridge, loop, search, slots
 from flax_transformer.model import int8_kernel
 from flax_transformer.model.transformer import CrossAttentionCache, Transformer, resize_cache
+from flax_transformer.runtime import compilation_cache
 from flax_transformer.serving import batching, programs
 
 Array = jax.Array
@@ -404,9 +406,13 @@ class _LaneRun:
     lane, live = self.lanes[tier], self.live[tier]
     start = time.perf_counter()
     iterations = np.int32(self.spec.max_iterations if bounded else 1 << 30)
-    table, complete, full, sequences, scores = self.programs[1](
-        self.params, self._table(tier), jnp.asarray(live), jnp.int32(want), iterations,
-        self.alpha, *self.data, lane=lane, how=self.spec.how)
+    what = (f"the engine's search of sources of {lane.length} tokens ({lane.slots} slots, "
+            f"cache of {lane.capacity})")
+    with (compilation_cache.compiling(what) if tier not in self.compiled
+          else contextlib.nullcontext()):
+      table, complete, full, sequences, scores = self.programs[1](
+          self.params, self._table(tier), jnp.asarray(live), jnp.int32(want), iterations,
+          self.alpha, *self.data, lane=lane, how=self.spec.how)
     self.tables[tier] = table
     complete, full = np.asarray(complete), np.asarray(full)
     if tier not in self.compiled:

@@ -49,6 +49,7 @@ in one program (`decoding.bridge`, "Ensembles").
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -847,8 +848,12 @@ class Translator:
     shape = (self.search_fn, settings, len(inputs), step.length, decode_len,
              tuple(None if x is None else x.shape for x in optional), align, forced)
     start = time.perf_counter()
-    outputs = self.search_fn(params, self._place(inputs), rng, length_penalty, *optional,
-                             settings=settings, max_decode_len=decode_len, **static)
+    what = f"the {options.search.method} search of [{len(inputs)} x {step.length}] sentences"
+    # On a terminal, a first call that waits over 2 s for its program says so (`compiling`).
+    with (compilation_cache.compiling(what) if shape not in _SEEN_SHAPES
+          else contextlib.nullcontext()):
+      outputs = self.search_fn(params, self._place(inputs), rng, length_penalty, *optional,
+                               settings=settings, max_decode_len=decode_len, **static)
     if shape in _SEEN_SHAPES:
       _SEEN_SHAPES.move_to_end(shape)
     else:  # The call above traced and compiled (or loaded) it.
