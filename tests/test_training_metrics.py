@@ -60,3 +60,35 @@ def test_the_writer_imports_neither_torch_nor_gcs_and_its_events_hold_the_scalar
              if value.HasField("simple_value")}
   assert scalars == {("train/loss", 3): 2.5}
   assert '"name": "loss", "value": 2.5' in (tmp_path / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # The paper's block, tied output.
+    # T5 v1.1's: gated feed-forward (three matrices), heads N x H wider than D, untied output.
+    {"activation": "gated-gelu", "attention_head_dim": 12, "tie_output_projection": False,
+     "share_embeddings": True},
+])
+def test_train_flops_count_every_kernel_the_model_builds(overrides):
+  """The MFU's FLOPs against the model's own parameters: 2 FLOPs per kernel weight per token
+  (the output projection through the tied embedding where there is no kernel of its own),
+  plus QK^T and AV over the row, times 3 for the backward pass."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from flax_transformer import ModelConfig, Transformer
+  from flax_transformer.training.metrics import train_flops_per_step
+
+  config = ModelConfig(vocab_size=29, emb_dim=24, num_heads=3, mlp_dim=40, num_encoder_layers=2,
+                       num_decoder_layers=3, max_len=16, **overrides)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = jax.eval_shape(lambda: Transformer(config).init(jax.random.key(0), tokens, tokens))
+  kernels = sum(int(np.prod(leaf.shape))
+                for path, leaf in jax.tree_util.tree_leaves_with_path(params["params"])
+                if "['kernel']" in jax.tree_util.keystr(path))
+  rows, length = 4, 10
+  tied_output = 24 * 29 if config.tie_output_projection else 0
+  heads = 3 * (12 if "attention_head_dim" in overrides else 8)
+  attention = 4 * rows * length * length * heads * (2 + 2 * 3)
+  expected = 3 * (2 * rows * length * (kernels + tied_output) + attention)
+  assert train_flops_per_step(config, rows, length) == expected

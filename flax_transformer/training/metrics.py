@@ -72,15 +72,18 @@ def train_flops_per_step(model: ModelConfig, rows: int, length: int) -> float:
   """Matmul FLOPs of one train step (forward + backward = 3x forward) on rows x length tokens.
 
   Counts the dense layers (2 FLOPs per weight per token), the attention score and value
-  products over the full row length, and the output projection over the vocabulary.
+  products over the full row length, and the output projection over the vocabulary. Heads of
+  `attention_head_dim` (N x H wide) and gated feed-forwards (three matrices) count as built.
   """
   d, f, v, n = model.emb_dim, model.mlp_dim, model.vocab_size, rows * length
-  attention_weights = 4 * d * d  # Q, K, V, O
-  encoder = model.num_encoder_layers * (attention_weights + 2 * d * f)
-  decoder = model.num_decoder_layers * (2 * attention_weights + 2 * d * f)
+  inner = model.num_heads * model.head_dim  # N x H: D in the paper.
+  attention_weights = 4 * d * inner  # Q, K, V, O
+  feed_forward = (3 if model.gated else 2) * d * f
+  encoder = model.num_encoder_layers * (attention_weights + feed_forward)
+  decoder = model.num_decoder_layers * (2 * attention_weights + feed_forward)
   dense = 2 * n * (encoder + decoder + d * v)
-  # Per query and layer: QK^T and AV over `length` keys, 2 * 2 * length * d.
-  attention = 4 * n * length * d * (model.num_encoder_layers + 2 * model.num_decoder_layers)
+  # Per query and layer: QK^T and AV over `length` keys, 2 * 2 * length * N x H.
+  attention = 4 * n * length * inner * (model.num_encoder_layers + 2 * model.num_decoder_layers)
   return 3.0 * (dense + attention)
 
 
