@@ -23,7 +23,7 @@ from serving_fixtures import serving_workdir
 
 from flax_transformer.data import synthetic
 from flax_transformer.serving import Batcher, Job, Service, Translator
-from flax_transformer.serving.batcher import Sentence
+from flax_transformer.serving.batcher import WARM_KINDS, Sentence
 from flax_transformer.serving.http_api import make_app
 
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
@@ -487,18 +487,20 @@ def in_order(count: int, batches) -> list[list[tuple]]:
 
 
 def test_after_a_warm_up_no_request_of_a_warm_kind_compiles(tokenizer, tmp_path):
-  """--warmup compiles every kind /health calls warm (the server's settings, a target prefix,
-  alignments, the other methods): after ready, a request of each adds no program; what /health
-  says is compiled on first use (constraints) does. The tiny model of max_len 16: 2 shapes."""
+  """--warmup_kinds (every kind: the server's settings, a target prefix, alignments, the other
+  methods) compiles what /health then calls warm: after ready, a request of each adds no
+  program; what /health says is compiled on first use (constraints) does. Plain --warmup warms
+  the server's settings and names the others. The tiny model of max_len 16: 2 shapes."""
   translator = Translator.from_workdir(serving_workdir(tmp_path / "workdir", tokenizer, 16),
                                        batch_tokens=64)
   batcher = Batcher(translator, max_programs=64)
-  batcher.start(warmup=True)
+  batcher.start(warmup=WARM_KINDS)
   assert batcher.ready.wait(600) and batcher.failed is None
   app = make_app(batcher, Service("en", "de", step=translator.step))
   health = asyncio.run(_get(app, "/health")).json()
   assert health["warm"] == ["beam (the server's settings)", "target_prefix", "alignments",
                             "greedy", "sample"]
+  assert health["compiled_on_first_use"].startswith("constraints and forbidden phrases")
   compiled = batcher.programs
   assert compiled == 5 * 2
   lines = ["a man", "a man is riding a red bike down the street"]  # Two buckets.
@@ -511,6 +513,14 @@ def test_after_a_warm_up_no_request_of_a_warm_kind_compiles(tokenizer, tmp_path)
                                                     "constraints": [["park"], []]}))
   assert answer.status_code == 200 and batcher.programs > compiled
   batcher.close(10)
+  plain = Batcher(translator)
+  plain.start(warmup=True)
+  assert plain.ready.wait(600) and plain.failed is None
+  health = asyncio.run(_get(make_app(plain, Service("en", "de")), "/health")).json()
+  plain.close(10)
+  assert health["warm"] == ["beam (the server's settings)"]
+  assert health["compiled_on_first_use"].startswith(
+      "target_prefix, alignments, greedy, sample (serve --warmup_kinds); constraints")
 
 
 def test_health_is_503_until_compiled():
@@ -736,6 +746,9 @@ def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, mo
            "got nan."),
           (["--drain_seconds", "inf"], "--drain_seconds must be a number of seconds > 0, "
            "got inf."),
+          (["--warmup_kinds", "settings,prefix"], "--warmup_kinds: unknown kind 'prefix'; "
+           "choose from settings, target_prefix, alignments, beam, greedy, sample "
+           "(comma-separated)."),
           (["--engine", "slots"], "serve runs in batches for now (its batcher merges requests "
            "into translate's batch plan); --engine slots is for translate and evaluate "
            "(docs/design.md, \"The engine\").")]

@@ -42,6 +42,7 @@ def run_serve(args: argparse.Namespace) -> int:
     raise InputError("serve runs in batches for now (its batcher merges requests into "
                      "translate's batch plan); --engine slots is for translate and evaluate "
                      "(docs/design.md, \"The engine\").")
+  kinds = _warmup_kinds(args)  # A wrong kind: one line, before any restore.
   if not 0 < args.drain_seconds < math.inf:
     raise InputError(f"--drain_seconds must be a number of seconds > 0, got "
                      f"{args.drain_seconds}.")
@@ -70,7 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
   options = http_server.ServerOptions(
       host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
       max_beam_size=args.max_beam_size, max_programs=args.max_programs,
-      batching_mode=args.batching, warmup=args.warmup, drain_seconds=args.drain_seconds)
+      batching_mode=args.batching, drain_seconds=args.drain_seconds,
+      warmup=kinds or args.warmup)
 
   def announce(address: str) -> None:
     print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
@@ -84,6 +86,19 @@ def run_serve(args: argparse.Namespace) -> int:
   print("flax-transformer serve: stopped; every request taken was answered.", file=sys.stderr,
         flush=True)
   return 0
+
+
+def _warmup_kinds(args: argparse.Namespace) -> tuple[str, ...]:
+  """--warmup_kinds as a tuple (empty: not given), each a kind of `WARM_KINDS` (one line
+  otherwise, before the model is restored)."""
+  from flax_transformer.serving.batcher import WARM_KINDS
+
+  kinds = tuple(kind.strip() for kind in (args.warmup_kinds or "").split(",") if kind.strip())
+  for kind in kinds:
+    if kind not in WARM_KINDS:
+      raise InputError(f"--warmup_kinds: unknown kind {kind!r}; choose from "
+                       f"{', '.join(WARM_KINDS)} (comma-separated).")
+  return kinds
 
 
 def add_commands(commands) -> None:
@@ -112,6 +127,10 @@ def add_commands(commands) -> None:
                      "--batch_tokens; default: the workdir's config, else 4096).")
   serve.add_argument("--max_wait_ms", type=float, default=5.0,
                      help="How long a queued sentence waits for its batch to fill (default 5).")
+  serve.add_argument("--warmup_kinds", default=None, help="Also compile these kinds of request "
+                     "before ready (implies --warmup), comma-separated: settings (the server's "
+                     "own, what --warmup compiles), target_prefix, alignments, beam, greedy, "
+                     "sample. /health lists what is warm (default: settings with --warmup).")
   serve.add_argument("--max_queue", type=int, default=2048, help="Most sentences waiting; a "
                      "request that does not fit is answered 429 at once, one larger than this "
                      "413 (default 2048).")

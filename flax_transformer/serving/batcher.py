@@ -62,18 +62,27 @@ BATCHING_MODES = ("exact", "fill")
 
 
 METHODS = ("beam", "greedy", "sample")
-# What a warm server still compiles on a request's first use, as /health says it.
+# The kinds of request a warm-up can compile (`warm_kinds`): the server's own settings, with a
+# target prefix, with alignments (of the best hypothesis), and with another search method.
+WARM_KINDS = ("settings", "target_prefix", "alignments", *METHODS)
+# What a warm server still compiles on a request's first use, besides the kinds not warmed.
 COLD = ("constraints and forbidden phrases (their programs are shaped by each request's "
         "phrases), n-best alignments, and settings other than the server's but the method")
 
 
-def warm_kinds(method: str) -> list[tuple[str, dict[str, Any]]]:
-  """The kinds of request a warm-up compiles, (name, `Translator.compile`'s options): the
-  server's own settings (`method` the search method), with a target prefix, with
-  alignments, and each other search method with the server's other settings."""
-  return [(f"{method} (the server's settings)", {}), ("target_prefix", {"prefixed": True}),
-          ("alignments", {"align": 1}),
-          *((other, {"method": other}) for other in METHODS if other != method)]
+def warm_kinds(method: str, kinds: Sequence[str] = ("settings",)
+               ) -> list[tuple[str, dict[str, Any]]]:
+  """The `kinds` (of `WARM_KINDS`) a warm-up compiles, as (name, `Translator.compile`'s
+  options); the server's own `method` is its settings' kind, not one of its own."""
+  unknown = [kind for kind in kinds if kind not in WARM_KINDS]
+  if unknown:
+    raise InputError(f"Unknown warm-up kind {unknown[0]!r}: choose from "
+                     f"{', '.join(WARM_KINDS)}.")
+  options = {"settings": (f"{method} (the server's settings)", {}),
+             "target_prefix": ("target_prefix", {"prefixed": True}),
+             "alignments": ("alignments", {"align": 1}),
+             **{other: (other, {"method": other}) for other in METHODS if other != method}}
+  return [options[kind] for kind in WARM_KINDS if kind in kinds and kind in options]
 
 
 class QueueFull(Error):
@@ -229,6 +238,7 @@ class Batcher:
     self.observe = observe
     self.ready = threading.Event()  # Set once the warm-up is done.
     self.warm: list[str] = []  # The kinds of request the warm-up compiled (`warm_kinds`).
+    self.not_warm: list[str] = []  # The other kinds `warm_kinds` could have compiled.
     self.failed: BaseException | None = None  # The warm-up's error, if it raised.
     self._pending: collections.deque[_Piece] = collections.deque()
     self._queued = 0  # Sentences in _pending.
@@ -248,11 +258,16 @@ class Batcher:
     search = self.translator.search_fn
     return search.count if isinstance(search, programs.StoredPrograms) else 0
 
-  def start(self, warmup: bool = False, progress: bool = False) -> None:
-    """Starts the worker thread; with `warmup`, it first compiles every search shape of each
-    kind of request `warm_kinds` names (`Translator.compile`), so that none of those waits
-    for a compile, and sets `ready` after."""
-    self._thread = threading.Thread(target=self._work, args=(warmup, progress),
+  def start(self, warmup: bool | Sequence[str] = False, progress: bool = False) -> None:
+    """Starts the worker thread; with `warmup` (True: the server's settings; or kinds of
+    `WARM_KINDS`), it first compiles every search shape of each of those kinds of request
+    (`Translator.compile`), so that none of them waits for a compile, and sets `ready` after.
+    `warm` then names them."""
+    method = self.translator.settings.search.method
+    kinds = warm_kinds(method, ("settings",) if warmup is True else warmup) if warmup else []
+    chosen = {name for name, _ in kinds}
+    self.not_warm = [name for name, _ in warm_kinds(method, WARM_KINDS) if name not in chosen]
+    self._thread = threading.Thread(target=self._work, args=(kinds, progress),
                                     name="flax-transformer-batcher", daemon=True)
     self._thread.start()
 
@@ -373,10 +388,11 @@ class Batcher:
             for b in batching.plan_batches(lengths, options.batch_tokens, max_len)]
 
   # --------------------------------------------------------------------------- the worker
-  def _work(self, warmup: bool, progress: bool) -> None:
-    """The worker thread: the warm-up, then batches until closed and drained."""
+  def _work(self, kinds: Sequence[tuple[str, dict[str, Any]]], progress: bool) -> None:
+    """The worker thread: the warm-up of `kinds` (`warm_kinds`), then batches until closed and
+    drained."""
     try:
-      for kind, options in warm_kinds(self.translator.settings.search.method) if warmup else ():
+      for kind, options in kinds:
         self.translator.compile(progress=progress, **options)
         self.warm.append(kind)
     except BaseException as error:  # The server reports it and stops.
@@ -580,5 +596,16 @@ def _capacity(count: int, batch_tokens: int, max_len: int) -> tuple[int, int]:
   return 1 << (max(1, batch_tokens // length).bit_length() - 1), length
 
 
-__all__ = ["BATCHING_MODES", "BatchFailed", "BatchReport", "Batcher", "Closed", "Job",
-           "QueueFull", "Sentence", "TooLarge"]
+__all__ = [
+  "BATCHING_MODES",
+  "WARM_KINDS",
+  "BatchFailed",
+  "BatchReport",
+  "Batcher",
+  "Closed",
+  "Job",
+  "QueueFull",
+  "Sentence",
+  "TooLarge",
+  "warm_kinds",
+]

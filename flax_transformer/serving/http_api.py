@@ -363,7 +363,7 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       return JSONResponse({"status": "compiling", "step": service.step}, 503)
     return JSONResponse({"status": "ok", "step": service.step, "queued": batcher.queued,
                          "warm": batcher.warm,
-                         "compiled_on_first_use": COLD if batcher.warm else "every search"})
+                         "compiled_on_first_use": _cold(batcher)})
 
   @app.get("/metrics", summary="Prometheus metrics")
   async def metrics_page() -> Response:
@@ -377,6 +377,15 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
     return HTMLResponse(page_html)
 
   return Guard(app, service.max_body_bytes, metrics)
+
+
+def _cold(batcher: Batcher) -> str:
+  """What a request still compiles on its first use, as /health says it."""
+  if not batcher.warm:
+    return "every search"
+  if not batcher.not_warm:
+    return COLD
+  return f"{', '.join(batcher.not_warm)} (serve --warmup_kinds); {COLD}"
 
 
 def _route_line(app: fastapi.FastAPI, request: fastapi.Request, error: HTTPException) -> str:

@@ -47,7 +47,7 @@ class ServerOptions:
   max_beam_size: int | None = 16
   max_programs: int | None = 64
   batching_mode: str = "exact"
-  warmup: bool = False
+  warmup: bool | tuple[str, ...] = False  # True: the server's settings; or `WARM_KINDS`.
   drain_seconds: float = 30.0
 
 
