@@ -54,6 +54,7 @@ from flax_transformer.interop import ctranslate2, marian, marian_params
 from flax_transformer.interop.hf import (
   check_weights_file,
   generation_settings,
+  hf_tokenizer,
   read_json,
   write_workdir,
 )
@@ -157,16 +158,7 @@ def read_vocabulary(model_dir: Path, rows: int) -> MultilingualTokenizer:
     raise HFFormatError(f"Unsupported tokenizer: tokenizer_config.json tokenizer_class "
                         f"{tokenizer_class!r}; import-hf reads "
                         f"{', '.join(sorted(set(_TOKENIZER_FAMILIES)))}.")
-  try:
-    from transformers import AutoTokenizer
-  except ImportError:
-    raise HFFormatError("Importing a Hugging Face tokenizer needs transformers: pip install "
-                        "'flax-transformer[hf]'.") from None
-  try:
-    hf = AutoTokenizer.from_pretrained(str(model_dir))
-  except (OSError, ValueError, TypeError) as error:
-    raise MissingFileError(f"{model_dir}: transformers cannot read its tokenizer "
-                           f"({str(error).splitlines()[0] if str(error) else error!r}).") from None
+  hf = hf_tokenizer(model_dir)
   vocab = dict(hf.get_vocab())
   if family == "m2m100":
     codes = dict(hf.lang_code_to_token)

@@ -85,6 +85,25 @@ def read_json(path: Path) -> Any:
 
 
 # ----------------------------------------------------------------------------------- import
+def hf_tokenizer(model_dir: Path) -> Any:
+  """transformers' tokenizer of a model folder (AutoTokenizer).
+
+  Raises:
+    HFFormatError: transformers is not installed. MissingFileError: it cannot read the folder's
+      tokenizer (one line, transformers' first).
+  """
+  try:
+    from transformers import AutoTokenizer
+  except ImportError:
+    raise HFFormatError("Importing a Hugging Face tokenizer needs transformers: pip install "
+                        "'flax-transformer[hf]'.") from None
+  try:
+    return AutoTokenizer.from_pretrained(str(model_dir))
+  except (OSError, ValueError, TypeError) as error:
+    raise MissingFileError(f"{model_dir}: transformers cannot read its tokenizer "
+                           f"({str(error).splitlines()[0] if str(error) else error!r}).") from None
+
+
 def import_hf(source: str | os.PathLike, workdir: str | os.PathLike) -> Path:
   """Writes a workdir (config.json, the vocabulary, checkpoint 0 holding params only) from a
   Hugging Face folder or Hub id, through the family of its model_type; returns the
@@ -129,6 +148,7 @@ __all__ = [
   "check_weights_file",
   "export_hf",
   "generation_settings",
+  "hf_tokenizer",
   "import_hf",
   "read_json",
   "resolve_source",

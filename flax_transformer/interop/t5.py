@@ -67,6 +67,7 @@ from flax_transformer.interop import marian
 from flax_transformer.interop.hf import (
   check_weights_file,
   generation_settings,
+  hf_tokenizer,
   read_json,
   write_workdir,
 )
@@ -258,22 +259,14 @@ def read_vocabulary(model_dir: Path, rows: int) -> MultilingualTokenizer:
   """
   if not (model_dir / SPM_FILE).is_file():
     raise MissingFileError(f"{model_dir} lacks {SPM_FILE}, the tokenizer's SentencePiece model "
-                           "(the Hub's T5, mT5 and MADLAD-400 folders hold it).")
+                           "(the Hub's T5, mT5 and MADLAD-400 folders hold it; MetricX-24's "
+                           "do not: copy google/mt5-xl's into the folder).")
   settings = model_dir / "tokenizer_config.json"
   tokenizer_class = read_json(settings).get("tokenizer_class", "") if settings.is_file() else ""
   if tokenizer_class and tokenizer_class not in _TOKENIZERS:
     raise HFFormatError(f"Unsupported tokenizer: tokenizer_config.json tokenizer_class "
                         f"{tokenizer_class!r}; a T5 model's is one of {', '.join(_TOKENIZERS)}.")
-  try:
-    from transformers import AutoTokenizer
-  except ImportError:
-    raise HFFormatError("Importing a Hugging Face tokenizer needs transformers: pip install "
-                        "'flax-transformer[hf]'.") from None
-  try:
-    hf = AutoTokenizer.from_pretrained(str(model_dir))
-  except (OSError, ValueError, TypeError) as error:
-    raise MissingFileError(f"{model_dir}: transformers cannot read its tokenizer "
-                           f"({str(error).splitlines()[0] if str(error) else error!r}).") from None
+  hf = hf_tokenizer(model_dir)
   vocab = {piece: int(i) for piece, i in hf.get_vocab().items()}
   too_big = sorted(piece for piece, i in vocab.items() if i >= rows)
   if too_big:
