@@ -21,7 +21,7 @@ from bulk_jobs import (
   translate_on_eight_devices_one_and_two_processes,
   write_input,
 )
-from conftest import STORAGE_KINDS, storage_folder
+from conftest import storage_folder
 from serving_fixtures import ONE_BUCKET_WORDS
 
 from flax_transformer import Translator
@@ -164,7 +164,9 @@ def _phrase_files(folder, lines, seed=0):
 
 
 @pytest.mark.slow  # Compile-bound and spawns processes: the fast tier leaves it to CI.
-@pytest.mark.parametrize("kind", STORAGE_KINDS)
+# Local only: test_serving_bulk's kill test resumes a gs:// job, test_serving_prefix_alignments
+# one with a second output in a bucket; here the phrase files' place in the job's identity.
+@pytest.mark.parametrize("kind", ["local"])
 def test_bulk_job_with_phrase_files_resumes_to_the_same_bytes(
     kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):
   folder = storage_folder(kind, request, tmp_path_factory, "constraints")

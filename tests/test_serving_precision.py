@@ -102,7 +102,9 @@ def test_an_ensemble_of_one_checkpoint_twice_translates_as_the_checkpoint(
 
 # ------------------------------------------------------------ devices, processes, resuming
 @pytest.mark.slow  # Spawns processes.
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+# int8 only: where this promise broke under the tests' XLA flags (bfloat16 runs the float32
+# test's programs with another dtype: test_serving_bulk's float32 test covers those).
+@pytest.mark.parametrize("precision", ["int8"])
 def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(
     workdir, tmp_path, monkeypatch, precision):
   source = tmp_path / "in.txt"

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from bulk_jobs import crash_after_chunks, translate_args, write_input
-from conftest import STORAGE_KINDS, storage_folder
+from conftest import storage_folder
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
@@ -109,11 +109,12 @@ def test_bad_prefixes_are_one_line(translator):
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
-@pytest.mark.parametrize("kind", STORAGE_KINDS)
+# In a bucket only (the local resume: test_serving_bulk's and test_serving_constraints').
+@pytest.mark.parametrize("kind", ["gs"])
 def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
     kind, workdir, tmp_path, monkeypatch, capsys, request, tmp_path_factory):
-  """Locally and gs:// to gs:// (inputs, OUT.partial's chunks, both outputs: objects on the
-  emulator)."""
+  """gs:// to gs:// (inputs, OUT.partial's chunks, both outputs: objects on the emulator): the
+  only resumed job with a second output in a bucket."""
   folder = storage_folder(kind, request, tmp_path_factory, "prefix_align")
   source, prefix_file = folder / "in.txt", folder / "prefix.txt"
   lines = write_input(source, 30)
