@@ -83,11 +83,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
   return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-              keep: np.ndarray | None = None, rate: float = 0.0, bias: np.ndarray | None = None,
-              scaled: bool = True) -> np.ndarray:
-  """softmax(q k^T / sqrt(h) + bias + mask) v with q [b,t,n,h], k/v [b,s,n,h], mask and bias
-  [b|1,1|n,t,s]; `scaled=False`: q k^T without 1/sqrt(h) (T5)."""
+def attention_weights(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None,
+                      bias: np.ndarray | None = None, scaled: bool = True) -> np.ndarray:
+  """`attention`'s softmax weights [b,n,t,s], before dropout."""
   scores = np.einsum("btnh,bsnh->bnts", q, k)
   if scaled:
     scores = scores / math.sqrt(q.shape[-1])
@@ -95,7 +93,27 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
     scores = scores + bias
   if mask is not None:
     scores = np.where(mask, scores, NEG_INF)
-  weights = softmax(scores)
+  return softmax(scores)
+
+
+def recording_attention(recorded: list) -> Any:
+  """`attention` that also appends each call's weights [b,n,t,s] to `recorded`: patched over
+  `attention` (monkeypatch), it gives a forward pass's attention weights, in call order."""
+  plain = attention
+
+  def recording(q, k, v, mask, keep=None, rate=0.0, bias=None, scaled=True):
+    recorded.append(attention_weights(q, k, mask, bias, scaled))
+    return plain(q, k, v, mask, keep, rate, bias, scaled)
+
+  return recording
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+              keep: np.ndarray | None = None, rate: float = 0.0, bias: np.ndarray | None = None,
+              scaled: bool = True) -> np.ndarray:
+  """softmax(q k^T / sqrt(h) + bias + mask) v with q [b,t,n,h], k/v [b,s,n,h], mask and bias
+  [b|1,1|n,t,s]; `scaled=False`: q k^T without 1/sqrt(h) (T5)."""
+  weights = attention_weights(q, k, mask, bias, scaled)
   if keep is not None:
     weights = np.where(keep, weights / (1 - rate), 0.0)
   return np.einsum("bnts,bsnh->btnh", weights, v)

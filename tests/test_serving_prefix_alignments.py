@@ -57,15 +57,8 @@ def _numpy_alignment(translator, source: str, text: str) -> list[tuple[int, int]
   source_ids = vocab.tokenize(source) + [EOS_ID]
   target_ids = vocab.tokenize_target(text) + [EOS_ID]
   recorded = []
-  attention = ref.attention
-
-  def recording(q, k, v, mask, keep=None, rate=0.0):
-    scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
-    recorded.append(ref.softmax(np.where(mask, scores, ref.NEG_INF)))
-    return attention(q, k, v, mask, keep, rate)
-
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(ref, "attention", recording)
+    patch.setattr(ref, "attention", ref.recording_attention(recorded))
     ref.transformer(jax.device_get(translator.params), config, np.asarray([source_ids]),
                     np.asarray([target_ids]))
   layer = config.alignment_layer % config.num_decoder_layers

@@ -91,15 +91,8 @@ def _numpy_alignment_loss(params, config, batch) -> float:
   """Float64: the cross-attention of the alignment layer from `numpy_reference`'s own forward
   pass (its attention weights recorded as it runs), and the cross entropy written out."""
   recorded = []
-  attention = ref.attention
-
-  def recording(q, k, v, mask, keep=None, rate=0.0):
-    scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
-    recorded.append(ref.softmax(np.where(mask, scores, ref.NEG_INF)))
-    return attention(q, k, v, mask, keep, rate)
-
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(ref, "attention", recording)
+    patch.setattr(ref, "attention", ref.recording_attention(recorded))
     ref.transformer(jax.device_get(params), config, batch["inputs"], batch["targets"])
   # Calls: encoder self-attention, then (self, cross) per decoder layer.
   cross = recorded[config.num_encoder_layers + 2 * config.alignment_layer + 1]  # [b, n, t, s]

@@ -91,7 +91,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def _warmup_kinds(args: argparse.Namespace) -> tuple[str, ...]:
   """--warmup_kinds as a tuple (empty: not given), each a kind of `WARM_KINDS` (one line
   otherwise, before the model is restored)."""
-  from flax_transformer.serving.batcher import WARM_KINDS
+  from flax_transformer.serving import WARM_KINDS
 
   kinds = tuple(kind.strip() for kind in (args.warmup_kinds or "").split(",") if kind.strip())
   for kind in kinds:

@@ -21,6 +21,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "ServerOptions": "http_server:ServerOptions",
     "Service": "http_api:Service",
     "Translator": "translator:Translator",
+    "WARM_KINDS": "batcher:WARM_KINDS",
     "batcher": "batcher",
     "batching": "batching",
     "bulk": "bulk",
