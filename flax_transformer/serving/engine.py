@@ -39,10 +39,9 @@ import numpy as np
 
 from flax_transformer.config import ModelConfig, SearchConfig
 from flax_transformer.decoding import bridge, loop, search, slots
-from flax_transformer.model import int8_kernel
 from flax_transformer.model.transformer import CrossAttentionCache, Transformer, resize_cache
 from flax_transformer.runtime import compilation_cache
-from flax_transformer.serving import batching, programs
+from flax_transformer.serving import batching
 
 Array = jax.Array
 PyTree = Any
@@ -295,21 +294,15 @@ def _columns(model: Transformer, params: Any, shortlist: Array, ensemble: bool) 
 
 
 @functools.cache
-def _programs(model_config: ModelConfig) -> tuple[programs.StoredPrograms, ...]:
-  """`admit`, `advance` and `migrate` of a model config (the table written donated), shared
-  by every run of it; `lane` and `how` are static. Each lane's and tier's program is exported
-  once per machine and loaded by later processes, as the batches' search is
-  (`serving.programs`): a new process does not trace them again. An int8 search that may call
-  oneDNN's kernel is compiled in each process instead (`jax.export` does not keep that call)."""
+def _programs(model_config: ModelConfig) -> tuple[Any, Any, Any]:
+  """The jitted `admit`, `advance` and `migrate` of a model config (the table written
+  donated), shared by every run of it; `lane` and `how` are static."""
   model = Transformer(model_config)
   static = ("lane", "how")
-  on_disk = not (model_config.quantization == "int8" and int8_kernel.may_use_onednn())
-  stored = lambda name, function: programs.StoredPrograms(
-      jax.jit(function, static_argnames=static), name=f"the engine's {name} of {model_config!r}",
-      on_disk=on_disk, donate=(1,))
-  return (stored("admit", functools.partial(admit, model)),
-          stored("advance", functools.partial(advance, model)),
-          stored("migrate", migrate))
+  return (jax.jit(functools.partial(admit, model), static_argnames=static, donate_argnums=(1,)),
+          jax.jit(functools.partial(advance, model), static_argnames=static,
+                  donate_argnums=(1,)),
+          jax.jit(migrate, static_argnames=static, donate_argnums=(1,)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,6 @@ import functools
 import hashlib
 import logging
 import os
-import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,7 +42,7 @@ from jax import export
 
 from flax_transformer import files
 
-FORMAT = 2  # 2: flat inputs and outputs, the output's structure pickled beside.
+FORMAT = 1
 FOLDER = "flax_transformer_programs"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,13 +54,9 @@ class StoredPrograms:
   and loaded by later processes. `name` tells programs of different models and meshes apart
   (with the arguments' shapes, which the key holds too)."""
 
-  def __init__(self, jitted: Callable[..., Any], name: str, on_disk: bool = True,
-               donate: tuple[int, ...] = ()):
+  def __init__(self, jitted: Callable[..., Any], name: str, on_disk: bool = True):
     self.jitted = jitted
     self.name = name
-    # Positions in (params, *arrays) whose buffers each program may reuse for its outputs (the
-    # engine's slot tables, written in place): the caller must not read them after a call.
-    self.donate = donate
     # False: each shape's program is compiled here and kept in memory only, never exported or
     # loaded (a search whose int8 products may call oneDNN's kernel: `jax.export` does not
     # serialize that FFI call, and a program stored with XLA's dot must not stand in for it).
@@ -115,42 +110,34 @@ class StoredPrograms:
   def _program(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]
                ) -> Callable[..., Any]:
     """The exported program of this call's shape (loaded, or exported and stored), else the
-    plain jitted one. The program takes and returns flat lists of arrays (any pytree of them
-    serializes); the output's structure is stored beside it (`_store`)."""
+    plain jitted one. The program takes the parameters as a flat list of arrays (any pytree
+    of them serializes), rebuilt inside."""
     bound = functools.partial(self.jitted, **static)
     folder = _folder() if self.on_disk else None
     if folder is None:
-      return _own_program(bound, params, arrays, self.donate)
+      return _own_program(bound, params, arrays)
     path = os.path.join(folder, f"{self._digest(params, arrays, static)}.bin")
-    leaves, in_tree = jax.tree.flatten((params, arrays))
-    stored = _load(path) if os.path.isfile(path) else None
-    if stored is None:
-      out_trees = []
-
-      def flat(*leaves):
-        params, arrays = jax.tree.unflatten(in_tree, leaves)
-        outputs, out_tree = jax.tree.flatten(bound(params, *arrays))
-        out_trees.append(out_tree)
-        return outputs
-
+    exported = _load(path) if os.path.isfile(path) else None
+    if exported is None:
+      treedef = jax.tree.structure(params)
+      flat = lambda leaves, *arrays: bound(jax.tree.unflatten(treedef, leaves), *arrays)
       try:
-        exported = export.export(jax.jit(flat))(*leaves)
-        stored = exported, out_trees[0]
-        _store(path, exported.serialize(), out_trees[0])
+        exported = export.export(jax.jit(flat))(jax.tree.leaves(params), *arrays)
+        serialized = exported.serialize()
       except Exception as error:  # E.g. a custom call jax.export does not allow.
         logging.info("The search of %s is jitted, not exported (%s).", self.name, error)
-        return _own_program(bound, params, arrays, self.donate)
-    exported, out_tree = stored
+        return _own_program(bound, params, arrays)
+      try:
+        os.makedirs(folder, exist_ok=True)
+        files.atomic_write(path, bytes(serialized))
+      except OSError as error:
+        logging.warning("Could not store the search program in %s (%s).", folder, error)
 
-    def stored_search_batch(*leaves):  # The name of its XLA program and cache entry.
-      return exported.call(*leaves)
+    def stored_search_batch(leaves, *arrays):  # The name of its XLA program and cache entry.
+      return exported.call(leaves, *arrays)
 
-    sizes = [len(jax.tree.leaves(arg)) for arg in (params, *arrays)]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    donated = tuple(i for arg in self.donate for i in range(starts[arg], starts[arg] + sizes[arg]))
-    call = _compiled(stored_search_batch, *leaves, donate=donated)
-    return lambda params, *arrays: jax.tree.unflatten(
-        out_tree, call(*jax.tree.leaves((params, arrays))))
+    call = _compiled(stored_search_batch, jax.tree.leaves(params), *arrays)
+    return lambda params, *arrays: call(jax.tree.leaves(params), *arrays)
 
   def _digest(self, params: Any, arrays: tuple[Any, ...], static: dict[str, Any]) -> str:
     devices = jax.devices()
@@ -162,43 +149,28 @@ class StoredPrograms:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _own_program(search: Callable[..., Any], params: Any, arrays: tuple[Any, ...],
-                 donate: tuple[int, ...] = ()) -> Callable[..., Any]:
+def _own_program(search: Callable[..., Any], params: Any, arrays: tuple[Any, ...]
+                 ) -> Callable[..., Any]:
   """`search` (a call of the shared jitted search, which keeps every executable it compiles)
   compiled for these arguments as a program of its own."""
 
   def search_batch(params, *arrays):  # The name of its XLA program and cache entry.
     return search(params, *arrays)
 
-  return _compiled(search_batch, params, *arrays, donate=donate)
+  return _compiled(search_batch, params, *arrays)
 
 
-def _compiled(function: Callable[..., Any], *args: Any, donate: tuple[int, ...] = ()
-              ) -> Callable[..., Any]:
-  """`function` jitted and compiled ahead of time for `args` (`donate`: argument positions
-  whose buffers it may reuse): its executable lives as long as the returned object, and
-  outlives `jax.clear_caches()` (which empties a jitted function's)."""
-  return jax.jit(function, donate_argnums=donate).lower(*args).compile()
+def _compiled(function: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+  """`function` jitted and compiled ahead of time for `args`: its executable lives as long as
+  the returned object, and outlives `jax.clear_caches()` (which empties a jitted function's)."""
+  return jax.jit(function).lower(*args).compile()
 
 
-def _store(path: str, serialized: bytes | bytearray, out_tree: Any) -> None:
-  """Writes an exported program and its output's structure (a pickled PyTreeDef) to `path`,
-  atomically; a folder that cannot be written is a warning (the program still runs)."""
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    files.atomic_write(path, pickle.dumps((bytes(serialized), out_tree)))
-  except OSError as error:
-    logging.warning("Could not store the search program in %s (%s).", os.path.dirname(path),
-                    error)
-
-
-def _load(path: str) -> tuple[export.Exported, Any] | None:
-  """The program stored at `path` and its output's structure, or None (with a warning) when it
-  cannot be read."""
+def _load(path: str) -> export.Exported | None:
+  """The program stored at `path`, or None (with a warning) when it cannot be read."""
   try:
     with open(path, "rb") as stored:
-      serialized, out_tree = pickle.loads(stored.read())
-    return export.deserialize(bytearray(serialized)), out_tree
+      return export.deserialize(bytearray(stored.read()))
   except Exception as error:  # A damaged or foreign file: the caller exports it again.
     logging.warning("Exporting again: the stored search program %s is unreadable (%s).", path,
                     error)
