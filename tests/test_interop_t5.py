@@ -15,7 +15,9 @@ References, as the issue asks:
   - beam 4 equals CTranslate2's (the Hugging Face folder converted by its own
     `TransformersConverter`) on every line CTranslate2 ended, all four hypotheses and scores;
   - tokenization equals T5's tokenizer, sentinels and MADLAD's "<2xx>" included, and MADLAD's
-    target language is the source's first token, taken from `--target_lang`.
+    target language is the source's first token, taken from `--target_lang`;
+  - fine-tuning the import (v1.1's shape) stopped and resumed equals the run straight through,
+    bitwise: params, optimizer state and losses.
 """
 
 from __future__ import annotations
@@ -342,3 +344,87 @@ def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
     np.testing.assert_allclose(my_scores, result.scores, rtol=1e-4, atol=1e-4)
     compared += 1
   assert compared >= 2
+
+
+# ------------------------------------------------------------------------------ fine-tuning
+STEPS, STOP = 4, 2  # Fine-tuned to step 4; the resumed copy stopped at step 2.
+
+
+def _fine_tune(imported: Imported, workdir: Path, tfds_dir: Path) -> None:
+  """train.py's run of configs/default.py shrunk (conftest's), from the import, into `workdir`:
+  STEPS steps, a checkpoint every STOP steps, a loss logged at each; MADLAD's "<2de>" leads
+  each source (config.data.target_code)."""
+  from conftest import REPO, shrunk_settings
+
+  from flax_transformer.experiment_flags import load_config_file
+  from flax_transformer.training import trainer
+
+  config = load_config_file(REPO / "configs" / "default.py")
+  settings = shrunk_settings(
+      tfds_dir, train__init_from=str(imported.workdir), train__num_train_steps=STEPS,
+      train__warmup_steps=2, train__log_every_steps=1, checkpoint__save_every_steps=STOP,
+      checkpoint__async_save=False, data__target_code=imported.target)
+  for key, value in settings.items():
+    group, name = key.split(".")
+    if group != "model":  # The model is the import's.
+      config[group][name] = value
+  trainer.train_and_evaluate(config, str(workdir))
+
+
+def _train_state(workdir: Path, step: int):
+  """The optimizer's state and the rest of checkpoint `step`'s train_state item, on one device."""
+  import jax
+  import orbax.checkpoint as ocp
+
+  sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  checkpointer = ocp.StandardCheckpointer()
+  try:
+    location = (workdir / "checkpoints" / str(step) / "train_state").absolute()
+    metadata = checkpointer.metadata(location)
+    tree = getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata)
+    return checkpointer.restore(location, jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), tree))
+  finally:
+    checkpointer.close()
+
+
+def _losses(workdir: Path) -> dict[int, float]:
+  lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {m["step"]: m["value"] for m in lines if m["split"] == "train" and m["name"] == "loss"}
+
+
+def test_fine_tuning_an_import_resumes_exactly(imported, tmp_path):
+  """A T5 v1.1-shaped import (gated GELU, an untied head; MADLAD's "<2de>" leads) fine-tuned
+  STEPS steps, and a copy of that run stopped after its checkpoint at STOP (the later one and
+  the later losses removed) then resumed: the same params, optimizer state and losses, bitwise;
+  every kind of weight moved, the relative-position tables and the head included."""
+  if imported.variant != "madlad":
+    pytest.skip("one variant is enough: v1.1's shape, with MADLAD's target lead")
+  import jax
+
+  from flax_transformer.workdir import restore_params
+
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  _fine_tune(imported, straight, tmp_path / "tfds")
+  shutil.copytree(straight, resumed)
+  shutil.rmtree(resumed / "checkpoints" / str(STEPS))
+  metrics = resumed / "metrics.jsonl"
+  metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
+                             if json.loads(line)["step"] <= STOP))
+  _fine_tune(imported, resumed, tmp_path / "tfds")
+
+  (after, step), (again, _) = restore_params(straight), restore_params(resumed)
+  assert step == STEPS
+  for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(again), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  states = [_train_state(w, STEPS) for w in (straight, resumed)]
+  for a, b in zip(*map(jax.tree.leaves, states), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  losses = _losses(straight)
+  assert sorted(losses) == list(range(1, STEPS + 1))
+  assert _losses(resumed) == losses
+  before, _ = restore_params(imported.workdir)
+  moved = jax.tree.map(lambda a, b: not np.array_equal(np.asarray(a), np.asarray(b)),
+                       before, after)
+  assert all(jax.tree.leaves(moved)), moved
+  assert set(before["decoder"]) >= {"relative_attention_bias", "output_projection"}

@@ -210,3 +210,31 @@ def test_the_t5_preset_in_the_model_group():
       "tie_output_projection=True, scale_tied_logits=True")
   assert model_config_from(model_group(v10, "t5"), 100) == v10
   assert v10.head_dim == 64 and ModelConfig.t5(100).head_dim == 16
+
+
+
+def test_adamw_decays_the_t5_matrices_but_not_the_relative_position_tables():
+  """optim.make_optimizer: weight decay on matrices only; a relative-position table [buckets, N]
+  is a bias (T5's), left alone as Hugging Face's Trainer leaves it. With zero gradients Adam's
+  step is 0, so an update is -lr * decay * p exactly where decay applies, 0 elsewhere."""
+  from flax_transformer.config import TrainConfig
+  from flax_transformer.training import optim
+
+  rng = np.random.default_rng(0)
+  shapes = {"embedder": {"embedding": (11, 4)},  # T5's paths, [V, D], [buckets, N], [D, F].
+            "encoder": {"relative_attention_bias": {"embedding": (8, 2)},
+                        "final_norm": {"scale": (4,)},
+                        "layers_0": {"feed_forward": {"wi_0": {"kernel": (4, 6)}}}}}
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(size=s), jnp.float32), shapes,
+                        is_leaf=lambda s: isinstance(s, tuple))
+  train = TrainConfig(schedule="constant", learning_rate=0.5, warmup_steps=0, optimizer="adamw",
+                      weight_decay=0.1, grad_clip_norm=0.0)
+  optimizer, _ = optim.make_optimizer(train, 4)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = optimizer.update(zeros, optimizer.init(params), params)
+  decayed = {"embedding": True, "relative_attention_bias": False, "scale": False, "wi_0": True}
+  for (path, p), u in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                          jax.tree.leaves(updates), strict=True):
+    name = next(key.key for key in path if key.key in decayed)
+    want = -0.5 * 0.1 * np.asarray(p, np.float64) if decayed[name] else np.zeros(p.shape)
+    np.testing.assert_allclose(np.asarray(u), want, rtol=1e-6, atol=0, err_msg=name)

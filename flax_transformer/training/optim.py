@@ -68,7 +68,9 @@ def make_optimizer(train: Any, d_model: int) -> tuple[optax.GradientTransformati
     d_model: the model's D, used by the `rsqrt` schedule.
 
   Returns:
-    (optimizer, schedule). AdamW decays only matrices (ndim >= 2), never biases or LayerNorm.
+    (optimizer, schedule). AdamW decays only matrices (ndim >= 2), never biases, LayerNorm or
+    T5's relative-position tables (`relative_attention_bias`, [buckets, N]: biases, which
+    Hugging Face's Trainer does not decay either).
   """
   schedule = make_schedule(
       train.schedule, learning_rate=train.learning_rate, warmup_steps=train.warmup_steps,
@@ -86,4 +88,7 @@ def make_optimizer(train: Any, d_model: int) -> tuple[optax.GradientTransformati
 
 
 def _matrices(params: Any) -> Any:
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """True at each parameter weight decay applies to (make_optimizer's rule)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: p.ndim >= 2 and not any(
+          getattr(key, "key", None) == "relative_attention_bias" for key in path), params)
