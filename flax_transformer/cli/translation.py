@@ -151,7 +151,13 @@ def kept_by_bulk_job(args: argparse.Namespace) -> str:
 
 
 def add_commands(commands) -> None:
-  """The parsers of translate, score and evaluate."""
+  """The parsers of translate, score and evaluate, in the order `--help` lists them."""
+  for add in (_add_translate, _add_score, _add_evaluate):
+    add(commands)
+
+
+def _add_translate(commands) -> None:
+  """`translate`: a file or stdin translated line by line, a file job in resumable chunks."""
   translate = add_command(
       commands, "translate", "Translate a file (or stdin) line by line; a file job resumes.",
       "Translates a UTF-8 file (or standard input), one sentence a line, into one translation a "
@@ -176,6 +182,9 @@ def add_commands(commands) -> None:
   arguments.add_bulk_arguments(translate)
   translate.set_defaults(run=run_translate, kept=kept_by_bulk_job)
 
+
+def _add_score(commands) -> None:
+  """`score`: each line pair's log p(target | source), or its MetricX-24 score."""
   score = add_command(
       commands, "score", "Write log p(target | source), or MetricX-24, of each line pair.",
       "Scores given translations: for each line pair of --src and --tgt, the model's log "
@@ -203,6 +212,9 @@ def add_commands(commands) -> None:
   arguments.add_bulk_arguments(score)
   score.set_defaults(run=run_score, kept=kept_by_bulk_job)
 
+
+def _add_evaluate(commands) -> None:
+  """`evaluate`: --src translated and scored against --ref (BLEU, chrF)."""
   evaluate = add_command(
       commands, "evaluate", "Translate --src and score it against --ref (BLEU, chrF).",
       "Measures a checkpoint: translates --src and prints BLEU and chrF against the references "

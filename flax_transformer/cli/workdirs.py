@@ -46,7 +46,15 @@ def _nothing_written(args: argparse.Namespace) -> str:
 
 
 def add_commands(commands) -> None:
-  """The parsers of average, split, attention, curves, import-marian and export."""
+  """The parsers of average, split, attention, curves, import-hf, import-marian and export, in
+  the order `--help` lists them."""
+  for add in (_add_average, _add_split, _add_attention, _add_curves, _add_import_hf,
+              _add_import_marian, _add_export):
+    add(commands)
+
+
+def _add_average(commands) -> None:
+  """`average`: the mean of the last K checkpoints as a new checkpoint."""
   average = add_command(
       commands, "average", "Average the last K checkpoints' params.",
       "Writes the mean of the parameters of the workdir's last K checkpoints as "
@@ -58,6 +66,9 @@ def add_commands(commands) -> None:
   average.set_defaults(run=call("flax_transformer.workdir:average_checkpoints", "workdir",
                                 "last"), kept=_nothing_written)
 
+
+def _add_split(commands) -> None:
+  """`split`: one of the workdir's data splits as SPLIT.src and SPLIT.ref."""
   split = add_command(
       commands, "split", "Write a data split of the workdir as SPLIT.src and SPLIT.ref.",
       "Writes one of the workdir's data splits as two line-aligned text files, SPLIT.src and "
@@ -71,6 +82,9 @@ def add_commands(commands) -> None:
   split.set_defaults(run=call("flax_transformer.workdir:write_split", "workdir", "split",
                               "output"))
 
+
+def _add_attention(commands) -> None:
+  """`attention`: one sentence's attention maps as a PNG file."""
   attention = add_command(
       commands, "attention", "Draw attention maps for one sentence.",
       "Draws the model's attention weights for one sentence and its translation (or a target "
@@ -88,6 +102,9 @@ def add_commands(commands) -> None:
   attention.add_argument("--output", required=True, help="PNG file to write.")
   attention.set_defaults(run=run_attention)
 
+
+def _add_curves(commands) -> None:
+  """`curves`: a training run's loss, BLEU and learning rate as a PNG file."""
   curves = add_command(
       commands, "curves", "Plot loss, BLEU and learning rate vs steps.",
       "Plots a training run's curves from its workdir's logs: loss, BLEU and learning rate "
@@ -98,6 +115,9 @@ def add_commands(commands) -> None:
   curves.set_defaults(run=call("flax_transformer.visualize:plot_training_curves", "workdir",
                                "output"))
 
+
+def _add_import_hf(commands) -> None:
+  """`import-hf`: a Hugging Face translation model as a new workdir."""
   hf = add_command(
       commands, "import-hf", "Import a Hugging Face NLLB-200, M2M-100, mBART-50, Marian, T5, mT5 "
       "or MADLAD-400 model as a workdir.",
@@ -114,6 +134,9 @@ def add_commands(commands) -> None:
   hf.set_defaults(run=call("flax_transformer.interop.hf:import_hf", "source", "workdir"),
                   kept=_nothing_written)
 
+
+def _add_import_marian(commands) -> None:
+  """`import-marian`: a Hugging Face Marian (OPUS-MT) folder as a new workdir."""
   imported = add_command(
       commands, "import-marian", "Import a Hugging Face Marian (OPUS-MT) model as a workdir.",
       "Makes a workdir of a Hugging Face Marian (OPUS-MT) model folder, so that translate, "
@@ -126,6 +149,9 @@ def add_commands(commands) -> None:
   imported.set_defaults(run=call("flax_transformer.interop.marian:import_marian", "model_dir",
                                  "workdir"), kept=_nothing_written)
 
+
+def _add_export(commands) -> None:
+  """`export`: a checkpoint as another engine's model folder."""
   export = add_command(
       commands, "export", "Export a checkpoint to CTranslate2, Marian or Hugging Face.",
       "Writes a checkpoint as a model folder of another engine: CTranslate2 (optionally "

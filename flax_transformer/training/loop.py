@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -97,23 +97,17 @@ def run(
         jax.block_until_ready(pending[-STEPS_IN_FLIGHT - 1][1])
       bar.update(step)
       stop = watcher.should_stop(step)
-      log = step % settings.log_every_steps == 0 or step == total
-      save = step % settings.save_every_steps == 0 or step == total or stop
-      evaluate_now = evaluate is not None and settings.eval_every_steps > 0 and (
-          step % settings.eval_every_steps == 0)
-      if not (log or save or evaluate_now):
+      due = _due(step, settings, stop=stop, evaluates=evaluate is not None)
+      if not any(due):
         continue
       fetched = _check_finite(pending, manager)
       pending.clear()
-      if log:
+      if due.log:
         bar.clear()
         _log_train(step, fetched, clock, settings, writer)
-      if save:
-        if check_hold is not None:
-          check_hold()
-        writer.flush()  # Every metric line up to this step is stored before its checkpoint.
-        checkpoints.save(manager, state, data_iter)
-      if evaluate_now:
+      if due.save:
+        _save(state, manager, data_iter, writer, check_hold)
+      if due.evaluate:
         bar.clear()
         evaluate(state, step)
       clock.restart(step)
@@ -123,6 +117,36 @@ def run(
   bar.clear()
   checkpoints.wait(manager)
   return state
+
+
+class _Due(NamedTuple):
+  """What a step ends with, once its metrics are fetched."""
+
+  log: bool
+  save: bool
+  evaluate: bool
+
+
+def _due(step: int, settings: LoopSettings, *, stop: bool, evaluates: bool) -> _Due:
+  """A log line and a checkpoint at their periods' multiples and at the last step, a checkpoint
+  too when a signal stops the run, an evaluation at its period's multiples (none when the
+  period is 0 or there is no `evaluate`)."""
+  last = step == settings.num_train_steps
+  return _Due(
+      log=step % settings.log_every_steps == 0 or last,
+      save=step % settings.save_every_steps == 0 or last or stop,
+      evaluate=evaluates and settings.eval_every_steps > 0
+      and step % settings.eval_every_steps == 0)
+
+
+def _save(state: TrainState, manager: ocp.CheckpointManager, data_iter: Any,
+          writer: metrics_lib.MetricWriter, check_hold: Callable[[], None] | None) -> None:
+  """Saves `state` and the data position, once the workdir's lease is checked (`check_hold`
+  raises when it was taken over) and every metric line up to this step is stored."""
+  if check_hold is not None:
+    check_hold()
+  writer.flush()
+  checkpoints.save(manager, state, data_iter)
 
 
 def _check_finite(pending: list[tuple[int, dict]], manager) -> list[dict]:
