@@ -27,9 +27,9 @@ def write_input(path: Path, count: int, seed: int = 0, empty_every: int = 11,
 def crash_after_chunks(monkeypatch, chunks: int) -> None:
   """Bulk jobs read `chunks` chunks, then raise RuntimeError("simulated kill") (a crash that is
   not an Error: the CLI prints its traceback and exits with 1); `monkeypatch.undo()` ends it."""
-  from flax_transformer.serving import bulk
+  from flax_transformer.bulk import jobs
 
-  real_read_chunks = bulk.read_chunks
+  real_read_chunks = jobs.read_chunks
 
   def crashing(*a, **k):
     for number, item in enumerate(real_read_chunks(*a, **k)):
@@ -37,7 +37,7 @@ def crash_after_chunks(monkeypatch, chunks: int) -> None:
         raise RuntimeError("simulated kill")
       yield item
 
-  monkeypatch.setattr(bulk, "read_chunks", crashing)
+  monkeypatch.setattr(jobs, "read_chunks", crashing)
 
 
 def translate_args(workdir: Path, source: Path, output: Path, *extra: str) -> list[str]:

@@ -208,14 +208,14 @@ def test_evaluate_command_scores_with_sacrebleu(trained_workdir, tmp_path, capsy
 def test_evaluates_header_names_what_shapes_the_translations(flags, named, monkeypatch, capsys):
   """evaluate's header named the checkpoint and the beam only: the same line for a plain, a
   constrained (BLEU 62.97) and a bfloat16 run. The scores are a stub's: the header is the test."""
+  from flax_transformer.bulk import commands
   from flax_transformer.scoring import score_translations
-  from flax_transformer.serving import commands
 
   def evaluate(parameters, **given):
     scores = score_translations(["a b c"], ["a b d"])
     scores.update(step=600, checkpoint=None, method="beam", beam_size=4, length_penalty=0.6,
                   length_normalization="gnmt", finish_rule="top_k", truncated=0)
-    if given["constraints"] or given["forbid"]:  # As serving.commands.evaluate adds them.
+    if given["constraints"] or given["forbid"]:  # As bulk.commands.evaluate adds them.
       scores.update(constraints=given["constraints"], forbid=given["forbid"], unmet=0,
                     constraint_order=parameters.settings.get("constraint_order", "unordered"))
     return scores
@@ -530,7 +530,7 @@ def test_a_settings_error_names_the_flag_the_user_typed(workdir, tmp_path, capsy
 def test_an_internal_bug_keeps_its_traceback(tmp_path, capsys, monkeypatch):
   """Only an `Error` is one line: anything else is a bug, shown with its traceback and how to
   report it (exit status 1)."""
-  from flax_transformer.serving import commands
+  from flax_transformer.bulk import commands
 
   def broken(*args, **kwargs):
     raise ValueError("an internal shape mismatch")
@@ -580,7 +580,7 @@ def test_every_error_class_of_the_package_is_an_error():
 def test_translate_returns_what_it_did_and_the_cli_warns_of_truncated_lines(workdir, tmp_path,
                                                                            capsys):
   """One call per command, its result a value: lines done and lines cut to max_len (48 here)."""
-  from flax_transformer.serving import commands
+  from flax_transformer.bulk import commands
 
   source = tmp_path / "in.txt"
   source.write_text("a b\n" + " ".join(["a"] * 200) + "\n")

@@ -24,9 +24,9 @@ import pytest
 from bulk_jobs import cli, translate_args, write_input
 from conftest import REPO, train_command
 
+from flax_transformer.bulk import jobs
 from flax_transformer.cli import build_parser, main, stopping
 from flax_transformer.progress import ProgressBar
-from flax_transformer.serving import bulk
 
 COMMANDS = sorted(build_parser().command_parsers)
 
@@ -344,7 +344,7 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
   error = first.communicate(timeout=300)[1]
   assert first.returncode == 0 and "Traceback" not in error, error[-3000:]
   assert error.splitlines()[-1].startswith("Translated 200 sentences in "), error[-3000:]
-  rng, partial = random.Random(0), bulk.partial_dir(str(output))
+  rng, partial = random.Random(0), jobs.partial_dir(str(output))
   stops = 0
   for moment in ("start-up", "start-up", "mid-job", "mid-job", "mid-job", "exit"):
     signum = rng.choice([signal.SIGINT, signal.SIGTERM])
@@ -385,7 +385,7 @@ def test_a_signal_at_any_moment_stops_with_one_line_and_the_same_command_resumes
       assert int(match[3]) == len(list(partial.glob("chunk_??????"))), error
       assert match[4] == str(partial)
       more = re.search(r" and ([\d,]+) more lines", last)  # Lines of unfinished chunks.
-      assert (int(more[1].replace(",", "")) if more else 0) == bulk.kept_lines(str(output))
+      assert (int(more[1].replace(",", "")) if more else 0) == jobs.kept_lines(str(output))
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.txt")]
     assert leftovers == [], leftovers  # No temporary file of the output.
   assert stops >= 4

@@ -477,8 +477,8 @@ def test_a_target_prefix_follows_the_language_token(imported, sentences):
 
 def _server(translator: Translator, service, max_wait_ms: int = 1000):
   """(a started batcher over `translator`, its app serving `service`, the batcher's reports)."""
+  from flax_transformer.server.api import make_app
   from flax_transformer.serving import Batcher
-  from flax_transformer.serving.http_api import make_app
 
   reports = []
   batcher = Batcher(translator, max_wait_ms=max_wait_ms, observe=reports.append)
@@ -490,7 +490,7 @@ def _server(translator: Translator, service, max_wait_ms: int = 1000):
 def _many_language_server(imported, **options):
   """`_server` over a Translator of no language pair: a server of every pair of the model, as
   `serve` runs one without --source_lang/--target_lang (`options`: the Service's defaults)."""
-  from flax_transformer.serving import Service
+  from flax_transformer.server import Service
 
   translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED)
   return _server(translator, Service(options.get("source"), options.get("target"),
@@ -517,7 +517,7 @@ def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, se
   if imported.family != "mbart50":
     pytest.skip("one family is enough")
   pytest.importorskip("fastapi", reason="needs the [serve] extra")
-  from flax_transformer.serving import Service
+  from flax_transformer.server import Service
 
   source, target = imported.codes[0], imported.codes[1]
   settings = dict(method="greedy", max_len_a=0.0, max_len_b=N - 1)
@@ -572,8 +572,8 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   if imported.family != "mbart50":
     pytest.skip("one family is enough")
   pytest.importorskip("fastapi", reason="needs the [serve] extra")
-  from flax_transformer.serving import Service
-  from flax_transformer.serving.http_api import make_app
+  from flax_transformer.server import Service
+  from flax_transformer.server.api import make_app
 
   source, target_a, target_b = imported.codes
   batcher, bare, _ = _many_language_server(imported)
@@ -621,7 +621,7 @@ def test_serve_without_a_pair_serves_every_language(imported, monkeypatch, capsy
   if imported.family != "mbart50":
     pytest.skip("one family is enough")
   pytest.importorskip("fastapi", reason="needs the [serve] extra")
-  from flax_transformer.serving import http_server
+  from flax_transformer.server import lifecycle
 
   served = []
 
@@ -630,7 +630,7 @@ def test_serve_without_a_pair_serves_every_language(imported, monkeypatch, capsy
     announce("http://127.0.0.1:1")
     return True
 
-  monkeypatch.setattr(http_server, "serve", serve)
+  monkeypatch.setattr(lifecycle, "serve", serve)
   for flags, defaults in (([], (None, None)), (["--target_lang", imported.codes[2]],
                                                 (None, imported.codes[2]))):
     assert cli_main(["serve", "--workdir", str(imported.workdir), *flags]) == 0

@@ -17,7 +17,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 
 # Each room (a subpackage or a top-level module) and the rooms it imports, no more and no fewer.
-# Lower rooms never name higher ones: cli -> planning -> training -> serving / interop ->
+# Lower rooms never name higher ones: cli -> planning -> training -> server / bulk -> serving /
+# interop ->
 # decoding + workdir -> data -> config -> model -> files, validation, runtime -> errors,
 # conventions.
 ALLOWED = {
@@ -36,13 +37,17 @@ ALLOWED = {
     "decoding": {"exports", "conventions", "model", "runtime"},
     "workdir": {"errors", "model", "data", "config", "files", "runtime"},
     "visualize": {"errors", "workdir", "data", "model", "files", "runtime"},
-    "serving": {"exports", "conventions", "errors", "decoding", "workdir", "model", "data",
-                "config", "files", "progress", "runtime", "scoring"},
+    "serving": {"exports", "errors", "decoding", "workdir", "model", "data", "config", "files",
+                "progress", "runtime"},
+    "bulk": {"exports", "conventions", "errors", "serving", "workdir", "model", "data", "config",
+             "files", "progress", "runtime", "scoring"},
+    "server": {"exports", "conventions", "errors", "serving", "data", "files"},
     "interop": {"exports", "errors", "workdir", "model", "data", "config", "validation", "files"},
     "training": {"exports", "conventions", "errors", "serving", "workdir", "model", "data",
                  "config", "validation", "files", "progress", "scoring", "runtime"},
     "planning": {"errors", "training", "serving", "decoding", "model", "config", "runtime"},
-    "cli": {"errors", "serving", "interop", "planning", "workdir", "visualize", "scoring",
+    "cli": {"errors", "serving", "bulk", "server",
+            "interop", "planning", "workdir", "visualize", "scoring",
             "config", "experiment_flags", "runtime", "data"},
     "__init__": {"exports", "errors", "config", "model", "decoding", "serving", "runtime",
                  "conventions", "data", "files", "interop", "scoring", "training", "workdir",
@@ -253,8 +258,8 @@ def test_the_serving_path_loads_neither_tfds_nor_grain():
   """translate, evaluate and a Translator need the tokenizer, not the data pipeline (TFDS and
   grain, about 0.2 s of every CLI call's start)."""
   code = ("import sys\n"
-          "import flax_transformer.workdir, flax_transformer.serving.commands\n"
-          "import flax_transformer.serving.bulk, flax_transformer.serving.translator\n"
+          "import flax_transformer.workdir, flax_transformer.bulk.commands\n"
+          "import flax_transformer.bulk.jobs, flax_transformer.serving.translator\n"
           "print(sorted(m for m in ('tensorflow_datasets', 'grain') if m in sys.modules))\n")
   assert _run_python(code).strip() == "[]"
 

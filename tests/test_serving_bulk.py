@@ -35,12 +35,12 @@ from serving_fixtures import copy_translator, sentences
 
 from flax_transformer import ModelConfig, files, progress
 from flax_transformer import workdir as workdir_lib
+from flax_transformer.bulk import jobs
+from flax_transformer.bulk.chunk_tasks import TranslationTask
 from flax_transformer.cli import main
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.progress import ProgressBar
-from flax_transformer.serving import bulk
 from flax_transformer.serving.batching import group_steps, plan_batches
-from flax_transformer.serving.chunk_tasks import TranslationTask
 
 import numpy_reference as ref
 
@@ -73,9 +73,9 @@ def test_streaming_readers_agree_with_read_lines(tmp_path):
   lines = files.read_lines(str(tmp_path / "a.txt"))
   assert lines == ["first", "", "second line", "no newline at the end"]
   assert files.count_lines(str(tmp_path / "a.txt")) == 4
-  assert list(bulk.record_chunks([str(tmp_path / "a.txt")], 3)) == [
+  assert list(jobs.record_chunks([str(tmp_path / "a.txt")], 3)) == [
       [("first",), ("",), ("second line",)], [("no newline at the end",)]]
-  assert [c for _, c in bulk.read_chunks([str(tmp_path / "a.txt")], 2, [1])] == [
+  assert [c for _, c in jobs.read_chunks([str(tmp_path / "a.txt")], 2, [1])] == [
       [("second line",), ("no newline at the end",)]]
   (tmp_path / "bad.txt").write_bytes(b"ok\n" * 5000 + b"bad \xff\n")
   with pytest.raises(ValueError, match=r"bad\.txt:5001: invalid UTF-8"):
@@ -141,14 +141,14 @@ def test_a_stream_summary_leaves_out_the_time_spent_waiting_for_input(tmp_path, 
     def __call__(self, first_line, records, advance):
       now[0] += 0.25  # The search.
       advance(len(records), 3)
-      return bulk.ChunkOutput(texts=("".join(r[0].upper() + "\n" for r in records),))
+      return jobs.ChunkOutput(texts=("".join(r[0].upper() + "\n" for r in records),))
 
-  bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"), from_stdin=True)
+  jobs.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"), from_stdin=True)
   assert (tmp_path / "out.txt").read_text() == "A HOUSE\nA DOG\n"
   summary = capsys.readouterr().err.strip().splitlines()[-1]
   assert summary == "Translated 2 sentences in 0.5 s (4.0 sentences/s, 12 target tokens/s)."
   # Reading a file is the job's own time: a slow read (here 60 s a chunk) counts.
-  bulk.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"))
+  jobs.run_stream_job(typed(), Upper(), str(tmp_path / "out.txt"))
   summary = capsys.readouterr().err.strip().splitlines()[-1]
   # Under one a second, a rate says how long each takes (not "0.0 sentences/s").
   assert summary == "Translated 2 sentences in 120.5 s (60.2 s/sentence, 20.1 s/target token)."
@@ -169,8 +169,8 @@ class CountingTask(TranslationTask):
     return super().finished(first_line, records, progress, skip)
 
 
-def plan(source: Path, output: Path, chunk_lines: int = 50, **settings) -> bulk.FileJob:
-  return bulk.plan_file_job([str(source)], str(output), chunk_lines=chunk_lines, job={
+def plan(source: Path, output: Path, chunk_lines: int = 50, **settings) -> jobs.FileJob:
+  return jobs.plan_file_job([str(source)], str(output), chunk_lines=chunk_lines, job={
       "command": "translate", "checkpoint": {"step": 1}, "settings": settings})
 
 
@@ -181,13 +181,13 @@ def test_a_crashed_job_resumes_with_only_the_missing_chunks(tokenizer, tmp_path,
   expected = "".join(line + "\n" for line in translator.translate(lines))
   crashing = CountingTask(translator, crash_after=2)
   with pytest.raises(RuntimeError, match="simulated crash"):
-    bulk.run_file_job(plan(source, output), crashing, params_sha256="p")
-  partial = bulk.partial_dir(str(output))
+    jobs.run_file_job(plan(source, output), crashing, params_sha256="p")
+  partial = jobs.partial_dir(str(output))
   assert sorted(p.name for p in partial.iterdir()) == [
       "chunk_000000", "chunk_000001", "manifest.json"]
   assert not output.exists()
   resumed = CountingTask(translator)
-  result = bulk.run_file_job(plan(source, output), resumed, params_sha256="p")
+  result = jobs.run_file_job(plan(source, output), resumed, params_sha256="p")
   assert (result.complete, result.lines, result.truncated) == (True, 130, 0)
   assert resumed.chunks == [100, 150, 200]  # Only chunks 2, 3 and 4 were translated.
   assert output.read_text() == expected
@@ -204,7 +204,7 @@ def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkey
   monkeypatch.setattr(files.AtomicWriter, "write", lambda self, data: written.append(
       data) if len(written) < 1 else (_ for _ in ()).throw(RuntimeError("killed mid-merge")))
   with pytest.raises(RuntimeError, match="killed mid-merge"):
-    bulk.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
+    jobs.run_file_job(plan(source, output), CountingTask(translator), params_sha256="p")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz.partial"]
   (tmp_path / ".out.txt.gz.x1y2.tmp").write_text("what a kill -9 mid-merge leaves\n")
   monkeypatch.undo()
@@ -212,11 +212,11 @@ def test_a_kill_while_merging_is_finished_by_a_rerun(tokenizer, tmp_path, monkey
       RuntimeError("killed while removing")))
   rerun = CountingTask(translator)
   with pytest.raises(RuntimeError, match="killed while removing"):
-    bulk.run_file_job(plan(source, output), rerun, params_sha256="p")
+    jobs.run_file_job(plan(source, output), rerun, params_sha256="p")
   assert rerun.chunks == []  # Every chunk was done: nothing translated again.
   assert files.read_lines(str(output)) == expected.splitlines()
   monkeypatch.undo()
-  assert bulk.run_file_job(plan(source, output), CountingTask(translator),
+  assert jobs.run_file_job(plan(source, output), CountingTask(translator),
                            params_sha256="p").complete
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt.gz"]
   assert files.read_lines(str(output)) == expected.splitlines()
@@ -231,7 +231,7 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
   assert main(args) == 1  # Not an Error: the CLI shows its traceback and exits with 1.
   assert "RuntimeError: simulated kill" in capsys.readouterr().err
   monkeypatch.undo()
-  assert (bulk.partial_dir(str(output)) / "chunk_000000").exists()
+  assert (jobs.partial_dir(str(output)) / "chunk_000000").exists()
   capsys.readouterr()
   assert main(args[:-2] + ["--method", "beam"]) == 2
   error = capsys.readouterr().err
@@ -243,7 +243,7 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
   error = capsys.readouterr().err
   assert "inputs.0.size" in error and "lines: 40 in the partial run, 41 now" in error
   source.write_text(source.read_text().rsplit("one more line\n", 1)[0])
-  os.utime(source, ns=(json.loads((bulk.partial_dir(str(output)) / "manifest.json").read_text())[
+  os.utime(source, ns=(json.loads((jobs.partial_dir(str(output)) / "manifest.json").read_text())[
       "inputs"][0]["mtime_ns"],) * 2)
   assert main(args) == 0 and len(files.read_lines(str(output))) == 40
   assert "Translated 30 sentences in" in capsys.readouterr().err  # Chunk 0 was kept.
@@ -290,7 +290,7 @@ def test_a_resumed_job_keeps_the_checkpoint_it_started_with(workdir, tmp_path, m
   crash_after_chunks(monkeypatch, 2)
   assert main(args(again)) == 1
   monkeypatch.undo()
-  assert bulk.previous_step(str(again)) == 2
+  assert jobs.previous_step(str(again)) == 2
   shutil.rmtree(own / workdir_lib.CHECKPOINT_DIR / "2")
   workdir_lib.save_params(own, 2, _other_params(params, seed=12))
   before = listing(tmp_path)
@@ -363,7 +363,7 @@ def test_two_processes_share_a_gs_job_and_the_last_merges_under_the_lease(
   assert [f"(process {i} of 2)" in error for i, error in enumerate(errors)] == [True, True]
   assert sum(f"Wrote {output}" in error for error in errors) <= 1
   assert output.read_bytes() == reference.read_bytes()
-  assert not list(bulk.partial_dir(str(output)).glob("*"))
+  assert not list(jobs.partial_dir(str(output)).glob("*"))
 
 
 KILLED_JOB_LINES, KILLED_JOB_CHUNK_LINES = 500, 20
@@ -397,7 +397,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir,
   lines, chunk_lines = KILLED_JOB_LINES, KILLED_JOB_CHUNK_LINES
   num_chunks, flags = lines // chunk_lines, KILLED_JOB_FLAGS
   write_input(source, lines, seed=5)
-  partial, rng = bulk.partial_dir(str(output)), random.Random(0)
+  partial, rng = jobs.partial_dir(str(output)), random.Random(0)
   before: dict[str, tuple[int, int]] = {}
   for target in sorted(rng.sample(range(1, num_chunks - 1), 3)):  # [2, 13, 14], then 0.08-0.15 s.
     run = cli(*translate_args(workdir, source, output, *flags), stderr=subprocess.DEVNULL)
@@ -415,7 +415,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir,
     assert all(chunks[name] == stamp for name, stamp in before.items())
     assert len(chunks) >= target
     before = chunks
-  kept = bulk.kept_lines(str(output))  # Lines of the chunks in flight, kept as they finished.
+  kept = jobs.kept_lines(str(output))  # Lines of the chunks in flight, kept as they finished.
   run = cli(*translate_args(workdir, source, output, *flags), stderr=subprocess.PIPE)
   log = run.communicate(timeout=300)[1]
   assert run.returncode == 0, log[-3000:]

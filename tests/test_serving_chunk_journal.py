@@ -1,4 +1,4 @@
-"""A bulk job's lines kept as they finish (`serving.chunk_journal`), where the engine's slots
+"""A bulk job's lines kept as they finish (`bulk.chunk_journal`), where the engine's slots
 make each line's output independent of the others: a stop or a kill -9 loses seconds of work,
 not the chunk in flight, and the rerun's output is byte-identical to an uninterrupted run's.
 
@@ -17,8 +17,8 @@ import pytest
 from bulk_jobs import cli, translate_args, write_input
 
 from flax_transformer import Translator
-from flax_transformer.serving import bulk, chunk_journal
-from flax_transformer.serving.chunk_tasks import TranslationTask
+from flax_transformer.bulk import chunk_journal, jobs
+from flax_transformer.bulk.chunk_tasks import TranslationTask
 
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's) and kill -9.
 
@@ -73,25 +73,25 @@ def test_ctrl_c_keeps_the_finished_lines_and_the_rerun_searches_only_the_rest(
   translator = Translator.from_workdir(trained_workdir, engine=engine, batch_tokens=64)
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   lines = write_input(source, 120, seed=3)
-  job = lambda: bulk.plan_file_job([str(source)], str(output), chunk_lines=100, job={
+  job = lambda: jobs.plan_file_job([str(source)], str(output), chunk_lines=100, job={
       "command": "translate", "checkpoint": {"step": 400}, "settings": {"engine": engine}})
   with pytest.raises(KeyboardInterrupt):
-    bulk.run_file_job(job(), StoppingTask(translator, stop_after=40), params_sha256="p")
-  kept = bulk.kept_lines(str(output))
+    jobs.run_file_job(job(), StoppingTask(translator, stop_after=40), params_sha256="p")
+  kept = jobs.kept_lines(str(output))
   assert 40 <= kept < 100  # Chunk 0's lines done before the stop, though the chunk is not.
-  assert bulk.kept_chunks(str(output)) == (0, 2)
-  journal = chunk_journal.ChunkJournal(bulk.partial_dir(str(output)) / "chunk_000000", 100, 1)
+  assert jobs.kept_chunks(str(output)) == (0, 2)
+  journal = chunk_journal.ChunkJournal(jobs.partial_dir(str(output)) / "chunk_000000", 100, 1)
   kept_texts = journal.load()
   translations = translator.translate(lines[:100]) + translator.translate(lines[100:])
   assert {line: texts[0] for line, texts in kept_texts.items()} == {
       line: translations[line] + "\n" for line in kept_texts}
 
   resumed = StoppingTask(translator)
-  result = bulk.run_file_job(job(), resumed, params_sha256="p")
+  result = jobs.run_file_job(job(), resumed, params_sha256="p")
   assert result.lines == 120 - kept
   assert 120 - kept <= resumed.searched < 120
   assert output.read_text() == "".join(text + "\n" for text in translations)
-  assert not bulk.partial_dir(str(output)).exists()
+  assert not jobs.partial_dir(str(output)).exists()
   assert f"Translated {120 - kept} sentences in" in capfd.readouterr().err
 
 
@@ -106,7 +106,7 @@ def test_kill_9_mid_chunk_loses_seconds_and_the_rerun_gives_the_same_bytes(workd
   source, output = tmp_path / "in.txt", tmp_path / "out.txt"
   lines = write_input(source, KILLED_LINES, seed=8)
   flags = ("--chunk_lines", str(KILLED_LINES), "--batch_tokens", "128")
-  partial = bulk.partial_dir(str(output))
+  partial = jobs.partial_dir(str(output))
   run = cli(*translate_args(workdir, source, output, *flags), devices=1,
             stderr=subprocess.DEVNULL)
   deadline = time.monotonic() + 240
@@ -116,7 +116,7 @@ def test_kill_9_mid_chunk_loses_seconds_and_the_rerun_gives_the_same_bytes(workd
   run.send_signal(signal.SIGKILL)
   run.wait()
   assert run.returncode == -signal.SIGKILL, "the job ended before the kill"
-  kept = bulk.kept_lines(str(output))
+  kept = jobs.kept_lines(str(output))
   assert 0 < kept < KILLED_LINES
   run = cli(*translate_args(workdir, source, output, *flags), devices=1,
             stderr=subprocess.PIPE)

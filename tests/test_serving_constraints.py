@@ -218,7 +218,7 @@ def test_an_all_empty_constraints_file_gives_the_same_bytes(workdir, tmp_path):
 
 def test_bad_phrase_files_are_one_line_before_anything_is_restored(
     workdir, tmp_path, capsys, monkeypatch):
-  from flax_transformer.serving import commands
+  from flax_transformer.bulk import commands
 
   monkeypatch.setattr(commands, "translator", lambda *a, **k: pytest.fail("restored"))
   source = tmp_path / "in.txt"

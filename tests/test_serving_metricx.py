@@ -1,4 +1,4 @@
-"""MetricX-24 scores (`serving.metricx`, `flax-transformer score --metric metricx`) against
+"""MetricX-24 scores (`bulk.metricx`, `flax-transformer score --metric metricx`) against
 google-research/metricx's rule computed in PyTorch on the same weights.
 
 The model is tests/hf_fixture.py's random mT5 (D 32, 2+2 layers, 4 heads of H 12, gated-GELU,
@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from flax_transformer import Translator
+from flax_transformer.bulk import commands, metricx
 from flax_transformer.cli import main as cli_main
 from flax_transformer.interop import hf as hf_import
-from flax_transformer.serving import commands, metricx
 
 import marian_fixture
 

@@ -14,10 +14,10 @@ from bulk_jobs import crash_after_chunks, translate_args, write_input
 from conftest import storage_folder
 
 from flax_transformer import Translator
+from flax_transformer.bulk import jobs
 from flax_transformer.cli import main
 from flax_transformer.data import alignments
 from flax_transformer.data.tokenizer import EOS_ID
-from flax_transformer.serving import bulk
 
 import numpy_reference as ref
 
@@ -134,7 +134,7 @@ def test_bulk_job_with_prefix_and_alignments_resumes_to_the_same_bytes(
   assert main(args(out, align)) == 1  # Not an Error: its traceback, exit status 1.
   assert "RuntimeError: simulated kill" in capsys.readouterr().err
   monkeypatch.undo()
-  partial = bulk.partial_dir(str(out))
+  partial = jobs.partial_dir(str(out))
   assert {"chunk_000000", "chunk_000000.1", "chunk_000001", "chunk_000001.1"} <= {
       p.name for p in partial.iterdir()}
   capsys.readouterr()

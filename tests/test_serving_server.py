@@ -1,4 +1,4 @@
-"""The HTTP server in process (`serving.batcher`, `serving.http_api`), on conftest's trained
+"""The HTTP server in process (`serving.batcher`, `server.api`), on conftest's trained
 workdir, through httpx's ASGI transport (no socket): every answer against `Translator`'s own for
 the same lines and settings, LibreTranslate's shapes, and each fault answered in one line.
 
@@ -22,9 +22,10 @@ import pytest
 from serving_fixtures import serving_workdir
 
 from flax_transformer.data import synthetic
-from flax_transformer.serving import Batcher, Job, Service, Translator
+from flax_transformer.server import Service
+from flax_transformer.server.api import make_app
+from flax_transformer.serving import Batcher, Job, Translator
 from flax_transformer.serving.batcher import WARM_KINDS, Sentence
-from flax_transformer.serving.http_api import make_app
 
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from flax_transformer.serving import Batcher, Service, Translator, http_server
-from flax_transformer.serving.http_api import make_app
+from flax_transformer.server import Service, lifecycle
+from flax_transformer.server.api import make_app
+from flax_transformer.serving import Batcher, Translator
 
 pytestmark = pytest.mark.slow  # Starts a browser; a trained workdir.
 
@@ -29,7 +30,7 @@ def _running(translator: Translator, service: Service) -> Iterator[str]:
   uvicorn = pytest.importorskip("uvicorn")
   batcher = Batcher(translator)
   batcher.start()
-  sock = http_server.listen("127.0.0.1", 0)
+  sock = lifecycle.listen("127.0.0.1", 0)
   server = uvicorn.Server(uvicorn.Config(make_app(batcher, service), log_level="warning",
                                          lifespan="off"))
   thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -109,7 +109,7 @@ def test_a_prefix_or_constraint_outside_the_shortlist_is_one_line(tokenizer, tmp
 
 def test_bad_shortlist_files_are_one_line_before_anything_is_restored(
     workdir, tmp_path, capsys, monkeypatch):
-  from flax_transformer.serving import commands
+  from flax_transformer.bulk import commands
 
   monkeypatch.setattr(commands, "translator", lambda *a, **k: pytest.fail("restored"))
   source = tmp_path / "in.txt"
@@ -189,8 +189,9 @@ def test_the_server_serves_with_its_shortlist(workdir, tmp_path):
 
   import httpx
 
-  from flax_transformer.serving import Batcher, Service
-  from flax_transformer.serving.http_api import make_app
+  from flax_transformer.server import Service
+  from flax_transformer.server.api import make_app
+  from flax_transformer.serving import Batcher
 
   path = tmp_path / "kept.txt"
   path.write_text(KEPT_TEXT)

@@ -1,6 +1,6 @@
 """Throughput of a bulk translate job on 1 device and on 8 (fake) devices, compile time apart.
 
-Runs the job the CLI runs (`bulk.plan_file_job` + `bulk.run_file_job` with a `TranslationTask`,
+Runs the job the CLI runs (`jobs.plan_file_job` + `jobs.run_file_job` with a `TranslationTask`,
 the Translator on a mesh over the local devices) in a subprocess per device count, with
 `--xla_force_host_platform_device_count=N`. Every search shape is compiled ahead of its first
 call (`jit.lower(...).compile()`, timed apart), so `run_s` excludes compilation. One JSON line
@@ -73,7 +73,7 @@ def timed_compiles(translator):
 
 def counting_task(translator):
   """A TranslationTask that also counts the target tokens it produced."""
-  from flax_transformer.serving.chunk_tasks import TranslationTask
+  from flax_transformer.bulk.chunk_tasks import TranslationTask
 
   class CountingTask(TranslationTask):
     tokens = 0
@@ -91,8 +91,8 @@ def child(args: argparse.Namespace) -> None:
   """One measurement in this process (its device count set by the parent)."""
   import jax
 
+  from flax_transformer.bulk import jobs
   from flax_transformer.runtime.sharding import local_mesh
-  from flax_transformer.serving import bulk
   from flax_transformer.serving.translator import Translator
 
   settings = {k: json.loads(v) if v[:1].isdigit() else v
@@ -102,12 +102,12 @@ def child(args: argparse.Namespace) -> None:
   source = Path(args.input)
   output = Path(args.tmp) / f"{source.name}.{jax.local_device_count()}dev.out"
   output.unlink(missing_ok=True)
-  shutil.rmtree(bulk.partial_dir(str(output)), ignore_errors=True)  # Start afresh.
-  job = bulk.plan_file_job([str(source)], str(output), chunk_lines=args.chunk_lines,
+  shutil.rmtree(jobs.partial_dir(str(output)), ignore_errors=True)  # Start afresh.
+  job = jobs.plan_file_job([str(source)], str(output), chunk_lines=args.chunk_lines,
                            job={"command": "translate", "checkpoint": {}, "settings": settings})
   task = counting_task(translator)
   start = time.perf_counter()
-  bulk.run_file_job(job, task, params_sha256="bench")
+  jobs.run_file_job(job, task, params_sha256="bench")
   wall = time.perf_counter() - start
   run_s = wall - totals["compile_s"]
   print(json.dumps({

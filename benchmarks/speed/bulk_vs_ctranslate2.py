@@ -1,6 +1,6 @@
 """Bulk translation of whole files, ours against CTranslate2 on the same weights and file.
 
-Ours: the job the CLI's `translate` runs (`bulk.plan_file_job` + `bulk.run_file_job` with a
+Ours: the job the CLI's `translate` runs (`jobs.plan_file_job` + `jobs.run_file_job` with a
 `TranslationTask` over a `Translator` of the workdir), every search shape compiled ahead of its
 first call and timed apart (`bulk_throughput.timed_compiles`), so run_s excludes compilation.
 `--dtype bfloat16` serves the float32 checkpoint with bfloat16 compute (the model config's dtype
@@ -40,7 +40,7 @@ def ours(args: argparse.Namespace, source: Path, tmp: Path) -> tuple[dict, list[
   """Our bulk job on `source`: its record and output lines."""
   import jax
 
-  from flax_transformer.serving import bulk
+  from flax_transformer.bulk import jobs
   from flax_transformer.serving.translator import Translator
 
   settings = dict(beam_size=args.beam_size, length_penalty=args.length_penalty,
@@ -53,12 +53,12 @@ def ours(args: argparse.Namespace, source: Path, tmp: Path) -> tuple[dict, list[
   translator, totals = timed_compiles(translator)
   output = tmp / f"{source.name}.ours"
   output.unlink(missing_ok=True)
-  shutil.rmtree(bulk.partial_dir(str(output)), ignore_errors=True)
-  job = bulk.plan_file_job([str(source)], str(output), chunk_lines=10**6,
+  shutil.rmtree(jobs.partial_dir(str(output)), ignore_errors=True)
+  job = jobs.plan_file_job([str(source)], str(output), chunk_lines=10**6,
                            job={"command": "translate", "checkpoint": {}, "settings": settings})
   task = counting_task(translator)
   start = time.perf_counter()
-  bulk.run_file_job(job, task, params_sha256="bench")
+  jobs.run_file_job(job, task, params_sha256="bench")
   run_s = time.perf_counter() - start - totals["compile_s"]
   record = dict(decoder="ours", dtype=args.dtype, backend=jax.default_backend(),
                 device=jax.devices()[0].device_kind, compile_s=round(totals["compile_s"], 1),

@@ -148,7 +148,7 @@ def anchor_server(args: argparse.Namespace) -> None:
   import fastapi
   import uvicorn
 
-  from flax_transformer.serving import http_server
+  from flax_transformer.server import lifecycle
   from flax_transformer.workdir import open_workdir
 
   opened = open_workdir(args.workdir)
@@ -167,7 +167,7 @@ def anchor_server(args: argparse.Namespace) -> None:
     return {"translatedText": tokenizer.detokenize([piece_ids[p]
                                                     for p in result.hypotheses[0]])}
 
-  sock = http_server.listen("127.0.0.1", 0)
+  sock = lifecycle.listen("127.0.0.1", 0)
   server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
 
   async def announce() -> None:

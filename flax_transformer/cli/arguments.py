@@ -148,7 +148,7 @@ def add_phrase_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
   """--chunk_lines and the flags that share a file job between processes (section "jobs")."""
-  from flax_transformer.serving.bulk import DEFAULT_CHUNK_LINES
+  from flax_transformer.bulk.jobs import DEFAULT_CHUNK_LINES
 
   jobs = section(parser, "jobs")
   jobs.add_argument(
@@ -160,9 +160,9 @@ def add_bulk_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parameters(args: argparse.Namespace):
-  """`serving.commands.Parameters` of the flags: workdir, step or checkpoints, settings."""
+  """`serving.restore.Parameters` of the flags: workdir, step or checkpoints, settings."""
   from flax_transformer.config import TranslateConfig
-  from flax_transformer.serving.commands import Parameters
+  from flax_transformer.serving.restore import Parameters
 
   names = [field.name for field, _ in TranslateConfig.setting_fields()]
   return Parameters(args.workdir, args.step, tuple(args.checkpoint or ()), {

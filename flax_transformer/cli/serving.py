@@ -1,5 +1,5 @@
 """`serve`: translations over HTTP (LibreTranslate's API and our own), its parser and what it
-runs (`serving.http_server`). It needs the [serve] extra (FastAPI, uvicorn, prometheus-client);
+runs (`server.lifecycle`). It needs the [serve] extra (FastAPI, uvicorn, prometheus-client);
 without it the command says how to install it, in one line."""
 
 from __future__ import annotations
@@ -46,18 +46,19 @@ def run_serve(args: argparse.Namespace) -> int:
   if not 0 < args.drain_seconds < math.inf:
     raise InputError(f"--drain_seconds must be a number of seconds > 0, got "
                      f"{args.drain_seconds}.")
-  from flax_transformer.serving import Service, commands, http_server
+  from flax_transformer.server import Service, lifecycle
+  from flax_transformer.serving import restore
 
-  keys = http_server.read_api_keys(args.api_keys) if args.api_keys else frozenset()
+  keys = lifecycle.read_api_keys(args.api_keys) if args.api_keys else frozenset()
 
   checkpoints = list(args.checkpoint or ())
   if len(checkpoints) == 1 and checkpoints[0].isdigit() and args.step is None:
     args.step, checkpoints = int(checkpoints[0]), []  # --checkpoint N: the step N.
   parameters = arguments.parameters(args)
-  opened, settings, checkpoint = commands.open_job(parameters.workdir, parameters.step,
+  opened, settings, checkpoint = restore.open_job(parameters.workdir, parameters.step,
                                                    tuple(checkpoints), **parameters.settings)
-  checkpoint = commands.restore_point(opened, checkpoint)
-  translator = commands.translator(opened, settings, checkpoint)
+  checkpoint = restore.restore_point(opened, checkpoint)
+  translator = restore.translator(opened, settings, checkpoint)
   data = opened.config.get("data", {})
   languages = tuple(translator.languages)
   if languages:  # Every pair; --source_lang/--target_lang: the defaults (of "auto", ...).
@@ -68,7 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
   service = Service(source_lang=source, target_lang=target, api_keys=keys,
                     max_body_bytes=args.max_body_bytes, step=translator.step,
                     languages=languages)
-  options = http_server.ServerOptions(
+  options = lifecycle.ServerOptions(
       host=args.host, port=args.port, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
       max_beam_size=args.max_beam_size, max_programs=args.max_programs,
       batching_mode=args.batching, drain_seconds=args.drain_seconds,
@@ -79,7 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
           f"{service.describe()}, {settings.precision}, "
           f"{args.batching} batching); SIGTERM or Ctrl-C drains and stops.", flush=True)
 
-  if not http_server.serve(translator, options, service, announce=announce,
+  if not lifecycle.serve(translator, options, service, announce=announce,
                            progress=sys.stderr.isatty()):
     print("flax-transformer serve: stopped during its warm-up.", file=sys.stderr, flush=True)
     log_output.exit_now(0)  # The worker thread may be compiling; nothing of it is kept.

@@ -1,5 +1,5 @@
 """`translate`, `score` and `evaluate`: each command's parser, what it runs
-(`serving.commands`), and what it says when a signal stops it."""
+(`bulk.commands`), and what it says when a signal stops it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from flax_transformer.errors import InputError
 def run_translate(args: argparse.Namespace) -> int:
   """`translate`: a file or stdin to one translation (or --nbest) per line: a resumable file
   job, or a stream."""
-  from flax_transformer.serving import commands
+  from flax_transformer.bulk import commands
 
   result = commands.translate(
       arguments.parameters(args), input=args.input, output=args.output,
@@ -33,7 +33,7 @@ def run_translate(args: argparse.Namespace) -> int:
 def run_score(args: argparse.Namespace) -> int:
   """`score`: log p(target | source) of each line pair of --src and --tgt (or with --metric
   metricx, MetricX-24's score of each translation)."""
-  from flax_transformer.serving import commands
+  from flax_transformer.bulk import commands
 
   if args.metric == "metricx":
     return run_metricx(args)
@@ -50,8 +50,8 @@ def run_score(args: argparse.Namespace) -> int:
 
 def run_metricx(args: argparse.Namespace) -> int:
   """`score --metric metricx`: MetricX-24's score of each line of --tgt for its --src (and
-  --ref) line, with a MetricX workdir (`serving.metricx`)."""
-  from flax_transformer.serving import commands, metricx
+  --ref) line, with a MetricX workdir (`bulk.metricx`)."""
+  from flax_transformer.bulk import commands, metricx
 
   if args.normalize:
     raise InputError("--normalize divides a log-probability by its tokens; --metric metricx "
@@ -70,8 +70,8 @@ def run_metricx(args: argparse.Namespace) -> int:
 
 def run_evaluate(args: argparse.Namespace) -> int:
   """`evaluate`: BLEU and chrF of a checkpoint's translations against references."""
+  from flax_transformer.bulk import commands
   from flax_transformer.scoring import summary
-  from flax_transformer.serving import commands
 
   scores = commands.evaluate(arguments.parameters(args), src=args.src, ref=args.ref,
                              output=args.output, warmup=args.warmup,
@@ -133,21 +133,21 @@ def kept_by_bulk_job(args: argparse.Namespace) -> str:
   if "-" in inputs or args.output == "-":
     printed = "; the lines printed are whole" if args.output == "-" else ""
     return f"; a stream (input or output '-') cannot resume: rerun it{printed}"
-  from flax_transformer.serving import bulk
+  from flax_transformer.bulk import jobs
 
   if os.path.exists(args.output) and os.path.getmtime(args.output) >= args.started:
     return f" after writing {args.output}"
   try:
-    kept = bulk.kept_chunks(args.output)
-  except bulk.ResumeError:
+    kept = jobs.kept_chunks(args.output)
+  except jobs.ResumeError:
     kept = None
   if kept is None:
     return " before any chunk was done; nothing was written"
   done, total = kept
-  lines = bulk.kept_lines(args.output)  # Lines of unfinished chunks (the engine's slots).
+  lines = jobs.kept_lines(args.output)  # Lines of unfinished chunks (the engine's slots).
   within = f" and {lines:,} more lines" if lines else ""
   return (f" after {done} of {total} chunk{'' if total == 1 else 's'}{within} (kept in "
-          f"{bulk.partial_dir(args.output)}); the same command resumes")
+          f"{jobs.partial_dir(args.output)}); the same command resumes")
 
 
 def add_commands(commands) -> None:

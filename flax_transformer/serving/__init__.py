@@ -1,41 +1,41 @@
 """Serving a trained workdir: `translator` (the immutable Translator: tokenize, bucket, search,
-detokenize, input order), `batching` (length buckets and device batches), `bulk` (files of any
-size in chunks, several processes, resuming), `chunk_tasks` (what a bulk job does with a
-chunk), `phrases` (terminology constraints and forbidden phrases as users give them),
-`shortlist` (a target-language vocabulary shortlist, read from a text file), `texts` (text as
-callers give it, checked: a list of strings, each valid Unicode), `metricx` (MetricX-24 scores
-of translations with an imported MetricX checkpoint), and the
-HTTP server: `batcher` (concurrent requests merged into the Translator's batches, one worker
-thread), `http_api` (the FastAPI app: LibreTranslate's endpoints and /v1), `http_metrics`
-(Prometheus), `http_page` (the web page) and `http_server` (uvicorn, signals, the ready line;
-these need the [serve] extra). Nothing here imports `flax_transformer.training` or grain."""
+detokenize, input order), `engine` (slot tables refilled as sentences finish), `batching`
+(length buckets and device batches), `programs` (search programs kept in the persistent
+compilation cache), `batcher` (the HTTP server's concurrent requests searched together, one
+worker thread), `restore` (a command's workdir, settings and parameters, chosen once),
+`phrases` (terminology constraints and forbidden phrases as users give them), `shortlist` (a
+target-language vocabulary shortlist, read from a text file) and `texts` (text as callers give
+it, checked: a list of strings, each valid Unicode). Files of any size are `flax_transformer.bulk`'s
+jobs, the HTTP server is `flax_transformer.server`. Nothing here imports
+`flax_transformer.training` or grain."""
 
 from flax_transformer.exports import lazy_exports
 
 _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "BatchFailed": "batcher:BatchFailed",
+    "BatchReport": "batcher:BatchReport",
     "Batcher": "batcher:Batcher",
-    "DEFAULT_CHUNK_LINES": "bulk:DEFAULT_CHUNK_LINES",
+    "COLD": "batcher:COLD",
+    "Checkpoint": "restore:Checkpoint",
+    "Closed": "batcher:Closed",
     "Job": "batcher:Job",
-    "JobResult": "bulk:JobResult",
-    "Parameters": "commands:Parameters",
-    "ServerOptions": "http_server:ServerOptions",
-    "Service": "http_api:Service",
+    "Parameters": "restore:Parameters",
+    "QueueFull": "batcher:QueueFull",
+    "Sentence": "batcher:Sentence",
+    "TooLarge": "batcher:TooLarge",
     "Translator": "translator:Translator",
     "WARM_KINDS": "batcher:WARM_KINDS",
     "batcher": "batcher",
     "batching": "batching",
-    "bulk": "bulk",
-    "chunk_tasks": "chunk_tasks",
-    "commands": "commands",
-    "http_api": "http_api",
-    "http_metrics": "http_metrics",
-    "http_page": "http_page",
-    "http_server": "http_server",
-    "metricx": "metricx",
+    "decode_length": "translator:decode_length",
+    "engine": "engine",
+    "open_job": "restore:open_job",
     "phrases": "phrases",
     "programs": "programs",
-    "serve": "http_server:serve",
+    "restore": "restore",
+    "restore_point": "restore:restore_point",
     "shortlist": "shortlist",
+    "source_ids": "translator:source_ids",
     "texts": "texts",
     "translate_lines": "translator:translate_lines",
     "translator": "translator",

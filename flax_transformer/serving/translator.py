@@ -20,7 +20,7 @@ encoded once per batch, searched with the cached beam search (or greedy decoding
 one device batch per device of the mesh's 'data' axis; a device batch's shape never depends on
 the number of devices, so the output does not either. Sampling draws each sentence's noise from
 `fold_in(key(seed), line index)`, so a sample does not depend on the batching either. Bulk jobs
-(files of any size, several processes, resuming) are `flax_transformer.serving.bulk`.
+(files of any size, several processes, resuming) are `flax_transformer.bulk.jobs`.
 
 A many-language model (NLLB-200, M2M-100, mBART-50: `data.multilingual_tokenizer`) takes
 `source_lang` and `target_lang` settings: the source language token starts every source, and the

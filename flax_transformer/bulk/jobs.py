@@ -15,7 +15,7 @@ searched over the local devices), and its output is written when it is done, bes
                       with extra outputs (translate --alignments), chunk_000000.1 ... hold
                       theirs, written before the main one, whose presence marks the chunk done.
     chunk_000000.lines_000001 ...  the unfinished chunk's lines kept as they finish
-                      (`serving.chunk_journal`), removed once the chunk's file is written.
+                      (`bulk.chunk_journal`), removed once the chunk's file is written.
     merge.lock        locked (flock) by the process that assembles OUT.
 
 Process p of P translates the chunks i with i % P == p that have no file yet; the processes need
@@ -25,7 +25,7 @@ temporary file, renames it onto OUT, and removes OUT.partial. A kill at any mome
 included) loses at most the chunks in flight: rerunning the same command redoes only the missing
 chunks, and the output is byte-identical to an uninterrupted run (the search plan never depends
 on the device count; `flax_transformer.serving.batching`). A translation chunk's lines are also
-kept as they finish (`serving.chunk_journal`), so a kill loses seconds of work, not the chunk
+kept as they finish (`bulk.chunk_journal`), so a kill loses seconds of work, not the chunk
 in flight.
 
 Standard input cannot be resumed: `run_stream_job` translates it chunk by chunk (a chunk ends
@@ -46,11 +46,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from flax_transformer import files
+from flax_transformer.bulk.chunk_journal import ChunkJournal, Texts
 from flax_transformer.errors import Error, InputError
 from flax_transformer.files import Path, atomic_write, to_path
 from flax_transformer.progress import ProgressBar, counted
 from flax_transformer.runtime.processes import Processes
-from flax_transformer.serving.chunk_journal import ChunkJournal, Texts
 
 if TYPE_CHECKING:
   from flax_transformer.workdir import Workdir
@@ -114,7 +114,7 @@ class ChunkTask(Protocol):
   A task may also have `finished(first_line, records, progress, skip)`, which yields
   `Finished` lines as they are done, each the same bytes as its `__call__` gives, and does not
   search again the lines of the chunk in `skip`: a bulk job then keeps a chunk's lines as they
-  finish (`serving.chunk_journal`)."""
+  finish (`bulk.chunk_journal`)."""
 
   verb: str  # "Translated", "Scored": the progress summary's first word.
   line_per_record: bool  # Exactly one output line per record (checked when merging).
@@ -245,7 +245,7 @@ class FileJob:
     return self.partial / (f"chunk_{chunk:06d}" + (f".{part}" if part else ""))
 
   def journal(self, chunk: int) -> ChunkJournal:
-    """The lines of chunk `chunk` kept as they finish (`serving.chunk_journal`)."""
+    """The lines of chunk `chunk` kept as they finish (`bulk.chunk_journal`)."""
     return ChunkJournal(self.chunk_path(chunk), self.chunk_lines_of(chunk), len(self.outputs))
 
   @property
@@ -295,7 +295,7 @@ def plan_file_job(inputs: Sequence[str], output: str, *, chunk_lines: int,
 def checkpoint_identity(opened: Workdir, step: int | None, checkpoints: Sequence[str] = ()
                         ) -> dict[str, Any]:
   """The checkpoint part of a bulk job's manifest: the workdir, the step (chosen by the caller:
-  `serving.commands.restore_point`) or the checkpoint folders, SHA-256 of the vocabulary
+  `bulk.commands.restore_point`) or the checkpoint folders, SHA-256 of the vocabulary
   files, the model config. `opened`: the command's workdir, as `open_workdir` read it."""
   return {
       "workdir": str(files.absolute(opened.path)), "step": step,
@@ -306,7 +306,7 @@ def checkpoint_identity(opened: Workdir, step: int | None, checkpoints: Sequence
 
 def kept_lines(output: str) -> int:
   """Lines of unfinished chunks that the partial run of `output` kept as they finished
-  (`serving.chunk_journal`): a rerun of the same command does not search them again."""
+  (`bulk.chunk_journal`): a rerun of the same command does not search them again."""
   manifest = read_manifest(partial_dir(output))
   if manifest is None:
     return 0
@@ -383,9 +383,9 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
   if processes.barrier is None:
     complete = merge_chunks(job, task, report=report)
   else:
-    processes.barrier("flax_transformer.serving.bulk: chunks done")
+    processes.barrier("flax_transformer.bulk.jobs: chunks done")
     complete = merge_chunks(job, task, report=report) if processes.index == 0 else False
-    processes.barrier("flax_transformer.serving.bulk: merged")
+    processes.barrier("flax_transformer.bulk.jobs: merged")
     complete = complete or not job.partial.exists()
   return JobResult(complete, lines, truncated, time.perf_counter() - start, unmet)
 
@@ -393,7 +393,7 @@ def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
 def _chunk_output(task: ChunkTask, first_line: int, records: Sequence[tuple[str, ...]],
                   progress: Progress, journal: ChunkJournal | None, outputs: int
                   ) -> ChunkOutput:
-  """The task's output for a chunk. With a `journal` (`serving.chunk_journal`), the lines it
+  """The task's output for a chunk. With a `journal` (`bulk.chunk_journal`), the lines it
   kept are not searched again, and lines are kept as they finish, written when due and when
   the run stops."""
   if journal is None:
@@ -425,7 +425,7 @@ def _report_start(job: FileJob, processes: Processes, mine: int, todo: list[int]
   """One line on stderr when this run resumes or has several chunks to do: what it does (not a
   log message: the CLI's log level may hide those, and this line tells a resumed job's state).
   A one-chunk job prints only the summary. `kept`: lines of the chunks to do that earlier runs
-  kept (`serving.chunk_journal`)."""
+  kept (`bulk.chunk_journal`)."""
   share = "" if processes.count == 1 else f" (process {processes.index} of {processes.count})"
   done = mine - len(todo)
   if done or kept:

@@ -1,5 +1,5 @@
 """What a bulk job does with one chunk of input lines: translate it (best or n-best) or score
-it, with a `Translator`, and format its output lines. `flax_transformer.serving.bulk` runs these
+it, with a `Translator`, and format its output lines. `flax_transformer.bulk.jobs` runs these
 over files and streams; they are plain callables, so a test can swap in its own.
 """
 
@@ -10,12 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer.bulk.chunk_journal import Texts
+from flax_transformer.bulk.jobs import ChunkOutput, Finished, Progress, assemble
 from flax_transformer.data.alignments import format_alignment
 from flax_transformer.files import as_line
-from flax_transformer.serving.batching import in_input_order
-from flax_transformer.serving.bulk import ChunkOutput, Finished, Progress, assemble
-from flax_transformer.serving.chunk_journal import Texts
-from flax_transformer.serving.phrases import parse_line
+from flax_transformer.serving import batching, phrases
 from flax_transformer.serving.translator import Translator
 
 # The inputs a translation record may have after its source line, in this order.
@@ -73,7 +72,7 @@ class TranslationTask:
     lines = [record[0] for record in records]
     prefixes = self._column("target_prefix", records)
     constraints, forbid = (
-        None if column is None else [parse_line(text, f"{name}, line {first_line + i + 1}")
+        None if column is None else [phrases.parse_line(text, f"{name}, line {first_line + i + 1}")
                                      for i, text in enumerate(column)]
         for name, column in (("constraints", self._column("constraints", records)),
                              ("forbid", self._column("forbid", records))))
@@ -132,5 +131,5 @@ class ScoringTask:
         progress(len(batch.indices), int(batch.target_tokens.sum()))
         yield batch.indices, batch.log_probs / (batch.target_tokens if self.normalize else 1)
 
-    values = [float(value) for value in in_input_order(len(records), batches(), 0.0)]
+    values = [float(value) for value in batching.in_input_order(len(records), batches(), 0.0)]
     return ChunkOutput(("".join(format_score(value) + "\n" for value in values),), truncated)

@@ -6,8 +6,8 @@ are resolved there), chooses the parameters in one place (`restore_point`), rest
 and runs:
 
 * `translate`, `score`, `score_metricx` (`score --metric metricx`): a resumable file job
-  (`bulk.plan_file_job` + `bulk.run_file_job`, with the parameters' fingerprint in its
-  manifest), or a stream when an input or the output is '-'; they return a `bulk.JobResult`
+  (`jobs.plan_file_job` + `jobs.run_file_job`, with the parameters' fingerprint in its
+  manifest), or a stream when an input or the output is '-'; they return a `jobs.JobResult`
   (lines, truncated lines, seconds, whether the output is whole);
 * `evaluate`: translations of a source file scored against line-aligned references (the files
   are read and checked before the workdir is opened); it returns the scores.
@@ -24,23 +24,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flax_transformer import files
+from flax_transformer.bulk import jobs
 from flax_transformer.config import TranslateConfig
 from flax_transformer.errors import InputError
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import processes
 from flax_transformer.scoring import score_translations
-from flax_transformer.serving import bulk, shortlist
+from flax_transformer.serving.restore import (
+  Checkpoint,
+  Parameters,
+  open_job,
+  restore_point,
+  translator,
+)
 from flax_transformer.workdir import Workdir
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-  """Which parameters a command restores: a step (None: the latest, or for a resumed file job
-  the step it started with), or checkpoint folders (WORKDIR/checkpoints/<step>,
-  WORKDIR/averaged/<name>): one, or several for an ensemble."""
-
-  step: int | None = None
-  paths: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,74 +50,11 @@ class Sharing:
   process_id: int | None = None
 
 
-def open_job(workdir: str | None, step: int | None = None, checkpoints: Sequence[str] = (),
-             **settings: Any) -> tuple[Workdir, TranslateConfig, Checkpoint]:
-  """(the command's workdir, opened once: `workdir`, else the first checkpoint folder's; its
-  settings: config.search with `settings` applied; the checkpoint(s) to restore): bad settings
-  and a bad workdir fail here, before anything is restored."""
-  from flax_transformer.workdir import checkpoint_workdir, open_workdir
-
-  checkpoints = tuple(checkpoints or ())
-  if not workdir and not checkpoints:
-    raise InputError("Give --workdir (its latest checkpoint, or --step) or --checkpoint.")
-  if step is not None and checkpoints:
-    raise InputError("--step and --checkpoint exclude each other: a checkpoint folder names "
-                     "its step (WORKDIR/checkpoints/<step>).")
-  opened = open_workdir(workdir or checkpoint_workdir(checkpoints[0]))
-  translate_settings = opened.translate_config(**settings)
-  if translate_settings.vocab_shortlist:  # A bad file: one line before the params load.
-    shortlist.kept_ids(translate_settings.vocab_shortlist, opened.tokenizer,
-                       opened.model_config.decoder_start_id)
-  return opened, translate_settings, Checkpoint(step, checkpoints)
-
-
-def restore_point(opened: Workdir, checkpoint: Checkpoint, output: str | None = None
-                  ) -> Checkpoint:
-  """The one place where a command's parameters are chosen: checkpoint folders as given (each
-  names its step); else the step asked for; else, for a file job resumed into `output`, the
-  step its first run restored if that is still saved (so a resumed job does not switch
-  parameters when training saved a newer one meanwhile); else the latest saved step."""
-  if checkpoint.paths or checkpoint.step is not None:
-    return checkpoint
-  from flax_transformer.workdir import saved_steps
-
-  saved = saved_steps(opened.path)
-  previous = bulk.previous_step(output) if output else None
-  return Checkpoint(previous if previous in saved else max(saved, default=None))
-
-
-def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
-               warmup: bool = False) -> Any:
-  """The command's `Translator` of `checkpoint` (chosen by `restore_point`) over this
-  process's devices; `warmup`: its searches compiled first (`Translator.compile`, a progress
-  bar)."""
-  from flax_transformer.runtime import sharding
-  from flax_transformer.serving.translator import Translator
-
-  restored = Translator.restore(opened, settings, checkpoint.step,
-                                checkpoint=checkpoint.paths or None,
-                                mesh=sharding.local_mesh())
-  if warmup:
-    restored.compile()
-  return restored
-
-
-@dataclasses.dataclass(frozen=True)
-class Parameters:
-  """Which workdir and parameters a command uses, and its search settings (`TranslateConfig`
-  fields, e.g. {"beam_size": 5}; the workdir's config.search gives the rest)."""
-
-  workdir: str | None = None
-  step: int | None = None
-  checkpoints: tuple[str, ...] = ()
-  settings: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
 def translate(parameters: Parameters, *, input: str, output: str,
               target_prefix: str | None = None, constraints: str | None = None,
               forbid: str | None = None, alignments: str | None = None,
-              nbest: int | None = None, chunk_lines: int = bulk.DEFAULT_CHUNK_LINES,
-              sharing: Sharing = Sharing(), warmup: bool = False) -> bulk.JobResult:
+              nbest: int | None = None, chunk_lines: int = jobs.DEFAULT_CHUNK_LINES,
+              sharing: Sharing = Sharing(), warmup: bool = False) -> jobs.JobResult:
   """`flax-transformer translate`: `input` (one sentence a line; '-' for stdin) into `output`
   (one translation a line, or `nbest` Moses n-best entries; '-' for stdout), each line forced
   to start with its line of `target_prefix`, to contain the phrases of its line of
@@ -128,12 +62,12 @@ def translate(parameters: Parameters, *, input: str, output: str,
   word alignment written line by line to `alignments`. A resumable file job (every input is
   part of its identity), or a stream when a path is '-'. Bad outputs, settings and files, and
   bad phrases, fail before anything is restored."""
-  from flax_transformer.serving import chunk_tasks
+  from flax_transformer.bulk import chunk_tasks
 
   extra = [alignments] if alignments else []
   for path in (output, *extra):
     files.check_writable(path)
-  bulk.check_chunk_lines(chunk_lines)  # A stream has no chunks, but the flag is still wrong.
+  jobs.check_chunk_lines(chunk_lines)  # A stream has no chunks, but the flag is still wrong.
   check_inputs(input, target_prefix, constraints, forbid)
   files.check_distinct_outputs(
       {"--input": input, "--target_prefix": target_prefix, "--constraints": constraints,
@@ -157,14 +91,14 @@ def translate(parameters: Parameters, *, input: str, output: str,
 
 
 def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize: bool = False,
-          chunk_lines: int = bulk.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing(),
-          warmup: bool = False) -> bulk.JobResult:
+          chunk_lines: int = jobs.DEFAULT_CHUNK_LINES, sharing: Sharing = Sharing(),
+          warmup: bool = False) -> jobs.JobResult:
   """`flax-transformer score`: log p(target | source) of each line pair of `src` and `tgt`
   into `output` (`normalize`: per target token), as `translate` runs its job."""
-  from flax_transformer.serving import chunk_tasks
+  from flax_transformer.bulk import chunk_tasks
 
   files.check_writable(output)
-  bulk.check_chunk_lines(chunk_lines)
+  jobs.check_chunk_lines(chunk_lines)
   check_inputs(src, tgt)
   files.check_distinct_outputs({"--src": src, "--tgt": tgt}, {"--output": output})
   opened, settings, checkpoint = open_job(parameters.workdir, parameters.step,
@@ -178,15 +112,15 @@ def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize:
 
 
 def score_metricx(parameters: Parameters, *, src: str, tgt: str, ref: str | None = None,
-                  output: str, chunk_lines: int = bulk.DEFAULT_CHUNK_LINES,
-                  sharing: Sharing = Sharing()) -> bulk.JobResult:
+                  output: str, chunk_lines: int = jobs.DEFAULT_CHUNK_LINES,
+                  sharing: Sharing = Sharing()) -> jobs.JobResult:
   """`flax-transformer score --metric metricx`: MetricX-24's score of each translation of `tgt`
   for its line of `src` (and of `ref`; reference-free without it) into `output`, one a line,
-  with a MetricX workdir (`serving.metricx`), as `score` runs its job."""
-  from flax_transformer.serving import metricx
+  with a MetricX workdir (`bulk.metricx`), as `score` runs its job."""
+  from flax_transformer.bulk import metricx
 
   files.check_writable(output)
-  bulk.check_chunk_lines(chunk_lines)
+  jobs.check_chunk_lines(chunk_lines)
   check_inputs(src, tgt, ref)
   files.check_distinct_outputs({"--src": src, "--tgt": tgt, "--ref": ref}, {"--output": output})
   if len(parameters.checkpoints) > 1:
@@ -217,8 +151,8 @@ def check_inputs(*paths: str | None) -> None:
 
 def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint, *,
               command: str, inputs: Sequence[str], output: str, extra_outputs: Sequence[str],
-              make_task: Callable[[Any], bulk.ChunkTask], job_settings: dict[str, Any],
-              chunk_lines: int, sharing: Sharing, warmup: bool) -> bulk.JobResult:
+              make_task: Callable[[Any], jobs.ChunkTask], job_settings: dict[str, Any],
+              chunk_lines: int, sharing: Sharing, warmup: bool) -> jobs.JobResult:
   """The job of `translate` or `score`: a resumable file job (its manifest keeps `command`,
   the checkpoint's identity and `job_settings`, everything that changes the output), or a
   stream when an input or an output is '-'."""
@@ -233,20 +167,20 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
       files.check_line_aligned({path: files.count_lines(path) for path in inputs})
     from_stdin = list(inputs) == ["-"]
     chunks = (files.prompt_chunks("-", chunk_lines) if from_stdin
-              else bulk.record_chunks(inputs, chunk_lines))
+              else jobs.record_chunks(inputs, chunk_lines))
     if from_stdin:
       chunks = ([(line,) for line in lines] for lines in chunks)
     task = _warm(make_task(translator(opened, settings, restore_point(opened, checkpoint))),
                  warmup)
-    return bulk.run_stream_job(chunks, task, output, extra_outputs, from_stdin=from_stdin)
+    return jobs.run_stream_job(chunks, task, output, extra_outputs, from_stdin=from_stdin)
   mine = processes.join(sharing.coordinator_address, sharing.num_processes, sharing.process_id)
-  checkpoint = restore_point(opened, checkpoint, output)
-  job = bulk.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
+  checkpoint = restore_point(opened, checkpoint, jobs.previous_step(output))
+  job = jobs.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
       "command": command, "settings": job_settings,
-      "checkpoint": bulk.checkpoint_identity(opened, checkpoint.step, checkpoint.paths)},
+      "checkpoint": jobs.checkpoint_identity(opened, checkpoint.step, checkpoint.paths)},
       extra_outputs=extra_outputs)
   task = _warm(make_task(restored := translator(opened, settings, checkpoint)), warmup)
-  return bulk.run_file_job(job, task, params_sha256=bulk.params_fingerprint(restored.params),
+  return jobs.run_file_job(job, task, params_sha256=jobs.params_fingerprint(restored.params),
                            processes=mine)
 
 
@@ -290,7 +224,7 @@ def check_phrase_files(opened: Workdir, settings: TranslateConfig, input: str, *
                             where=f"{constraints}, line", word_continues=word_continues)
 
 
-def _warm(task: bulk.ChunkTask, warmup: bool) -> bulk.ChunkTask:
+def _warm(task: jobs.ChunkTask, warmup: bool) -> jobs.ChunkTask:
   """`task`, its translator's searches compiled first when `warmup` (with the task's own
   options: a target prefix, alignments)."""
   if warmup:
@@ -384,7 +318,5 @@ def check_nbest(nbest: int | None, settings: TranslateConfig) -> None:
                      f"{search.beam_size}).")
 
 
-__all__ = ["Checkpoint", "EvaluationInputs", "Parameters", "Sharing", "check_nbest",
-           "check_phrase_files", "evaluate",
-           "open_job", "read_evaluation", "restore_point", "score", "score_metricx", "translate",
-           "translator"]
+__all__ = ["EvaluationInputs", "Sharing", "check_nbest", "check_phrase_files", "evaluate",
+           "read_evaluation", "score", "score_metricx", "translate"]

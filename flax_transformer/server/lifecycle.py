@@ -1,4 +1,4 @@
-"""`flax-transformer serve`: the app (`serving.http_api`) under uvicorn, over one batcher.
+"""`flax-transformer serve`: the app (`server.api`) under uvicorn, over one batcher.
 
     serve(translator, ServerOptions(port=5000, warmup=True), Service("en", "de"))
 
@@ -28,9 +28,9 @@ import uvicorn
 
 from flax_transformer import files
 from flax_transformer.errors import InputError
+from flax_transformer.server.api import Service, make_app
+from flax_transformer.server.metrics import Metrics
 from flax_transformer.serving.batcher import Batcher
-from flax_transformer.serving.http_api import Service, make_app
-from flax_transformer.serving.http_metrics import Metrics
 from flax_transformer.serving.translator import Translator
 
 _log = logging.getLogger(__name__)

@@ -39,14 +39,14 @@ import numpy as np
 from jax.sharding import Mesh
 
 from flax_transformer import files
+from flax_transformer.bulk.chunk_tasks import format_score
+from flax_transformer.bulk.jobs import ChunkOutput, Progress
 from flax_transformer.conventions import EOS_ID, PAD_ID
 from flax_transformer.errors import InputError
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.runtime import sharding
-from flax_transformer.serving.batching import fill_rows, group_steps, in_input_order, plan_batches
-from flax_transformer.serving.bulk import ChunkOutput, Progress
-from flax_transformer.serving.chunk_tasks import format_score
+from flax_transformer.serving import batching
 from flax_transformer.serving.translator import Translator
 
 SCORE_TOKEN = "<extra_id_10>"  # The piece whose logit is the score (250089 in mT5's vocabulary).
@@ -143,14 +143,14 @@ def iter_scores(translator: Translator, texts: Sequence[str], *, score_id: int,
     raise InputError("MetricX scores with one checkpoint, not an ensemble: give one "
                      "--checkpoint (or --step).")
   ids, cut = input_ids(translator.tokenizer, texts, max_tokens)
-  batches = plan_batches([len(row) for row in ids], translator.settings.batch_tokens,
+  batches = batching.plan_batches([len(row) for row in ids], translator.settings.batch_tokens,
                          max_tokens)
   program = _program(translator.model_config, translator.mesh, score_id)
   pending = None
-  for step in [*group_steps(batches, translator.num_devices), None]:
+  for step in [*batching.group_steps(batches, translator.num_devices), None]:
     if step is not None:
       outputs = program(translator.params, _place(translator.mesh,
-                                                  fill_rows(step, ids, step.length)))
+                                                  batching.fill_rows(step, ids, step.length)))
     if pending is not None:
       done, values = pending[0], np.asarray(jax.device_get(pending[1]))
       yield Scores(done.indices, values[done.row_positions()],
@@ -180,8 +180,8 @@ def scores(translator: Translator, sources: Sequence[str], candidates: Sequence[
            for i, (s, c) in enumerate(zip(sources, candidates, strict=True))]
   steps = iter_scores(translator, texts, score_id=score_id(translator.tokenizer),
                       max_tokens=max_tokens)
-  return [float(v) for v in in_input_order(len(texts), ((s.indices, s.scores) for s in steps),
-                                           0.0)]
+  ordered = batching.in_input_order(len(texts), ((s.indices, s.scores) for s in steps), 0.0)
+  return [float(v) for v in ordered]
 
 
 class MetricxTask:
@@ -209,7 +209,7 @@ class MetricxTask:
         progress(len(step.indices), step.tokens)
         yield step.indices, step.scores
 
-    values = in_input_order(len(records), steps(), 0.0)
+    values = batching.in_input_order(len(records), steps(), 0.0)
     return ChunkOutput(("".join(format_score(float(v)) + "\n" for v in values),), truncated)
 
 

@@ -43,6 +43,8 @@ from starlette.exceptions import HTTPException
 from flax_transformer.conventions import MAX_LENGTH_PENALTY
 from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.errors import Error, InputError
+from flax_transformer.server.metrics import Metrics
+from flax_transformer.server.page import render_page
 from flax_transformer.serving import texts as serving_texts
 from flax_transformer.serving.batcher import (
   COLD,
@@ -54,8 +56,6 @@ from flax_transformer.serving.batcher import (
   Sentence,
   TooLarge,
 )
-from flax_transformer.serving.http_metrics import Metrics
-from flax_transformer.serving.http_page import render_page
 
 # English names of common codes for /languages (LibreTranslate answers English names).
 LANGUAGE_NAMES = {
