@@ -57,8 +57,8 @@ ALLOWED = {
 # any step function (the bridge, decoding/bridge.py, is where the model plugs in).
 MODULE_LIMITS = {
     f"decoding.{name}": {"model", "data", "config"}
-    for name in ("search", "beam", "beam_state", "constrained_beam", "sampling", "constraints",
-                 "loop", "topk")
+    for name in ("search", "beam", "plain_beam", "beam_state", "constrained_beam", "sampling",
+                 "constraints", "loop", "topk")
 }
 
 

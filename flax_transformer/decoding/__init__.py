@@ -1,10 +1,11 @@
 """Decoding: the search contract (`search`: `SearchProblem`, `Ranking`), the searches over any
-step function and its explicit state (`beam`, `constrained_beam`, `sampling`; no model imports),
-the beam state and step pieces they share (`beam_state`), the loop machinery (`loop`), the
-blocked top-k (`topk`), terminology constraints and forbidden phrases as data (`constraints`),
-the searches as machines of a slot table (`slots`, the engine's), and the Transformer as a
-search problem (`bridge`). Arrows point down: bridge -> model and the searches; slots -> beam,
-sampling; beam -> constrained_beam -> beam_state -> search, constraints, loop, topk."""
+step function and its explicit state (`beam`, the entry to `plain_beam` and `constrained_beam`;
+`sampling`; no model imports), the beam state and step pieces they share (`beam_state`), the
+loop machinery (`loop`), the blocked top-k (`topk`), terminology constraints and forbidden
+phrases as data (`constraints`), the searches as machines of a slot table (`slots`, the
+engine's), and the Transformer as a search problem (`bridge`). Arrows point down: bridge ->
+model and the searches; slots -> beam, sampling; beam -> constrained_beam -> plain_beam ->
+beam_state -> search, constraints, loop, topk."""
 
 from flax_transformer.exports import lazy_exports
 
@@ -20,6 +21,7 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "constraints": "constraints",
     "greedy_search": "sampling:greedy_search",
     "loop": "loop",
+    "plain_beam": "plain_beam",
     "prepare_search": "bridge:prepare_search",
     "sample": "sampling:sample",
     "sampling": "sampling",

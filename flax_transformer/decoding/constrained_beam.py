@@ -19,40 +19,33 @@ Two rules make its answer one a translator can trust:
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from flax_transformer.conventions import PAD_ID
 from flax_transformer.decoding import constraints as constraints_lib
-from flax_transformer.decoding import loop
+from flax_transformer.decoding import plain_beam
 from flax_transformer.decoding.beam_state import (
   NEG_INF,
   BeamState,
   Finished,
   StepContext,
   advanced,
-  beam_rows,
   best_possible,
   demote_second_eos,
   finish,
-  initial_beam_state,
   ranked_hypotheses,
   scored_step,
 )
 from flax_transformer.decoding.loop import LoopOptions
-from flax_transformer.decoding.search import Ranking, SearchProblem, check_step_fn
+from flax_transformer.decoding.search import Ranking, SearchProblem
 
 Array = jax.Array
-# (problem without constraints) -> plain beam search's (sequences [B, K, L], scores [B, K]).
-PlainSearch = Callable[[SearchProblem], tuple[Array, Array]]
 
 
 def search(problem: SearchProblem, *, beam_size: int, ranking: Ranking,
-           loop_options: LoopOptions, plain: PlainSearch) -> tuple[Array, Array]:
+           loop_options: LoopOptions) -> tuple[Array, Array]:
   """Beam search whose hypotheses hold every phrase of `problem.constraints` (module
   docstring): (sequences int32 [B, K, L], scores float32 [B, K]), those that hold every phrase
   first (finished, or cut at L), then by score; the length cap's, which may miss some, after.
@@ -64,29 +57,18 @@ def search(problem: SearchProblem, *, beam_size: int, ranking: Ranking,
         f"{beam_size}.")
   phrases = problem.phrases("constraints")
   ordered, continues = problem.ordered_constraints, problem.word_continues
-  plain_seqs, plain_scores = plain(problem.replace(constraints=None))  # [B, K, L], [B, K]
+  plain_seqs, plain_scores = plain_beam.search(  # [B, K, L], [B, K]
+      problem.replace(constraints=None), beam_size, ranking, loop_options)
   plain_holds = (constraints_lib.holds_every_phrase(plain_seqs, phrases, ordered, continues)
                  & (plain_scores > NEG_INF))  # [B, K]
   settled = plain_holds[:, 0]  # [B]: the plain best already holds every phrase.
 
-  steps = loop.resolved_steps("beam_search", loop_options.steps_per_iteration, beam=True)
-  capacities, initial_state = loop.capacities(problem.max_decode_len, problem.resize_state,
-                                              loop_options.segment_length, steps,
-                                              problem.initial_state)
-  expand, reorder = beam_rows(problem)
-  state = initial_beam_state(expand(initial_state, beam_size), problem.batch_size, beam_size,
-                             problem.max_decode_len, problem.bos_id)
-  state = state.replace(
+  start = lambda state: state.replace(
       done=settled,
       constraint_met=jnp.zeros((problem.batch_size, beam_size, phrases.shape[1]), bool),
       finished_met=jnp.zeros((problem.batch_size, beam_size), bool))
-  check_step_fn(problem.step_fn(), state.last_ids.reshape(-1, 1), state.alive_state,
-                problem.eos_id)
-  step = functools.partial(_constrained_step, StepContext.of(problem, reorder, ranking),
-                           phrases, ordered)
-  grow = lambda s, capacity: s.replace(
-      alive_state=loop.resized(problem.resize_state, s.alive_state, capacity))
-  final = loop.segmented_loop(capacities, grow, lambda s: ~jnp.all(s.done), step, steps, state)
+  step = lambda context, state: _constrained_step(context, phrases, ordered, state)
+  final = plain_beam.run(problem, beam_size, ranking, loop_options, step, start)
   sequences, scores = ranked_hypotheses(final, ranking, _alive_holds(final, phrases, ordered,
                                                                      continues))
   kept_seqs, kept_scores = _holding_first(plain_seqs, plain_scores, plain_holds)
@@ -236,4 +218,4 @@ def _take_rounds(order: Array, sums: Array, eos_ok: Array
   return first, eos_order, finishes, alive_log_probs, pick
 
 
-__all__ = ["PlainSearch", "search"]
+__all__ = ["search"]
