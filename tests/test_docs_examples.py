@@ -52,6 +52,22 @@ def test_the_pages_have_the_examples_this_file_runs():
   assert all(WORKDIR in block for path in PAGES for block in _blocks(path, "python"))
 
 
+# Words a reader cannot place: they have no sessions, and no ../shared folder beside the repository.
+NOT_FOR_READERS = re.compile(r"\bsessions?\b|\.\./shared/data", re.I)
+
+
+def test_no_page_speaks_of_sessions_or_of_a_data_folder_beside_the_repository():
+  """A result names its commit, machine and date, not who ran it when ("a GPU lent for one
+  session"), and Multi30k comes from `flax-transformer data multi30k`, not ../shared/data."""
+  assert NOT_FOR_READERS.search("lent for one Session") and NOT_FOR_READERS.search(
+      "D=../shared/data/multi30k") and not NOT_FOR_READERS.search("aiohttp.ClientSession")
+  found = [f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+           for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+           for number, line in enumerate(path.read_text().splitlines(), 1)
+           if NOT_FOR_READERS.search(line)]
+  assert not found, "\n".join(found)
+
+
 @pytest.mark.slow  # Trains (conftest's trained_workdir) and compiles: the fast tier leaves it.
 def test_every_quick_start_example_runs_on_a_trained_workdir(trained_workdir, tmp_path,
                                                              monkeypatch, capsys):
