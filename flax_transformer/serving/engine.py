@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import flax.struct
@@ -64,9 +64,9 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-  """A finished request: its index in the run's requests and its K ranked hypotheses."""
+  """A finished request: the caller's key for it and its K ranked hypotheses."""
 
-  index: int
+  index: Any  # The caller's key (`Engine.add`); `run`: the request's index.
   sequences: np.ndarray  # int32 [K, L]: best first, zeros after EOS
   scores: np.ndarray  # float32 [K]: -inf where there is no hypothesis
 
@@ -317,39 +317,114 @@ class Run:
   word_continues: np.ndarray | None = None  # bool [V]
   shortlist: np.ndarray | None = None  # int32 [V']
   phrases: tuple[int, int] | None = None  # (F, P): forbidden phrases' padded shape
-  max_iterations: int = 32  # Most loop iterations per `advance` call once nothing waits.
+  # Most loop iterations per `advance` call while something else may wait (`Engine.step`).
+  max_iterations: int = 32
+
+
+class Engine:
+  """A long-lived engine for one `Run`: each lane's tier tables stay between calls, sentences
+  come at any time (`add`, with the caller's key) and `step` advances every lane with work by
+  one round, handing back what completed. The HTTP server keeps one per search spec and steps
+  it from its worker thread; `run` is a loop over one.
+
+      engine = Engine(model_config, params, spec)
+      engine.add(Request(ids), key="a")      # any time, from the thread that steps
+      while engine.busy:
+        for result in engine.step():         # Result.index is the caller's key ("a")
+          ...
+
+  A sentence's lane depends on its source length and the settings only (`lane_for`), so its
+  bytes never depend on what else is in flight nor on when it came. While anything else waits,
+  a lane's `advance` runs at most `Run.max_iterations` loop iterations (k steps each), which
+  bounds how long a newly arrived sentence of another lane waits for its admission.
+  """
+
+  def __init__(self, model_config: ModelConfig, params: Any, spec: Run):
+    self.model_config, self.params, self.spec = model_config, params, spec
+    self.lanes: dict[Lane, _LaneRun] = {}
+
+  def lane_of(self, request: Request) -> Lane:
+    """The lane `request` runs in (`lane_for` of its source and the run's settings)."""
+    return lane_for(len(request.source), self.spec.settings, self.spec.batch_tokens,
+                    self.model_config.max_len, prefixed=request.prefix is not None,
+                    phrases=self.spec.phrases if request.forbid is not None else None,
+                    sampled=self.spec.settings.method == "sample")
+
+  def add(self, request: Request, key: Any) -> Lane:
+    """Queues `request` in its lane; its `Result.index` will be `key`. Returns its lane."""
+    lane = self.lane_of(request)
+    self._lane_run(lane).queue.append((key, request))
+    return lane
+
+  @property
+  def busy(self) -> bool:
+    """Whether some sentence waits for a slot or is in one."""
+    return any(lane.busy for lane in self.lanes.values())
+
+  @property
+  def in_flight(self) -> int:
+    """Sentences queued or in a slot."""
+    return sum(lane.in_flight for lane in self.lanes.values())
+
+  def step(self, patient: bool = False) -> list[Result]:
+    """One round over the lanes with work (shortest sources first): admit queued sentences
+    into free slots, one `advance` call, the full slots moved up a tier. `patient`: a lane
+    whose sentences wait for slots runs until enough are free (no iteration bound: one lane at
+    a time, as `run` does); otherwise every call is bounded by `Run.max_iterations`. Returns
+    the results that completed, in completion order."""
+    done: list[Result] = []
+    for lane in sorted(self.lanes, key=_lane_order):
+      if self.lanes[lane].busy:
+        for results in self.lanes[lane].round(patient):
+          done.extend(results)
+    return done
+
+  def drop_idle(self) -> None:
+    """Frees the tables of the lanes with no work (a later sentence makes them again)."""
+    self.lanes = {lane: run for lane, run in self.lanes.items() if run.busy}
+
+  def warm(self, lane: Lane) -> None:
+    """Compiles `lane`'s programs (every tier's admit, advance and migrate) on empty tables:
+    no sentence of it then waits for a compile."""
+    self._lane_run(lane).warm()
+
+  def _lane_run(self, lane: Lane) -> _LaneRun:
+    if lane not in self.lanes:
+      self.lanes[lane] = _LaneRun(self.model_config, self.params, lane, self.spec)
+    return self.lanes[lane]
+
+
+def _lane_order(lane: Lane) -> tuple[int, bool, bool]:
+  return lane.length, lane.prefixed, bool(lane.phrases)
 
 
 def run(model_config: ModelConfig, params: Any, requests: Sequence[Request], spec: Run
         ) -> Iterator[list[Result]]:
-  """Translates `requests` through the lanes' slot tables, one lane at a time (shortest
-  sources first); yields the results of each `advance` call as its sentences complete."""
+  """Translates `requests` through an `Engine`, one lane at a time (shortest sources first,
+  each lane's tables freed after it); yields the results of each round as its sentences
+  complete (`Result.index`: the request's index)."""
+  engine = Engine(model_config, params, spec)
   lanes: dict[Lane, list[int]] = {}
   for index, request in enumerate(requests):
-    lane = lane_for(len(request.source), spec.settings, spec.batch_tokens,
-                    model_config.max_len, prefixed=request.prefix is not None,
-                    phrases=spec.phrases if request.forbid is not None else None,
-                    sampled=spec.settings.method == "sample")
-    lanes.setdefault(lane, []).append(index)
-  for lane in sorted(lanes, key=lambda lane: (lane.length, lane.prefixed, bool(lane.phrases))):
-    yield from _run_lane(model_config, params, requests, lanes[lane], lane, spec)
-
-
-def _run_lane(model_config: ModelConfig, params: Any, requests: Sequence[Request],
-              indices: Iterable[int], lane: Lane, spec: Run) -> Iterator[list[Result]]:
-  """One lane's requests (`indices` into `requests`) through its tiers' tables."""
-  yield from _LaneRun(model_config, params, requests, lane, spec).run(indices)
+    lanes.setdefault(engine.lane_of(request), []).append(index)
+  for lane in sorted(lanes, key=_lane_order):
+    for index in lanes[lane]:
+      engine.add(requests[index], index)
+    while engine.busy:
+      results = engine.step(patient=True)
+      if results:
+        yield results
+    engine.drop_idle()
 
 
 class _LaneRun:
-  """The host side of one lane: its tiers' tables (made when first needed), which slots are
-  live and whose sentence each holds, and the calls of the three programs."""
+  """The host side of one lane: its tiers' tables (made when first needed), its queue of
+  (key, request), which slots are live and whose sentence each holds, and the calls of the
+  three programs."""
 
-  def __init__(self, model_config: ModelConfig, params: Any, requests: Sequence[Request],
-               lane: Lane, spec: Run):
+  def __init__(self, model_config: ModelConfig, params: Any, lane: Lane, spec: Run):
     self.programs = _programs(model_config)
-    self.model, self.params, self.requests, self.spec = (Transformer(model_config), params,
-                                                         requests, spec)
+    self.model, self.params, self.spec = Transformer(model_config), params, spec
     # Tier t holds R / 2^t slots (at least batching.MIN_ROWS): fewer sentences reach it, and
     # its caches are 2^t times as long.
     self.lanes = [dataclasses.replace(lane, capacity=c,
@@ -357,27 +432,53 @@ class _LaneRun:
                                       admit_rows=min(lane.admit_rows,
                                                      max(batching.MIN_ROWS, lane.slots >> t)))
                   for t, c in enumerate(tiers(lane.decode_len))]
+    self.queue: collections.deque[tuple[Any, Request]] = collections.deque()
     self.tables: list[Slot | None] = [None] * len(self.lanes)
     self.live = [np.zeros(tier.slots, bool) for tier in self.lanes]
-    self.owner = [np.full(tier.slots, -1, np.int64) for tier in self.lanes]
+    self.owner = [np.full(tier.slots, None, object) for tier in self.lanes]  # Callers' keys.
     self.data = (None if spec.word_continues is None else jnp.asarray(spec.word_continues),
                  None if spec.shortlist is None else jnp.asarray(spec.shortlist))
     self.seed_key = jax.random.key(spec.seed)
     self.alpha = jnp.float32(spec.length_penalty)
     self.compiled: set[int] = set()
 
-  def run(self, indices: Iterable[int]) -> Iterator[list[Result]]:
-    queue = collections.deque(indices)
-    while queue or any(live.any() for live in self.live):
-      while queue and not self.live[0].all():
-        self._admit(queue)
-      if self.live[0].any():  # The first tier runs until the next admission can fill it.
-        tier = 0
-        want = min(self.lanes[0].admit_rows, len(queue)) if queue else self.lanes[0].slots
-      else:  # Nothing waits: drain the lowest tier that holds sentences.
-        tier = next(t for t, live in enumerate(self.live) if live.any())
-        want = self.lanes[tier].slots
-      yield from self._advance(tier, want, bounded=not queue)
+  @property
+  def busy(self) -> bool:
+    return bool(self.queue) or any(live.any() for live in self.live)
+
+  @property
+  def in_flight(self) -> int:
+    return len(self.queue) + sum(int(live.sum()) for live in self.live)
+
+  def round(self, patient: bool) -> Iterator[list[Result]]:
+    """Admits what fits, then one `advance` call (module docstring) and its migrations."""
+    queue = self.queue
+    while queue and not self.live[0].all():
+      self._admit(queue)
+    if self.live[0].any():  # The first tier runs until the next admission can fill it.
+      tier = 0
+      want = min(self.lanes[0].admit_rows, len(queue)) if queue else self.lanes[0].slots
+    else:  # Nothing waits: drain the lowest tier that holds sentences.
+      tier = next(t for t, live in enumerate(self.live) if live.any())
+      want = self.lanes[tier].slots
+    yield from self._advance(tier, want, bounded=not (patient and queue))
+
+  def warm(self) -> None:
+    """Every tier's programs called on its empty table (no live slot: nothing is searched)."""
+    for tier, lane in enumerate(self.lanes):
+      nothing = np.zeros(0, np.int64)
+      if tier == 0:
+        self.tables[0] = self.programs[0](
+            self.params, self._table(0), *_admission([], [], nothing, lane), self.seed_key,
+            *self.data, lane=lane, how=self.spec.how)
+      else:
+        padded = np.zeros(lane.admit_rows, np.int32)
+        self.tables[tier] = self.programs[2](
+            self._table(tier - 1), self._table(tier), padded, padded + lane.slots,
+            lane=lane, how=self.spec.how)
+      for _ in self._advance(tier, lane.slots):
+        pass
+    jax.block_until_ready(self.tables)
 
   def _table(self, tier: int) -> Slot:
     if self.tables[tier] is None:
@@ -390,10 +491,12 @@ class _LaneRun:
     free = np.flatnonzero(~live)[:min(lane.admit_rows, len(queue))]
     taken = [queue.popleft() for _ in free]
     self.tables[0] = self.programs[0](
-        self.params, self._table(0), *_admission(self.requests, taken, free, lane),
+        self.params, self._table(0),
+        *_admission([request for _, request in taken], range(len(taken)), free, lane),
         self.seed_key, *self.data, lane=lane, how=self.spec.how)
-    live[free], self.owner[0][free] = True, taken
-
+    live[free] = True
+    for slot, (key, _) in zip(free, taken, strict=True):
+      self.owner[0][slot] = key
   def _advance(self, tier: int, want: int, bounded: bool = False) -> Iterator[list[Result]]:
     """One `advance` call on `tier`; yields what completed, then moves its full slots up."""
     lane, live = self.lanes[tier], self.live[tier]
@@ -417,7 +520,7 @@ class _LaneRun:
     done = np.flatnonzero(live & complete)
     if done.size:
       sequences, scores = np.asarray(sequences), np.asarray(scores)
-      yield [Result(int(self.owner[tier][i]), sequences[i], scores[i]) for i in done]
+      yield [Result(self.owner[tier][i], sequences[i], scores[i]) for i in done]
       live[done] = False
     moving = np.flatnonzero(live & full)
     if moving.size:
@@ -467,5 +570,6 @@ def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarr
   return targets, inputs, prefix, forbid, lines
 
 
-__all__ = ["ADMIT_ROWS", "MAX_SLOTS", "Lane", "Request", "Result", "Run", "Search", "Slot",
-           "admit", "advance", "empty_table", "lane_for", "migrate", "new_slots", "run", "tiers"]
+__all__ = ["ADMIT_ROWS", "MAX_SLOTS", "Engine", "Lane", "Request", "Result", "Run", "Search",
+           "Slot", "admit", "advance", "empty_table", "lane_for", "migrate", "new_slots", "run",
+           "tiers"]
