@@ -228,6 +228,33 @@ class Translated:
     return sum(not met[0] for met in self.constraints_met or [])
 
 
+class _Prepared(NamedTuple):
+  """A call tokenized and checked (`Translator._prepare`)."""
+
+  options: TranslateConfig
+  params: Any
+  token_ids: list[list[int]]
+  cut: np.ndarray  # bool [n]: cut to max_len
+  prefix_ids: list[list[int]] | None
+  constraint_ids: phrases.PhraseIds | None
+  forbid_ids: phrases.PhraseIds | None
+  shortlist: np.ndarray | None
+  numbers: np.ndarray  # int [n]: each sentence's line number (its sampling key)
+  take: int  # hypotheses per sentence
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotCall:
+  """A call prepared for the engine (`Translator.slot_call`): its requests, in the order of
+  their sentences (blank ones left out), and what stays the same over them."""
+
+  spec: engine.Run
+  requests: list[engine.Request]
+  indices: np.ndarray  # int [r]: each request's position in the call's sentences
+  cut: np.ndarray  # bool [n]: each sentence cut to the model's max_len
+  take: int  # hypotheses per sentence
+
+
 @dataclasses.dataclass(frozen=True)
 class Scored:
   """One step's scores: log p(target | source) of each pair."""
@@ -507,33 +534,10 @@ class Translator:
     model refuses `languages` (its pair is its workdir's).
     """
     sentences = texts.text_list(sentences, "sentences")
-    if target_prefix is not None:
-      target_prefix = texts.text_list(target_prefix, "target_prefix")
-    options = self._options(settings)
-    params = self._params(params)
-    source_leads, target_leads = self._language_leads(options, languages, len(sentences))
-    token_ids, cut = self._tokenize(sentences, leads=source_leads)
-    prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index,
-                                  target_leads)
-    constraint_ids, forbid_ids = (self._phrase_ids(kind, given, sentences, token_ids, options,
-                                                   first_index)
-                                  for kind, given in (("constraints", constraints),
-                                                      ("forbid", forbid)))
-    phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1,
-                            word_continues=self.word_continues)
-    shortlist = self.shortlist_ids(options)
-    if shortlist is not None:
-      constraint_pieces = None if constraint_ids is None else [
-          [piece for phrase in row for piece in phrase] for row in constraint_ids.ids]
-      for kind, ids in (("target prefix", prefix_ids), ("constraints", constraint_pieces)):
-        if ids is not None:
-          shortlist_lib.check_kept(kind, ids, shortlist, self.tokenizer,
-                                   options.vocab_shortlist, first_index + 1)
-      forbid_ids = shortlist_lib.drop_unreachable(forbid_ids, shortlist)
-    numbers = (first_index + np.arange(len(sentences)) if line_numbers is None
-               else np.asarray(line_numbers, np.int64))
-    beams = options.search.beam_size if options.search.method == "beam" else 1
-    take = min(n or beams, beams)
+    call = self._prepare(sentences, n, first_index, params, target_prefix, constraints, forbid,
+                         line_numbers, languages, settings)
+    options, params, token_ids, cut, prefix_ids, constraint_ids, forbid_ids, shortlist, \
+        numbers, take = call
     skip = frozenset(skip)
     if plan is None and self._in_slots(options, constraint_ids, alignments):
       yield from self._slot_translated(params, sentences, token_ids, cut, numbers, options,
@@ -570,6 +574,43 @@ class Translator:
       yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
                        int(cut[step.indices].sum()), aligned, met)
 
+  def _prepare(self, sentences: Sequence[str], n: int | None, first_index: int, params: Any,
+               target_prefix: Sequence[str] | None,
+               constraints: Sequence[Sequence[str]] | None,
+               forbid: Sequence[Sequence[str]] | None, line_numbers: Sequence[int] | None,
+               languages: Sequence[tuple[str, str]] | None, settings: dict[str, Any]
+               ) -> _Prepared:
+    """A call's sentences tokenized and checked once (`iter_nbest`'s arguments)."""
+    if target_prefix is not None:
+      target_prefix = texts.text_list(target_prefix, "target_prefix")
+    options = self._options(settings)
+    params = self._params(params)
+    source_leads, target_leads = self._language_leads(options, languages, len(sentences))
+    token_ids, cut = self._tokenize(sentences, leads=source_leads)
+    prefix_ids = self._prefix_ids(target_prefix, sentences, token_ids, options, first_index,
+                                  target_leads)
+    constraint_ids, forbid_ids = (self._phrase_ids(kind, given, sentences, token_ids, options,
+                                                   first_index)
+                                  for kind, given in (("constraints", constraints),
+                                                      ("forbid", forbid)))
+    phrases.check_conflicts(constraint_ids, forbid_ids, (constraints, forbid), first_index + 1,
+                            word_continues=self.word_continues)
+    shortlist = self.shortlist_ids(options)
+    if shortlist is not None:
+      constraint_pieces = None if constraint_ids is None else [
+          [piece for phrase in row for piece in phrase] for row in constraint_ids.ids]
+      for kind, ids in (("target prefix", prefix_ids), ("constraints", constraint_pieces)):
+        if ids is not None:
+          shortlist_lib.check_kept(kind, ids, shortlist, self.tokenizer,
+                                   options.vocab_shortlist, first_index + 1)
+      forbid_ids = shortlist_lib.drop_unreachable(forbid_ids, shortlist)
+    numbers = (first_index + np.arange(len(sentences)) if line_numbers is None
+               else np.asarray(line_numbers, np.int64))
+    beams = options.search.beam_size if options.search.method == "beam" else 1
+    take = min(n or beams, beams)
+    return _Prepared(options, params, token_ids, cut, prefix_ids, constraint_ids, forbid_ids,
+                     shortlist, numbers, take)
+
   def _hypotheses(self, sequences: np.ndarray, scores: np.ndarray, take: int
                   ) -> list[list[tuple[str, float]]]:
     """The `take` best (text, score) of each sentence's sequences [n, K, L] and scores
@@ -602,6 +643,45 @@ class Translator:
                        take: int, skip: frozenset[int] = frozenset()) -> Iterator[Translated]:
     """`iter_nbest`'s translations through the engine's slot tables, yielded as sentences
     finish (`serving.engine`); those in `skip` are not searched."""
+    call = self._slot_call(token_ids, cut, numbers, options, prefix_ids, forbid_ids,
+                           shortlist, take, skip)
+    for results in engine.run(self.model_config, params, call.requests, call.spec):
+      yield self.slot_translated(call, results)
+
+  def slot_call(self, sentences: Sequence[str], n: int | None = None, *,
+                params: Any = None, target_prefix: Sequence[str] | None = None,
+                forbid: Sequence[Sequence[str]] | None = None,
+                languages: Sequence[tuple[str, str]] | None = None,
+                **settings: Any) -> SlotCall | None:
+    """A call of `translate_nbest(sentences, n, ...)` prepared for an engine that the caller
+    runs (the HTTP server's `serving.batcher`: one `engine.Engine` per `SlotCall.spec`, fed
+    the sentences of many calls): its requests (sampling lines: each sentence's position) and
+    spec, tokenized and checked as `iter_nbest` does (InputError on the same mistakes); None
+    when the call does not run in slots (`_in_slots`). `slot_translated` turns results back."""
+    sentences = texts.text_list(sentences, "sentences")
+    prepared = self._prepare(sentences, n, 0, params, target_prefix, None, forbid, None,
+                             languages, settings)
+    if not self._in_slots(prepared.options, None, False):
+      return None
+    return self._slot_call(prepared.token_ids, prepared.cut, prepared.numbers, prepared.options,
+                           prepared.prefix_ids, prepared.forbid_ids, prepared.shortlist,
+                           prepared.take)
+
+  def slot_translated(self, call: SlotCall, results: Sequence[engine.Result]) -> Translated:
+    """The `Translated` of the results of `call`'s requests (`Result.index`: the request's
+    position in `call.requests`), which may come from lanes of different output lengths."""
+    indices = np.asarray([call.indices[r.index] for r in results], np.int64)
+    hypotheses = [self._hypotheses(r.sequences[None], r.scores[None], call.take)[0]
+                  for r in results]
+    tokens = sum(int(np.sum(r.sequences[0] != PAD_ID)) for r in results)
+    return Translated(indices, hypotheses, tokens, int(call.cut[indices].sum()))
+
+  def _slot_call(self, token_ids: Sequence[Sequence[int]], cut: np.ndarray,
+                 numbers: np.ndarray, options: TranslateConfig,
+                 prefix_ids: Sequence[Sequence[int]] | None,
+                 forbid_ids: phrases.PhraseIds | None, shortlist: np.ndarray | None,
+                 take: int, skip: frozenset[int] = frozenset()) -> SlotCall:
+    """The engine's requests and spec of a prepared call (`_prepare`)."""
     real = [i for i, ids in enumerate(token_ids) if ids and i not in skip]
     forbid_rows = None if forbid_ids is None else forbid_ids.ids
     requests = [engine.Request(token_ids[i], None if prefix_ids is None else prefix_ids[i],
@@ -617,12 +697,7 @@ class Translator:
                       shortlist=shortlist,
                       phrases=(search_settings.max_constraints,
                                search_settings.max_constraint_pieces))
-    for results in engine.run(self.model_config, params, requests, spec):
-      indices = np.asarray([real[r.index] for r in results], np.int64)
-      sequences = np.stack([r.sequences for r in results])  # [n, K, L]
-      scores = np.stack([r.scores for r in results])  # [n, K]
-      yield Translated(indices, self._hypotheses(sequences, scores, take),
-                       int(np.sum(sequences[:, 0] != PAD_ID)), int(cut[indices].sum()))
+    return SlotCall(spec, requests, np.asarray(real, np.int64), cut, take)
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
                   token_ids: Sequence[Sequence[int]], options: TranslateConfig,
