@@ -15,7 +15,9 @@ from __future__ import annotations
 import io
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -107,41 +109,50 @@ def write_hf_model(directory: Path, family: str, *, seed: int = 0, d_model: int 
   else:
     model = M2M100ForConditionalGeneration(M2M100Config(activation_function="relu", **common))
   _randomize(model, torch.Generator().manual_seed(seed))
-  if train_steps:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-      _train(model, tokenizer, family, pairs, train_steps, seed)
-    finally:
-      torch.set_num_threads(threads)
+  _train(model, tokenizer, train_steps, _batches(tokenizer, family, pairs, seed))
   model.eval().save_pretrained(str(directory))
   return directory
 
 
-def _train(model, tokenizer, family: str, pairs, steps: int, seed: int) -> None:
-  """A few AdamW steps: target A is the synthetic target's first words, target B the source's
-  first words reversed, so that the two target languages give different outputs; short, so
-  that EOS is learnt."""
+def _train(model, tokenizer, steps: int, batch_of: Callable[[int], Any]) -> None:
+  """`steps` AdamW steps on one torch thread, step s on `batch_of(s)` (tokenized, with labels;
+  padding in the labels is left out of the loss)."""
   import torch
 
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3)
+    model.train()
+    for step in range(steps):
+      batch = batch_of(step)
+      labels = batch.pop("labels")
+      labels[labels == tokenizer.pad_token_id] = -100
+      loss = model(**batch, labels=labels).loss
+      optimizer.zero_grad()
+      loss.backward()
+      optimizer.step()
+  finally:
+    torch.set_num_threads(threads)
+
+
+def _batches(tokenizer, family: str, pairs, seed: int) -> Callable[[int], Any]:
+  """Batches of 16: target A is the synthetic target's first words, target B the source's
+  first words reversed, so that the two target languages give different outputs; short, so
+  that EOS is learnt."""
   source, target_a, target_b = CODES[family]
   rng = random.Random(seed)
-  optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3)
-  model.train()
-  for step in range(steps):
+
+  def batch_of(step: int) -> Any:
     chunk = rng.sample(pairs, 16)
     target_lang = target_a if step % 2 == 0 else target_b
     outputs = [" ".join(t.split()[:4]) if target_lang == target_a else
                " ".join(s.split()[:4][::-1]) for s, t in chunk]
     tokenizer.src_lang, tokenizer.tgt_lang = source, target_lang
-    batch = tokenizer([s for s, _ in chunk], text_target=outputs, return_tensors="pt",
-                      padding=True)
-    labels = batch.pop("labels")
-    labels[labels == tokenizer.pad_token_id] = -100
-    loss = model(**batch, labels=labels).loss
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    return tokenizer([s for s, _ in chunk], text_target=outputs, return_tensors="pt",
+                     padding=True)
+
+  return batch_of
 
 
 def _randomize(model, generator) -> None:
@@ -218,13 +229,7 @@ def write_t5_model(directory: Path, variant: str, *, seed: int = 0, d_model: int
   if untied:
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
   _randomize(model, generator)
-  if train_steps:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-      _train_t5(model, tokenizer, codes, pairs, train_steps, seed)
-    finally:
-      torch.set_num_threads(threads)
+  _train(model, tokenizer, train_steps, _t5_batches(tokenizer, codes, pairs, seed))
   model.eval().save_pretrained(str(directory))
   if untied:
     _untie(directory, model)
@@ -248,23 +253,16 @@ def t5_source(variant: str, text: str, target: str | None = None) -> str:
   return f"<2{target}> {text}" if T5_VARIANTS[variant][4] and target else text
 
 
-def _train_t5(model, tokenizer, codes, pairs, steps: int, seed: int) -> None:
-  """A few AdamW steps: the source's first four words (MADLAD's second code: reversed)."""
-  import torch
-
+def _t5_batches(tokenizer, codes, pairs, seed: int) -> Callable[[int], Any]:
+  """Batches of 16: the source's first four words (MADLAD's second code: reversed)."""
   rng = random.Random(seed)
-  optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3)
-  model.train()
-  for step in range(steps):
+
+  def batch_of(step: int) -> Any:
     chunk = rng.sample(pairs, 16)
     reverse = bool(codes) and step % 2 == 1
     target = codes[2] if reverse else (codes[1] if codes else None)
     sources = [f"<2{target}> {s}" if target else s for s, _ in chunk]
     outputs = [" ".join(s.split()[:4][::-1] if reverse else s.split()[:4]) for s, _ in chunk]
-    batch = tokenizer(sources, text_target=outputs, return_tensors="pt", padding=True)
-    labels = batch.pop("labels")
-    labels[labels == tokenizer.pad_token_id] = -100
-    loss = model(**batch, labels=labels).loss
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    return tokenizer(sources, text_target=outputs, return_tensors="pt", padding=True)
+
+  return batch_of

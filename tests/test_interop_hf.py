@@ -31,6 +31,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_imports import (
+  ImportedFolder,
+  assert_import_refused,
+  edit_config,
+  equal_where_ctranslate2_ended,
+  fine_tune,
+  held_out_sentences,
+  search_ids,
+)
 
 from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
@@ -50,17 +59,13 @@ FAMILIES = ("nllb", "m2m100", "mbart50")
 N = 16  # Output tokens including EOS, both sides.
 
 
-class Imported:
+class Imported(ImportedFolder):
   """One family's Hugging Face model and tokenizer, its workdir and our translator."""
 
   def __init__(self, family: str, root: Path):
     self.family = family
     self.codes = hf_fixture.CODES[family]
-    self.model_dir = hf_fixture.write_hf_model(root / "model", family)
-    self.workdir = root / "workdir"
-    hf_import.import_hf(self.model_dir, self.workdir)
-    self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(self.model_dir).eval()
-    self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
+    super().__init__(root, lambda folder: hf_fixture.write_hf_model(folder, family))
     self.translator = Translator.from_workdir(self.workdir, grow_cache="no",
                                               source_lang=self.codes[0])
 
@@ -96,8 +101,7 @@ def imported(request, tmp_path_factory) -> Imported:
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-  """Held-out sources of the synthetic pair (the fixture trained on seed 0's pairs)."""
-  return [source for source, _ in marian_fixture.synthetic_pairs(8, seed=7)]
+  return held_out_sentences()
 
 
 def test_fairseq_sinusoids_are_m2m100s():
@@ -228,29 +232,19 @@ def test_greedy_equals_generate_into_two_languages(imported, sentences):
 
 
 def _search_ids(imported: Imported, sentences: list[str], target_lang: str, method: str,
-                beam_size: int = 1) -> list[list[int]]:
-  from flax_transformer.serving.translator import search_batch
-
+                beam_size: int = 1):
+  """Our search into `target_lang` (its token forced first): greedy's rows, or beam's
+  (rows, scores) (hf_imports.search_ids)."""
   tokenizer = imported.translator.tokenizer
   source = [tokenizer.source_ids(s, imported.codes[0]) + [EOS_ID] for s in sentences]
-  inputs = np.zeros((len(source), max(map(len, source))), np.int32)
-  for row, ids in enumerate(source):
-    inputs[row, :len(ids)] = ids
   prefix = np.zeros((len(source), N), np.int32)
   prefix[:, 0] = tokenizer.language_id(target_lang)
-  settings = imported.translator.settings.search.replace(
-      method=method, beam_size=beam_size, max_len_a=0.0, max_len_b=N - 1,
-      length_normalization="fairseq", finish_rule="top_k", length_penalty=1.0)
-  sequences, scores = search_batch(
-      imported.translator.model, imported.translator.params, jnp.asarray(inputs), None,
-      target_prefix=jnp.asarray(prefix),
-      word_continues=jnp.asarray(imported.translator.word_continues), settings=settings,
-      max_decode_len=N, forced_tokens=1)
-  rows = [[[int(i) for i in hypothesis if i != PAD_ID] for hypothesis in sentence]
-          for sentence in np.asarray(sequences)]
+  rows, scores = search_ids(
+      imported.translator, source, method, beam_size, N, target_prefix=jnp.asarray(prefix),
+      word_continues=jnp.asarray(imported.translator.word_continues), forced_tokens=1)
   if method == "greedy":
     return [sentence[0] for sentence in rows]
-  return rows, np.asarray(scores)
+  return rows, scores
 
 
 def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, monkeypatch):
@@ -258,7 +252,7 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
   model_dir = _copy(imported, tmp_path)
   # CTranslate2 4.8 reads config.normalize_before for mBART, which transformers 5's
   # MBartConfig no longer has; mBART is pre-norm with an embedding LayerNorm.
-  _edit_config(model_dir, normalize_before=True, normalize_embedding=True)
+  edit_config(model_dir, normalize_before=True, normalize_embedding=True)
   converted = tmp_path / "ct2"
   if imported.family == "m2m100":
     _convert_with_language_tokens(monkeypatch, model_dir, converted)
@@ -279,14 +273,7 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
       beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=N,
       min_decoding_length=0, return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, target_lang, "beam", beam_size=4)
-  compared = 0
-  for mine, my_scores, result in zip(rows, scores, results, strict=True):
-    theirs = [[tokenizer._ids[p] for p in hypothesis] for hypothesis in result.hypotheses]
-    if any(h[-1] != EOS_ID for h in theirs):
-      continue  # CTranslate2 ended this line at its length limit, without EOS.
-    assert mine == theirs
-    np.testing.assert_allclose(my_scores, result.scores, rtol=1e-4, atol=1e-4)
-    compared += 1
+  compared = equal_where_ctranslate2_ended(rows, scores, results, tokenizer._ids)
   print(f"{imported.family}: {compared} of {len(sentences)} lines ended by CTranslate2")
   assert compared >= 2
 
@@ -340,11 +327,6 @@ def _copy(imported: Imported, tmp_path: Path) -> Path:
   return folder
 
 
-def _edit_config(folder: Path, **changes) -> None:
-  config = json.loads((folder / "config.json").read_text())
-  (folder / "config.json").write_text(json.dumps({**config, **changes}))
-
-
 def _add_weight(folder: Path, key: str) -> None:
   from safetensors.numpy import load_file, save_file
 
@@ -356,10 +338,10 @@ def _add_weight(folder: Path, key: str) -> None:
 @pytest.mark.parametrize("change, message", [
     (lambda f: _add_weight(f, "model.encoder.layers.0.moe.weight"),
      "1 weight(s) this importer does not map: model.encoder.layers.0.moe.weight"),
-    (lambda f: _edit_config(f, model_type="nllb-moe", architectures=[
+    (lambda f: edit_config(f, model_type="nllb-moe", architectures=[
         "NllbMoeForConditionalGeneration"]), "Unsupported architecture"),
-    (lambda f: _edit_config(f, num_experts=128), "num_experts"),
-    (lambda f: _edit_config(f, decoder_ffn_dim=128), "decoder_ffn_dim"),
+    (lambda f: edit_config(f, num_experts=128), "num_experts"),
+    (lambda f: edit_config(f, decoder_ffn_dim=128), "decoder_ffn_dim"),
     (lambda f: (f / "sentencepiece.bpe.model").unlink(), "sentencepiece.bpe.model"),
     (lambda f: (f / "config.json").unlink(), "not a Hugging Face checkpoint"),
 ])
@@ -369,11 +351,7 @@ def test_bad_folders_are_one_line_before_any_compile(imported, tmp_path, capsys,
     pytest.skip("one family is enough")
   folder = _copy(imported, tmp_path)
   change(folder)
-  code = cli_main(["import-hf", str(folder), "--workdir", str(tmp_path / "w")])
-  err = capsys.readouterr().err.strip()
-  assert code == 2 and err.startswith("flax-transformer import-hf: error: "), err
-  assert message in err and "\n" not in err
-  assert not (tmp_path / "w").exists()
+  assert_import_refused(folder, tmp_path / "w", capsys, message)
 
 
 def test_cli_translate_with_language_codes(imported, sentences, tmp_path, capsys):
@@ -417,25 +395,13 @@ def test_fine_tuning_an_import_with_its_language_tokens_resumes_exactly(imported
                                                                          tmp_path):
   if imported.family != "nllb":
     pytest.skip("one family is enough")
-  from conftest import REPO, shrunk_settings
-
-  from flax_transformer.experiment_flags import load_config_file
-  from flax_transformer.training import trainer
   from flax_transformer.workdir import restore_params
 
   def train(workdir: Path, steps: int) -> None:
-    config = load_config_file(REPO / "configs" / "default.py")
-    settings = shrunk_settings(tmp_path / "tfds", train__init_from=str(imported.workdir),
-                               train__num_train_steps=steps, train__warmup_steps=2,
-                               checkpoint__save_every_steps=2,
-                               checkpoint__async_save=False,
-                               data__source_code=imported.codes[0],
-                               data__target_code=imported.codes[1])
-    for key, value in settings.items():
-      group, name = key.split(".")
-      if group != "model":  # The model is the import's.
-        config[group][name] = value
-    trainer.train_and_evaluate(config, str(workdir))
+    fine_tune(imported.workdir, workdir, tmp_path / "tfds", train__num_train_steps=steps,
+              train__warmup_steps=2, checkpoint__save_every_steps=2,
+              checkpoint__async_save=False, data__source_code=imported.codes[0],
+              data__target_code=imported.codes[1])
 
   train(tmp_path / "ft", 4)
   train(tmp_path / "resumed", 2)  # Stopped at step 2, then the same run to step 4.

@@ -30,6 +30,15 @@ import hf_fixture
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_imports import (
+  ImportedFolder,
+  assert_import_refused,
+  edit_config,
+  equal_where_ctranslate2_ended,
+  fine_tune,
+  held_out_sentences,
+  search_ids,
+)
 
 from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
@@ -49,18 +58,14 @@ VARIANTS = tuple(hf_fixture.T5_VARIANTS)
 N = 16  # Output tokens including EOS.
 
 
-class Imported:
+class Imported(ImportedFolder):
   """One variant's Hugging Face model and tokenizer, its workdir and our translator."""
 
   def __init__(self, variant: str, root: Path):
     self.variant = variant
     self.codes = hf_fixture.T5_VARIANTS[variant][4]
     self.target = self.codes[1] if self.codes else None
-    self.model_dir = hf_fixture.write_t5_model(root / "model", variant)
-    self.workdir = root / "workdir"
-    hf_import.import_hf(self.model_dir, self.workdir)
-    self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(self.model_dir).eval()
-    self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
+    super().__init__(root, lambda folder: hf_fixture.write_t5_model(folder, variant))
     self.translator = Translator.from_workdir(self.workdir, grow_cache="no")
 
   def hf_sources(self, sentences: list[str], target: str | None = None) -> list[str]:
@@ -80,8 +85,7 @@ def imported(request, tmp_path_factory) -> Imported:
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-  """Held-out sources of the synthetic pair (the fixture trained on seed 0's pairs)."""
-  return [source for source, _ in marian_fixture.synthetic_pairs(8, seed=7)]
+  return held_out_sentences()
 
 
 # ---------------------------------------------------------------------------- tokenization
@@ -177,21 +181,9 @@ def test_logits_equal_hugging_faces(imported):
 # ---------------------------------------------------------------------------------- search
 def _search_ids(imported: Imported, sentences: list[str], method: str, beam_size: int = 1,
                 target: str | None = None):
-  from flax_transformer.serving.translator import search_batch
-
-  source = [imported.our_source(s, target) for s in sentences]
-  inputs = np.zeros((len(source), max(map(len, source))), np.int32)
-  for row, ids in enumerate(source):
-    inputs[row, :len(ids)] = ids
-  settings = imported.translator.settings.search.replace(
-      method=method, beam_size=beam_size, max_len_a=0.0, max_len_b=N - 1,
-      length_normalization="fairseq", finish_rule="top_k", length_penalty=1.0)
-  sequences, scores = search_batch(
-      imported.translator.model, imported.translator.params, jnp.asarray(inputs), None,
-      settings=settings, max_decode_len=N)
-  rows = [[[int(i) for i in hypothesis if i != PAD_ID] for hypothesis in sentence]
-          for sentence in np.asarray(sequences)]
-  return rows, np.asarray(scores)
+  """Our search of the sources as T5's tokenizer reads them (MADLAD's "<2xx>" first)."""
+  return search_ids(imported.translator, [imported.our_source(s, target) for s in sentences],
+                    method, beam_size, N)
 
 
 def _hf_greedy(imported: Imported, sentences: list[str], target: str | None = None):
@@ -263,29 +255,17 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
       source, beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=N,
       min_decoding_length=0, return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, "beam", beam_size=4)
-  pieces = imported.translator.tokenizer._ids
-  compared = 0
-  for mine, my_scores, result in zip(rows, scores, results, strict=True):
-    theirs = [[pieces[p] for p in hypothesis] for hypothesis in result.hypotheses]
-    if any(h[-1] != EOS_ID for h in theirs):
-      continue  # CTranslate2 ended this line at its length limit, without EOS.
-    assert mine == theirs
-    np.testing.assert_allclose(my_scores, result.scores, rtol=1e-4, atol=1e-4)
-    compared += 1
+  compared = equal_where_ctranslate2_ended(rows, scores, results,
+                                           imported.translator.tokenizer._ids)
   print(f"{imported.variant}: {compared} of {len(sentences)} lines ended by CTranslate2")
   assert compared >= 2
 
 
 # ------------------------------------------------------------------------------- bad input
-def _edit_config(folder: Path, **changes) -> None:
-  config = json.loads((folder / "config.json").read_text())
-  (folder / "config.json").write_text(json.dumps({**config, **changes}))
-
-
 @pytest.mark.parametrize("change, message", [
-    (lambda f: _edit_config(f, feed_forward_proj="gated-silu"), "feed_forward_proj"),
-    (lambda f: _edit_config(f, architectures=["T5EncoderModel"]), "Unsupported architecture"),
-    (lambda f: _edit_config(f, decoder_start_token_id=1), "decoder_start_token_id"),
+    (lambda f: edit_config(f, feed_forward_proj="gated-silu"), "feed_forward_proj"),
+    (lambda f: edit_config(f, architectures=["T5EncoderModel"]), "Unsupported architecture"),
+    (lambda f: edit_config(f, decoder_start_token_id=1), "decoder_start_token_id"),
     (lambda f: (f / "spiece.model").unlink(), "spiece.model"),
 ])
 def test_bad_folders_are_one_line(imported, tmp_path, capsys, change, message):
@@ -294,11 +274,7 @@ def test_bad_folders_are_one_line(imported, tmp_path, capsys, change, message):
   folder = tmp_path / "model"
   shutil.copytree(imported.model_dir, folder)
   change(folder)
-  code = cli_main(["import-hf", str(folder), "--workdir", str(tmp_path / "w")])
-  err = capsys.readouterr().err.strip()
-  assert code == 2 and err.startswith("flax-transformer import-hf: error: "), err
-  assert message in err and "\n" not in err
-  assert not (tmp_path / "w").exists()
+  assert_import_refused(folder, tmp_path / "w", capsys, message)
 
 
 # ------------------------------------------------------------------------------- way back
@@ -335,14 +311,7 @@ def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
                                 max_decoding_length=N, min_decoding_length=0,
                                 return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, "beam", beam_size=4)
-  compared = 0
-  for mine, my_scores, result in zip(rows, scores, results, strict=True):
-    theirs = [[tokenizer._ids[p] for p in hypothesis] for hypothesis in result.hypotheses]
-    if any(h[-1] != EOS_ID for h in theirs):
-      continue  # CTranslate2 ended this line at its length limit, without EOS.
-    assert mine == theirs
-    np.testing.assert_allclose(my_scores, result.scores, rtol=1e-4, atol=1e-4)
-    compared += 1
+  compared = equal_where_ctranslate2_ended(rows, scores, results, tokenizer._ids)
   assert compared >= 2
 
 
@@ -351,24 +320,11 @@ STEPS, STOP = 4, 2  # Fine-tuned to step 4; the resumed copy stopped at step 2.
 
 
 def _fine_tune(imported: Imported, workdir: Path, tfds_dir: Path) -> None:
-  """train.py's run of configs/default.py shrunk (conftest's), from the import, into `workdir`:
-  STEPS steps, a checkpoint every STOP steps, a loss logged at each; MADLAD's "<2de>" leads
-  each source (config.data.target_code)."""
-  from conftest import REPO, shrunk_settings
-
-  from flax_transformer.experiment_flags import load_config_file
-  from flax_transformer.training import trainer
-
-  config = load_config_file(REPO / "configs" / "default.py")
-  settings = shrunk_settings(
-      tfds_dir, train__init_from=str(imported.workdir), train__num_train_steps=STEPS,
-      train__warmup_steps=2, train__log_every_steps=1, checkpoint__save_every_steps=STOP,
-      checkpoint__async_save=False, data__target_code=imported.target)
-  for key, value in settings.items():
-    group, name = key.split(".")
-    if group != "model":  # The model is the import's.
-      config[group][name] = value
-  trainer.train_and_evaluate(config, str(workdir))
+  """STEPS steps from the import, a checkpoint every STOP steps, a loss logged at each;
+  MADLAD's "<2de>" leads each source (config.data.target_code)."""
+  fine_tune(imported.workdir, workdir, tfds_dir, train__num_train_steps=STEPS,
+            train__warmup_steps=2, train__log_every_steps=1, checkpoint__save_every_steps=STOP,
+            checkpoint__async_save=False, data__target_code=imported.target)
 
 
 def _train_state(workdir: Path, step: int):

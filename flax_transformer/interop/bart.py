@@ -53,8 +53,10 @@ from flax_transformer.files import Path, to_path
 from flax_transformer.interop import ctranslate2, marian, marian_params
 from flax_transformer.interop.hf import (
   check_weights_file,
+  folder_vocabulary,
   generation_settings,
   hf_tokenizer,
+  multilingual_vocabulary,
   read_json,
   write_workdir,
 )
@@ -166,16 +168,8 @@ def read_vocabulary(model_dir: Path, rows: int) -> MultilingualTokenizer:
   else:
     pattern = re.compile(_CODE_PATTERNS[family] + "$")
     codes = {token: token for token in hf.all_special_tokens if pattern.match(token)}
-  too_big = sorted(piece for piece, i in vocab.items() if i >= rows)
-  if too_big:
-    raise HFFormatError(f"The tokenizer has ids beyond the model's {rows} embedding rows "
-                        f"(config.json vocab_size), e.g. {too_big[0]!r}.")
-  used = set(vocab.values())
-  unused = {f"<unused_{i}>": i for i in range(rows) if i not in used}
-  vocab.update(unused)
-  special = [*hf.all_special_tokens, *unused]
-  return MultilingualTokenizer((model_dir / SPM_FILE).read_bytes(), vocab, family=family,
-                               codes=codes, special=special, path=str(model_dir))
+  return multilingual_vocabulary(model_dir / SPM_FILE, hf, vocab, rows, family=family,
+                                 codes=codes)
 
 
 # ----------------------------------------------------------------------------------- import
@@ -189,11 +183,7 @@ def import_bart(model_dir: Path, config: dict[str, Any], workdir: str | os.PathL
   """
   check_config(config)
   check_weights_file(model_dir, source)
-  if (model_dir / multilingual_tokenizer.LANGUAGES_FILE).is_file():  # An export of ours.
-    tokenizer = MultilingualTokenizer.from_files(
-        {name: (model_dir / name).read_bytes() for name in multilingual_tokenizer.FILES}, model_dir)
-  else:
-    tokenizer = read_vocabulary(model_dir, int(config["vocab_size"]))
+  tokenizer = folder_vocabulary(model_dir, int(config["vocab_size"]), read_vocabulary)
   generation = generation_settings(model_dir)
   start = generation.get("decoder_start_token_id", _setting(config, "decoder_start_token_id"))
   config = {**config, "share_encoder_decoder_embeddings": True}
@@ -204,8 +194,8 @@ def import_bart(model_dir: Path, config: dict[str, Any], workdir: str | os.PathL
   _check_keys(state, model_config)
   params = marian_params.params_from_marian(state, model_config, tokenizer.marian_ids)
   search = marian.search_config_from_marian(config, generation)
-  return write_workdir(workdir, tokenizer, model_config, search, params, {
-      "format": config["model_type"], "family": tokenizer.family, "source": str(source)})
+  return write_workdir(workdir, tokenizer, model_config, search, params,
+                       model_type=config["model_type"], source=source)
 
 
 def _check_keys(state: dict[str, np.ndarray], config: ModelConfig) -> None:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from flax_transformer import files
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.config import SearchConfig
+from flax_transformer.data import multilingual_tokenizer
+from flax_transformer.data.multilingual_tokenizer import MultilingualTokenizer
 from flax_transformer.errors import InputError, MissingFileError
 from flax_transformer.files import Path, to_path
 from flax_transformer.interop import registry
@@ -104,6 +107,39 @@ def hf_tokenizer(model_dir: Path) -> Any:
                            f"({str(error).splitlines()[0] if str(error) else error!r}).") from None
 
 
+def folder_vocabulary(model_dir: Path, rows: int,
+                      read: Callable[[Path, int], MultilingualTokenizer]
+                      ) -> MultilingualTokenizer:
+  """The vocabulary of a many-language folder: our own files where it is an export of ours
+  (languages.json beside them, read with no transformers), else its family's `read(model_dir,
+  rows)` of the tokenizer's files."""
+  if not (model_dir / multilingual_tokenizer.LANGUAGES_FILE).is_file():
+    return read(model_dir, rows)
+  return MultilingualTokenizer.from_files(
+      {name: (model_dir / name).read_bytes() for name in multilingual_tokenizer.FILES}, model_dir)
+
+
+def multilingual_vocabulary(spm_file: Path, hf: Any, vocab: dict[str, int], rows: int, *,
+                            family: str, codes: dict[str, str]) -> MultilingualTokenizer:
+  """A family's vocabulary as a `MultilingualTokenizer` of `rows` ids: the SentencePiece model
+  `spm_file`, `vocab` ({piece: id} of every piece and language token, as transformers'
+  tokenizer `hf` gives them) and the rows no token names (T5's 128 spare rows, NLLB-200's 2)
+  as "<unused_i>", dropped from outputs as `hf`'s special tokens are.
+
+  Raises:
+    HFFormatError: a token's id is beyond the `rows` embedding rows (config.json vocab_size).
+  """
+  too_big = sorted(piece for piece, i in vocab.items() if i >= rows)
+  if too_big:
+    raise HFFormatError(f"The tokenizer has ids beyond the model's {rows} embedding rows "
+                        f"(config.json vocab_size), e.g. {too_big[0]!r}.")
+  used = set(vocab.values())
+  unused = {f"<unused_{i}>": i for i in range(rows) if i not in used}
+  return MultilingualTokenizer(spm_file.read_bytes(), {**vocab, **unused}, family=family,
+                               codes=codes, special=[*hf.all_special_tokens, *unused],
+                               path=str(spm_file.parent))
+
+
 def import_hf(source: str | os.PathLike, workdir: str | os.PathLike) -> Path:
   """Writes a workdir (config.json, the vocabulary, checkpoint 0 holding params only) from a
   Hugging Face folder or Hub id, through the family of its model_type; returns the
@@ -122,9 +158,12 @@ def import_hf(source: str | os.PathLike, workdir: str | os.PathLike) -> Path:
 
 
 def write_workdir(workdir: str | os.PathLike, tokenizer: Any, model_config: ModelConfig,
-                  search: SearchConfig, params: Any, origin: dict[str, Any]) -> Path:
-  """Writes an imported model's workdir (vocabulary, config.json with its origin, checkpoint
-  0 of params only); returns the checkpoint's folder."""
+                  search: SearchConfig, params: Any, *, model_type: str,
+                  source: str | os.PathLike) -> Path:
+  """Writes an imported model's workdir (vocabulary, config.json with its origin: the folder's
+  model_type, the tokenizer's family and `source`; checkpoint 0 of params only); returns the
+  checkpoint's folder."""
+  origin = {"format": model_type, "family": tokenizer.family, "source": str(source)}
   with files.new_folder(workdir, "--workdir") as folder:
     tokenizer.write(folder)
     files.write_json(folder / workdir_lib.CONFIG_FILE, {
@@ -147,9 +186,11 @@ __all__ = [
   "HFFormatError",
   "check_weights_file",
   "export_hf",
+  "folder_vocabulary",
   "generation_settings",
   "hf_tokenizer",
   "import_hf",
+  "multilingual_vocabulary",
   "read_json",
   "resolve_source",
   "write_workdir",

@@ -59,15 +59,16 @@ from typing import Any
 
 import numpy as np
 
-from flax_transformer.data import multilingual_tokenizer
 from flax_transformer.data.multilingual_tokenizer import MultilingualTokenizer
 from flax_transformer.errors import MissingFileError
 from flax_transformer.files import Path
 from flax_transformer.interop import marian
 from flax_transformer.interop.hf import (
   check_weights_file,
+  folder_vocabulary,
   generation_settings,
   hf_tokenizer,
+  multilingual_vocabulary,
   read_json,
   write_workdir,
 )
@@ -268,17 +269,9 @@ def read_vocabulary(model_dir: Path, rows: int) -> MultilingualTokenizer:
                         f"{tokenizer_class!r}; a T5 model's is one of {', '.join(_TOKENIZERS)}.")
   hf = hf_tokenizer(model_dir)
   vocab = {piece: int(i) for piece, i in hf.get_vocab().items()}
-  too_big = sorted(piece for piece, i in vocab.items() if i >= rows)
-  if too_big:
-    raise HFFormatError(f"The tokenizer has ids beyond the model's {rows} embedding rows "
-                        f"(config.json vocab_size), e.g. {too_big[0]!r}.")
-  used = set(vocab.values())
-  unused = {f"<unused_{i}>": i for i in range(rows) if i not in used}  # T5's 128 spare rows.
-  vocab.update(unused)
   codes = {match.group(1): piece for piece in vocab if (match := _CODE.match(piece))}
-  return MultilingualTokenizer((model_dir / SPM_FILE).read_bytes(), vocab,
-                               family="madlad" if codes else "t5", codes=codes,
-                               special=[*hf.all_special_tokens, *unused], path=str(model_dir))
+  return multilingual_vocabulary(model_dir / SPM_FILE, hf, vocab, rows,
+                                 family="madlad" if codes else "t5", codes=codes)
 
 
 # ----------------------------------------------------------------------------------- import
@@ -292,18 +285,14 @@ def import_t5(model_dir: Path, config: dict[str, Any], workdir: str | os.PathLik
   """
   check_config(config)
   check_weights_file(model_dir, source)
-  if (model_dir / multilingual_tokenizer.LANGUAGES_FILE).is_file():  # An export of ours.
-    tokenizer = MultilingualTokenizer.from_files(
-        {name: (model_dir / name).read_bytes() for name in multilingual_tokenizer.FILES}, model_dir)
-  else:
-    tokenizer = read_vocabulary(model_dir, int(config["vocab_size"]))
+  tokenizer = folder_vocabulary(model_dir, int(config["vocab_size"]), read_vocabulary)
   state, tied = _head(marian.read_weights(model_dir), config)
   model_config = model_config_from_t5(config, tied=tied)
   _check_keys(state, model_config)
   params = params_from_t5(state, model_config, tokenizer.marian_ids)
   search = marian.search_config_from_marian(config, generation_settings(model_dir))
-  return write_workdir(workdir, tokenizer, model_config, search, params, {
-      "format": config["model_type"], "family": tokenizer.family, "source": str(source)})
+  return write_workdir(workdir, tokenizer, model_config, search, params,
+                       model_type=config["model_type"], source=source)
 
 
 # ---------------------------------------------------------------------------------- family
