@@ -279,6 +279,10 @@ def test_training_on_a_terminal_writes_its_log_lines_and_stop_on_lines_of_their_
     assert re.match(r"[IWE]\d{4} \d\d:\d\d:\d\d", line), line
   assert any("Stopped by SIGINT after step" in line for line in logged), raw[-3000:]
   assert re.search(rb"steps/s \| ETA ", raw), raw[-3000:]  # The bar was drawn meanwhile.
+  # The train step's compile (20 s and more on a CPU) is announced, not waited out in silence.
+  said = [line.split("] ", 1)[-1] for line in logged]
+  compiled = next(i for i, line in enumerate(said) if line.startswith("Compiled the train step"))
+  assert "Compiling the train step..." in said[:compiled], said  # A data thread's may follow.
 
 
 # --------------------------------------------------------------------------------- stopping

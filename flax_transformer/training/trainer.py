@@ -233,7 +233,9 @@ def _chain(first, rest):
 def _compile(recipe: recipe_lib.TrainRecipe, state: state_lib.TrainState,
              batch: dict[str, jax.Array], writer: metrics_lib.MetricWriter
              ) -> recipe_lib.TrainStep:
-  """Compiles ahead of the loop so step timings exclude compilation; logs compile time."""
+  """Compiles ahead of the loop so step timings exclude compilation; logs a line before (a
+  first compile takes 20 s or more on a CPU, which was silence) and the compile time after."""
+  logging.info("Compiling the train step...")
   start = time.perf_counter()
   compiled = recipe.lower(state, batch).compile()
   seconds = time.perf_counter() - start
