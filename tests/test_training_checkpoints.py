@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from training_cases import packed_batch, step_model, step_train_config
 
 from flax_transformer import ModelConfig
 from flax_transformer.training import checkpoints, loop, recipe
@@ -19,9 +20,7 @@ from flax_transformer.workdir import restore_params
 
 
 def _recipe(config: ModelConfig, **train) -> recipe.TrainRecipe:
-  from test_training_steps import _train_config
-
-  return recipe.build(config, _train_config(seed=0, **train), rows=8, length=12)
+  return recipe.build(config, step_train_config(seed=0, **train), rows=8, length=12)
 
 
 # The tiny preset shrunk further, with the sizes the mismatch message below names.
@@ -116,15 +115,13 @@ def test_infinite_gradient_norm_with_a_finite_loss_stops_before_saving(tmp_path)
 def test_gradients_that_overflow_float32_stop_the_real_step(tmp_path):
   """Embeddings scaled by 3e18: the forward pass (and so the loss) stays finite, the backward
   pass overflows float32, and the update would make every parameter NaN."""
-  from test_training_steps import _model, _packed_batch, _train_config
-
-  train = recipe.build(_model(dropout=0.0).config, _train_config(seed=0), rows=8, length=12,
+  train = recipe.build(step_model(dropout=0.0).config, step_train_config(seed=0), rows=8, length=12,
                        devices=jax.devices()[:1])
   state = train.init_state()
   params = dict(state.params, embedder={"embedding": state.params["embedder"]["embedding"] * 3e18})
   state = state.replace(params=jax.device_put(params, train.shardings.params))
   train_step = train.train_step
-  batch = train.place_batch(_packed_batch(8))
+  batch = train.place_batch(packed_batch(8))
   _, metrics = train_step(jax.tree.map(jnp.copy, state), batch)  # The premise, checked.
   assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
 

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_training_guided_alignment import KEYS, VOCAB, _examples, _pack
+from training_cases import ALIGNMENT_VOCAB as VOCAB
+from training_cases import KEYS, aligned_examples, pack_aligned
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import TrainConfig
@@ -46,8 +47,8 @@ def _model() -> Transformer:
 
 def _batch() -> dict[str, np.ndarray]:
   """ROWS packed rows of 1-2 examples each, with alignments; the last row is padding."""
-  rows = [_examples(1 + s % 2, seed=10 + s) for s in range(ROWS - 1)] + [[]]
-  return _pack(rows, LENGTH)
+  rows = [aligned_examples(1 + s % 2, seed=10 + s) for s in range(ROWS - 1)] + [[]]
+  return pack_aligned(rows, LENGTH)
 
 
 def _objective(model, params, batch, weight: float) -> jax.Array:
@@ -122,7 +123,7 @@ def test_the_jitted_step_on_eight_devices_with_fsdp_and_accumulation_has_the_sam
   recording SGD in place of the configured optimizer: the same check, with guided alignment
   (the plain step's sharding: tests/test_training_steps.py)."""
   model, weight = _model(), 0.7
-  batch = _pack([_examples(1 + s % 2, seed=30 + s) for s in range(15)] + [[]], LENGTH)
+  batch = pack_aligned([aligned_examples(1 + s % 2, seed=30 + s) for s in range(15)] + [[]], LENGTH)
   optimizer = _recording_sgd(LEARNING_RATE)
   monkeypatch.setattr(recipe.optim, "make_optimizer",
                       lambda train, d_model: (optimizer, optax.constant_schedule(1.0)))

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import REPO
+from training_cases import ALIGNMENT_VOCAB, KEYS, aligned_examples, pack_aligned
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import TrainConfig
@@ -19,10 +20,6 @@ from flax_transformer.training import loss as loss_lib
 from flax_transformer.training import recipe, steps, trainer
 
 import numpy_reference as ref
-
-VOCAB = 40
-KEYS = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids", "inputs_positions",
-        "targets_positions")
 
 
 def _train_config(**overrides) -> TrainConfig:
@@ -36,43 +33,7 @@ def _model_config(**overrides) -> ModelConfig:
   settings = dict(num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0,
                   attention_dropout_rate=0.0, max_len=16, alignment_layer=0, alignment_heads=2)
   settings.update(overrides)
-  return ModelConfig.tiny(VOCAB, **settings)
-
-
-# b: batch, t: target length, s: source length (each a different size below).
-def _examples(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-  """Examples of random ids ending with EOS, each with a random bool [t, s] alignment: every
-  target piece but some aligned to 1-2 source pieces, EOS to EOS."""
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(count):
-    s, t = rng.integers(3, 7), rng.integers(2, 6)
-    inputs, targets = rng.integers(3, VOCAB, s), rng.integers(3, VOCAB, t)
-    inputs[-1] = targets[-1] = 1
-    alignment = np.zeros((t, s), bool)
-    for row in range(t - 1):
-      if rng.random() < 0.8:
-        alignment[row, rng.choice(s - 1, rng.integers(1, 3), replace=False)] = True
-    alignment[-1, -1] = True
-    out.append(dict(inputs=inputs, targets=targets, alignment=alignment))
-  return out
-
-
-def _pack(rows: list[list[dict]], length: int) -> dict[str, np.ndarray]:
-  """Rows of packed examples (segment ids, positions, each alignment at its packed place)."""
-  batch = {k: np.zeros((len(rows), length), np.int32) for k in KEYS}
-  batch["alignment"] = np.zeros((len(rows), length, length), bool)
-  for r, examples in enumerate(rows):
-    s_at = t_at = 0
-    for segment, ex in enumerate(examples, start=1):
-      s, t = len(ex["inputs"]), len(ex["targets"])
-      for side, start, n in (("inputs", s_at, s), ("targets", t_at, t)):
-        batch[side][r, start:start + n] = ex[side]
-        batch[f"{side}_segment_ids"][r, start:start + n] = segment
-        batch[f"{side}_positions"][r, start:start + n] = np.arange(n)
-      batch["alignment"][r, t_at:t_at + t, s_at:s_at + s] = ex["alignment"]
-      s_at, t_at = s_at + s, t_at + t
-  return batch
+  return ModelConfig.tiny(ALIGNMENT_VOCAB, **settings)
 
 
 def _metrics(model_config, train, batch, devices=None, num_steps=1):
@@ -126,8 +87,8 @@ def test_alignment_loss_sum_equals_numpy():
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_step_alignment_loss_equals_numpy_forward_pass():
   config = _model_config()
-  examples = _examples(3)
-  batch = _pack([[ex] for ex in examples], length=8)
+  examples = aligned_examples(3)
+  batch = pack_aligned([[ex] for ex in examples], length=8)
   built = recipe.build(config, _train_config(), rows=3, length=8, devices=jax.devices()[:1])
   state = built.init_state()
   params = jax.device_get(state.params)
@@ -142,11 +103,11 @@ def test_step_alignment_loss_equals_numpy_forward_pass():
 @pytest.mark.slow  # Compile-bound (over 15 s on the 2-core AMD VM): the fast tier leaves it.
 def test_packed_rows_give_the_loss_of_unpacked_rows():
   config, train = _model_config(), _train_config()
-  examples = _examples(4, seed=1)
+  examples = aligned_examples(4, seed=1)
   built = recipe.build(config, train, rows=4, length=16, devices=jax.devices()[:1])
   results = []
   for rows in ([[ex] for ex in examples], [examples[:2], examples[2:], [], []]):
-    _, metrics = built.train_step(built.init_state(), built.place_batch(_pack(rows, 16)))
+    _, metrics = built.train_step(built.init_state(), built.place_batch(pack_aligned(rows, 16)))
     results.append(jax.device_get(metrics))
   unpacked, packed = results
   assert packed["alignment_loss"] > 1.0
@@ -160,7 +121,7 @@ def test_eight_devices_equal_one_step_on_one_device():
   per micro-batch: tests/test_training_gradients.py checks it exactly, with dropout 0, against
   `jax.grad` of the objective written out."""
   config, train = _model_config(dropout_rate=0.1), _train_config()
-  batch = _pack([_examples(2, seed=s) for s in range(8)], length=16)
+  batch = pack_aligned([aligned_examples(2, seed=s) for s in range(8)], length=16)
   reference, state = _metrics(config, train, batch, num_steps=2)
   got, other = _metrics(config, train, batch, jax.devices(), num_steps=2)
   np.testing.assert_allclose(got[0]["alignment_loss"], reference[0]["alignment_loss"], rtol=1e-5)
@@ -207,7 +168,7 @@ def _alignment_loss(config, params, batch) -> float:
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_short_guided_run_learns_the_alignment():
   config = _model_config()
-  batch = _pack([_examples(2, seed=s) for s in range(4)], length=16)
+  batch = pack_aligned([aligned_examples(2, seed=s) for s in range(4)], length=16)
   guided, guided_state = _metrics(config, _train_config(), batch, num_steps=40)
   first, last = guided[0]["alignment_loss"], _alignment_loss(config, guided_state.params, batch)
   assert last < 0.3 * first, (first, last)

@@ -29,12 +29,12 @@ def _train(mesh_devices=None):
   """FSDP steps on the test batch; each process feeds its own rows. Returns (losses, params)."""
   import jax
   from jax.experimental import multihost_utils
-  from test_training_steps import _model, _packed_batch, _train_config
+  from training_cases import packed_batch, step_model, step_train_config
 
   from flax_transformer.training import recipe
 
-  whole = _packed_batch(ROWS)
-  train = recipe.build(_model().config, _train_config(fsdp=True), rows=ROWS,
+  whole = packed_batch(ROWS)
+  train = recipe.build(step_model().config, step_train_config(fsdp=True), rows=ROWS,
                        length=whole["inputs"].shape[1], devices=mesh_devices)
   state = train.init_state()
   rows = ROWS // jax.process_count()

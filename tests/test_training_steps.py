@@ -4,53 +4,18 @@ dense NumPy reference; the schedules have the paper's values."""
 import jax
 import numpy as np
 import pytest
+from training_cases import packed_batch, step_model, step_train_config
 
-from flax_transformer import ModelConfig, Transformer
-from flax_transformer.config import TrainConfig
 from flax_transformer.runtime import sharding as sharding_lib
 from flax_transformer.training import loss as loss_lib
 from flax_transformer.training import optim, recipe
-
-VOCAB = 48
-
-
-def _train_config(**overrides) -> TrainConfig:
-  settings = dict(schedule="warmup_rsqrt", learning_rate=1e-3, warmup_steps=2,
-                  num_train_steps=10, end_learning_rate_factor=0.0, optimizer="adam",
-                  adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.0,
-                  grad_clip_norm=1.0, label_smoothing=0.1, seed=3)
-  settings.update(overrides)
-  return TrainConfig(**settings)
-
-
-def _model(dropout: float = 0.1) -> Transformer:
-  return Transformer(ModelConfig.tiny(
-      VOCAB, num_encoder_layers=1, num_decoder_layers=1, dropout_rate=dropout,
-      attention_dropout_rate=dropout, max_len=16))
-
-
-def _packed_batch(rows: int, length: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
-  """Rows of two packed examples each, then padding, as the data pipeline makes them."""
-  rng = np.random.default_rng(seed)
-  batch = {k: np.zeros((rows, length), np.int32) for k in (
-      "inputs", "targets", "inputs_segment_ids", "targets_segment_ids", "inputs_positions",
-      "targets_positions")}
-  for side in ("inputs", "targets"):
-    for row in range(rows):
-      first, second = rng.integers(2, 6, size=2)
-      for segment, (start, size) in enumerate(((0, first), (first, second)), start=1):
-        batch[side][row, start:start + size] = rng.integers(3, VOCAB, size=size)
-        batch[side][row, start + size - 1] = 1  # EOS
-        batch[f"{side}_segment_ids"][row, start:start + size] = segment
-        batch[f"{side}_positions"][row, start:start + size] = np.arange(size)
-  return batch
 
 
 def _run(devices, *, fsdp: bool, batch, num_steps: int = 2, accum_steps: int = 1,
          dropout: float = 0.1):
   rows, length = batch["inputs"].shape
-  train = recipe.build(_model(dropout).config,
-                       _train_config(fsdp=fsdp, grad_accum_steps=accum_steps),
+  train = recipe.build(step_model(dropout).config,
+                       step_train_config(fsdp=fsdp, grad_accum_steps=accum_steps),
                        rows=rows, length=length, devices=devices)
   state, losses = train.init_state(), []
   for _ in range(num_steps):
@@ -61,7 +26,7 @@ def _run(devices, *, fsdp: bool, batch, num_steps: int = 2, accum_steps: int = 1
 
 @pytest.fixture(scope="module")
 def single_device_run():
-  return _run(jax.devices()[:1], fsdp=False, batch=_packed_batch(16))
+  return _run(jax.devices()[:1], fsdp=False, batch=packed_batch(16))
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
@@ -69,7 +34,7 @@ def single_device_run():
 def test_sharded_step_matches_single_device(single_device_run, fsdp):
   assert jax.device_count() == 8
   reference, reference_losses = single_device_run
-  state, losses = _run(jax.devices(), fsdp=fsdp, batch=_packed_batch(16))
+  state, losses = _run(jax.devices(), fsdp=fsdp, batch=packed_batch(16))
   np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
   assert losses[1] < losses[0]  # The steps really train.
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params),
@@ -92,7 +57,7 @@ def _assert_really_sharded(state):
 
 
 def test_data_parallel_replicates_params():
-  shardings = recipe.build(_model().config, _train_config(), rows=16, length=12).shardings
+  shardings = recipe.build(step_model().config, step_train_config(), rows=16, length=12).shardings
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings.params))
   assert all(s.is_fully_replicated for s in jax.tree.leaves(shardings.opt_state))
 
