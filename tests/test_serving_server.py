@@ -244,9 +244,12 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": "a"}', "sentences: Input should be a valid list"),
     (b'{"sentences": []}', "sentences: List should have at least 1 item"),
     (b'{"sentences": ["a\\nb"]}', "holds a line break"),
-    (b'{"sentences": ["a"], "beam_size": 0}', "beam_size: Input should be greater than or"),
-    (b'{"sentences": ["a"], "length_penalty": 1e300}', "length_penalty: Input should be less "
-     "than or equal to 10"),
+    (b'{"sentences": ["a"], "beam_size": 0}', "beam_size: must be > 0, got 0"),
+    (b'{"sentences": ["a"], "length_penalty": 1e300}', "length_penalty: must be in [0, 10], got "
+     "1e+300"),
+    (b'{"sentences": ["a"], "finish_rule": "x"}', "finish_rule: Input should be 'top_k' or "
+     "'every_beam'"),
+    (b'{"sentences": ["a"], "batch_tokens": 64}', "batch_tokens: Extra inputs are not permitted"),
     (b'{"sentences": ["a"], "bogus": 1}', "bogus: Extra inputs are not permitted"),
     (b'{"text": ["a"]}', "sentences: Field required; text: Extra inputs are not permitted"),
     (b'{"sentences": ["a", "b"], "target_prefix": ["x"]}', "1 target_prefix for 2 sentences"),

@@ -28,7 +28,8 @@ import uvicorn
 
 from flax_transformer import files
 from flax_transformer.errors import InputError
-from flax_transformer.server.api import Service, make_app
+from flax_transformer.server.api import make_app
+from flax_transformer.server.languages import Service
 from flax_transformer.server.metrics import Metrics
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.translator import Translator
