@@ -13,6 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from flax_transformer.cli import main as cli_main
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
@@ -108,3 +109,32 @@ def fine_tune(init_from: Path, workdir: Path, tfds_dir: Path, **overrides: Any) 
     if group != "model":  # The model is the import's.
       config[group][name] = value
   trainer.train_and_evaluate(config, str(workdir))
+
+
+def serve_app(translator: Any, service: Any, max_wait_ms: int = 1000):
+  """(a started batcher over `translator`, its app serving `service`, the batcher's reports)."""
+  from flax_transformer.server.api import make_app
+  from flax_transformer.serving import Batcher
+
+  reports = []
+  batcher = Batcher(translator, max_wait_ms=max_wait_ms, observe=reports.append)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  return batcher, make_app(batcher, service), reports
+
+
+def posts(app: Any, requests: list[tuple[str, Any]], headers: dict[str, str] | None = None):
+  """The answers to (path, JSON body) requests sent at once (GET for a None body), with
+  `headers` besides httpx's own (which accept gzip)."""
+  import asyncio
+
+  httpx = pytest.importorskip("httpx", reason="needs the [serve] extra")
+
+  async def run():
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://server", timeout=120,
+                                 headers=headers) as client:
+      return await asyncio.gather(*[client.get(path) if body is None else
+                                    client.post(path, json=body) for path, body in requests])
+
+  return asyncio.run(run())

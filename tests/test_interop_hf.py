@@ -38,7 +38,9 @@ from hf_imports import (
   equal_where_ctranslate2_ended,
   fine_tune,
   held_out_sentences,
+  posts,
   search_ids,
+  serve_app,
 )
 
 from flax_transformer import Transformer, Translator
@@ -441,42 +443,14 @@ def test_a_target_prefix_follows_the_language_token(imported, sentences):
   assert all(np.isfinite(scores))
 
 
-def _server(translator: Translator, service, max_wait_ms: int = 1000):
-  """(a started batcher over `translator`, its app serving `service`, the batcher's reports)."""
-  from flax_transformer.server.api import make_app
-  from flax_transformer.serving import Batcher
-
-  reports = []
-  batcher = Batcher(translator, max_wait_ms=max_wait_ms, observe=reports.append)
-  batcher.start()
-  assert batcher.ready.wait(60)
-  return batcher, make_app(batcher, service), reports
-
-
 def _many_language_server(imported, **options):
-  """`_server` over a Translator of no language pair: a server of every pair of the model, as
+  """`serve_app` over a Translator of no language pair: a server of every pair of the model, as
   `serve` runs one without --source_lang/--target_lang (`options`: the Service's defaults)."""
   from flax_transformer.server import Service
 
   translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED)
-  return _server(translator, Service(options.get("source"), options.get("target"),
-                                     languages=tuple(translator.languages)))
-
-
-def _posts(app, requests, headers=None):
-  """The answers to (path, JSON body) requests sent at once (GET for a None body), with
-  `headers` besides httpx's own (which accept gzip)."""
-  httpx = pytest.importorskip("httpx", reason="needs the [serve] extra")
-  import asyncio
-
-  async def run():
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://server", timeout=120,
-                                 headers=headers) as client:
-      return await asyncio.gather(*[client.get(path) if body is None else
-                                    client.post(path, json=body) for path, body in requests])
-
-  return asyncio.run(run())
+  return serve_app(translator, Service(options.get("source"), options.get("target"),
+                                       languages=tuple(translator.languages)))
 
 
 def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, sentences):
@@ -489,9 +463,9 @@ def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, se
   settings = dict(method="greedy", max_len_a=0.0, max_len_b=N - 1)
   translator = Translator.from_workdir(imported.workdir, grow_cache="no", source_lang=source,
                                        target_lang=target, **settings)
-  batcher, app, _ = _server(translator, Service(source, target, step=translator.step),
+  batcher, app, _ = serve_app(translator, Service(source, target, step=translator.step),
                             max_wait_ms=20)
-  answers = _posts(app, [("/translate", {"q": line, "source": source, "target": target})
+  answers = posts(app, [("/translate", {"q": line, "source": source, "target": target})
                          for line in sentences[:4]])
   batcher.close(10)
   assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
@@ -510,10 +484,10 @@ def test_the_server_searches_requests_into_two_languages_together(imported, sent
   source, target_a, target_b = imported.codes
   batcher, app, reports = _many_language_server(imported)
   lines = sentences[:3]
-  libre = _posts(app, [("/translate", {"q": lines, "source": source, "target": target})
+  libre = posts(app, [("/translate", {"q": lines, "source": source, "target": target})
                        for target in (target_a, target_b)])
   libre_reports, reports[:] = list(reports), []
-  v1 = _posts(app, [("/v1/translate", {"sentences": lines, "n": 2, "source_lang": source,
+  v1 = posts(app, [("/v1/translate", {"sentences": lines, "n": 2, "source_lang": source,
                                        "target_lang": target})
                     for target in (target_a, target_b)])
   batcher.close(10)
@@ -544,7 +518,7 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   source, target_a, target_b = imported.codes
   batcher, bare, _ = _many_language_server(imported)
   lines = sentences[:2]
-  languages, unknown, auto, no_pair, same = _posts(bare, [
+  languages, unknown, auto, no_pair, same = posts(bare, [
       ("/languages", None),
       ("/translate", {"q": lines[0], "source": source, "target": target_a[:-1] + "Q"}),
       ("/translate", {"q": lines[0], "source": "auto", "target": target_a}),
@@ -556,7 +530,7 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   for entry in languages.json():
     assert entry["targets"] == [other for other in codes if other != entry["code"]]
   # Gzipped for a client that accepts it, the same JSON for one that does not.
-  [plain] = _posts(bare, [("/languages", None)], headers={"Accept-Encoding": "identity"})
+  [plain] = posts(bare, [("/languages", None)], headers={"Accept-Encoding": "identity"})
   assert "content-encoding" not in plain.headers and plain.json() == languages.json()
   assert languages.headers["content-encoding"] == "gzip"
   assert int(languages.headers["content-length"]) * 10 < len(plain.content)
@@ -569,7 +543,7 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   assert same.json() == {"translatedText": lines, "alternatives": [[], []]}
 
   defaults = make_app(batcher, Service(source, target_b, languages=tuple(codes)))
-  auto, v1 = _posts(defaults, [
+  auto, v1 = posts(defaults, [
       ("/translate", {"q": lines, "source": "auto", "target": target_a}),
       ("/v1/translate", {"sentences": lines})])
   batcher.close(10)
