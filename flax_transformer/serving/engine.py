@@ -482,8 +482,8 @@ class _LaneRun:
 
   def _table(self, tier: int) -> Slot:
     if self.tables[tier] is None:
-      self.tables[tier] = empty_table(self.model, self.params, self.lanes[tier], self.spec.how,
-                                      *self.data)
+      self.tables[tier] = _placed_like(empty_table(self.model, self.params, self.lanes[tier],
+                                                   self.spec.how, *self.data), self.params)
     return self.tables[tier]
 
   def _admit(self, queue: collections.deque) -> None:
@@ -543,6 +543,16 @@ class _LaneRun:
           lane=lane, how=self.spec.how)
       self.live[above][into], self.owner[above][into] = True, self.owner[tier][chunk]
       self.live[tier][chunk] = False
+
+
+def _placed_like(table: Slot, params: Any) -> Slot:
+  """`table` committed to the parameters' device when they are committed (as the programs'
+  outputs then are): so the first call on a new table runs the program that every later call
+  runs (a warm-up compiles each program once, `Engine.warm`), not a variant of its own."""
+  leaf = jax.tree.leaves(params)[0]
+  if isinstance(leaf, jax.Array) and leaf.committed:
+    return jax.device_put(table, leaf.sharding)
+  return table
 
 
 def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarray,
