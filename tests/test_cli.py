@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 import sacrebleu
-from conftest import REPO, run_train_py
+from conftest import REPO
 
 from flax_transformer import Translator
 from flax_transformer.cli import main
@@ -33,27 +33,24 @@ from flax_transformer.runtime.compilation_cache import (
 )
 from flax_transformer.workdir import average_checkpoints, lock, restore_params
 
-pytestmark = pytest.mark.slow  # trains workdirs with train.py.
+pytestmark = pytest.mark.slow  # on conftest's trained workdir, trained by train.py.
 
-STEPS = 30
+# conftest's trained_workdir: checkpoints at steps 200, 300 and 400, beam size 4 in its config.
+STEPS, EARLIER_STEPS = 400, (200, 300)
 
 
-def _train(workdir: Path, **changes) -> Path:
-  """conftest.py's SHRUNK (checkpoints at steps 10, 20, 30, all kept; beam size 2, which the
-  translate test overrides) with STEPS steps; training evaluates, and translates, its eval split
-  at the end."""
-  run_train_py(workdir, **{"train__num_train_steps": STEPS, "eval__translate": True, **changes})
+@pytest.fixture(scope="module")
+def workdir(trained_workdir, tmp_path_factory) -> Path:
+  """A copy of conftest's trained workdir (trained once per session; tests here write into
+  theirs: an averaged checkpoint, a lock). Training translated its eval split at its end."""
+  workdir = tmp_path_factory.mktemp("cli") / "workdir"
+  shutil.copytree(trained_workdir, workdir)
   return workdir
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-  return _train(tmp_path_factory.mktemp("cli") / "workdir")
-
-
-@pytest.fixture(scope="module")
 def workdir_test_split(workdir) -> list[tuple[str, str]]:
-  """The `workdir` fixture's test split (24 pairs)."""
+  """The `workdir` fixture's test split (64 pairs)."""
   config = json.loads((workdir / "config.json").read_text())
   return split_texts(parse_group(DataConfig, config["data"]), "test")
 
@@ -61,10 +58,10 @@ def workdir_test_split(workdir) -> list[tuple[str, str]]:
 def test_translator_from_workdir_restores_latest_or_given_step(workdir, workdir_test_split):
   sources = [source for source, _ in workdir_test_split[:6]]
   latest = Translator.from_workdir(workdir)
-  assert latest.step == STEPS and latest.settings.search.beam_size == 2  # config.search's
+  assert latest.step == STEPS and latest.settings.search.beam_size == 4  # config.search's
   assert latest.settings.search.grow_cache == "no"
-  earlier = Translator.from_workdir(workdir, step=10)
-  assert earlier.step == 10
+  earlier = Translator.from_workdir(workdir, step=EARLIER_STEPS[0])
+  assert earlier.step == EARLIER_STEPS[0]
   outputs = latest.translate(sources)
   assert len(outputs) == 6 and all(isinstance(o, str) for o in outputs)
   # Batching must not change results: one by one gives the same translations.
@@ -150,8 +147,8 @@ def test_translate_command_rejects_bad_utf8_before_restoring(workdir, tmp_path, 
 
 
 def test_evaluate_command_scores_with_sacrebleu(trained_workdir, tmp_path, capsys):
-  """On conftest's trained workdir, its 64 test pairs (this module's 30-step workdir scores BLEU
-  0 and chrF 0 on its test split: a recomputation would agree with anything)."""
+  """On conftest's trained workdir, its 64 test pairs (about 22 BLEU: a model that scored 0 would
+  let a recomputation agree with anything)."""
   workdir = trained_workdir
   config = json.loads((workdir / "config.json").read_text())
   pairs = split_texts(parse_group(DataConfig, config["data"]), "test")
@@ -263,10 +260,10 @@ def test_an_unreadable_checkpoint_is_one_line_naming_it(workdir, workdir_test_sp
   assert result.stderr.count("\n") == 1, result.stderr[-3000:]  # One line, no traceback.
   assert (f"error: The checkpoint {damaged / 'checkpoints' / str(STEPS)} is unreadable: "
           "ValueError: OUT_OF_RANGE: Error reading ") in result.stderr
-  assert "Saved steps: [10, 20, 30]. Pass --step with an earlier one" in result.stderr
+  assert "Saved steps: [200, 300, 400]. Pass --step with an earlier one" in result.stderr
   # As the message says: an earlier step still translates.
-  assert main(["translate", "--workdir", str(damaged), "--step", "20", "--input", str(source),
-               "--output", str(tmp_path / "out.txt")]) == 0
+  assert main(["translate", "--workdir", str(damaged), "--step", str(EARLIER_STEPS[1]),
+               "--input", str(source), "--output", str(tmp_path / "out.txt")]) == 0
   assert len(read_lines(str(tmp_path / "out.txt"))) == 1
 
 
@@ -366,7 +363,7 @@ def test_average_command_averages_parameters(workdir, capsys):
   assert path.name == f"step_{STEPS}_last_2"
   averaged, step = restore_params(workdir, checkpoint=path)
   assert step == STEPS
-  a, _ = restore_params(workdir, STEPS - 10)
+  a, _ = restore_params(workdir, EARLIER_STEPS[1])
   b, _ = restore_params(workdir, STEPS)
   for x, y, mean in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(averaged),
                         strict=True):
