@@ -89,18 +89,6 @@ def test_ensemble_greedy_equals_the_hand_averaged_reference(members):
 
 
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
-def test_an_ensemble_of_one_model_twice_searches_as_that_model(members):
-  model, params = members
-  single = jax.jit(lambda: beam_search(bridge.prepare_search(
-      model, {"params": params[0]}, INPUTS, max_decode_len=L), beam_size=4))()
-  twice = jax.jit(lambda: beam_search(bridge.prepare_search(
-      model, {"params": _stacked([params[0], params[0]])}, INPUTS, max_decode_len=L,
-      ensemble=True), beam_size=4))()
-  np.testing.assert_array_equal(single[0], twice[0])
-  np.testing.assert_allclose(single[1], twice[1], atol=1e-5)
-
-
-@pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 def test_ensemble_scores_are_the_log_of_the_mean_probability(members):
   model, params = members
   targets = jnp.array([[5, 6, EOS, 0], [7, EOS, 0, 0], [8, 9, 10, EOS]])
