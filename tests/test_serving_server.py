@@ -108,26 +108,6 @@ def test_concurrent_requests_get_translates_answers(translator, sentences):
                  'endpoint="/v1/translate",status="200"') == len(requests)
 
 
-def test_fill_batching_gives_translates_texts(translator, sentences):
-  """--batching fill: one-sentence requests fill a bucket's batch; the texts are translate's
-  (scores equal to float32 rounding, the row count being another)."""
-  batcher, app = _serve(translator, max_wait_ms=50, batching_mode="fill")
-  lines = sentences[:24]
-
-  async def run():
-    async with _client(app) as client:
-      return await asyncio.gather(*[client.post("/v1/translate", json={"sentences": [line]})
-                                    for line in lines])
-
-  answers = asyncio.run(run())
-  batcher.close(10)
-  expected = translator.translate_nbest(lines, 1)
-  for answer, hyps in zip(answers, expected, strict=True):
-    best = answer.json()["translations"][0]["hypotheses"][0]
-    assert best["text"] == hyps[0][0]
-    assert best["score"] == pytest.approx(hyps[0][1], abs=1e-4)
-
-
 async def _get(app, path: str) -> httpx.Response:
   async with _client(app) as client:
     return await client.get(path)
@@ -753,9 +733,9 @@ def test_the_command_says_each_mistake_in_one_line(trained_workdir, tmp_path, mo
           (["--warmup_kinds", "settings,prefix"], "--warmup_kinds: unknown kind 'prefix'; "
            "choose from settings, target_prefix, alignments, beam, greedy, sample "
            "(comma-separated)."),
-          (["--engine", "slots"], "serve runs in batches for now (its batcher merges requests "
-           "into translate's batch plan); --engine slots is for translate and evaluate "
-           "(docs/design.md, \"The engine\").")]
+          (["--batching", "fill"], "--batching fill is gone: the engine (serve --engine slots) "
+           "fills its slots with the sentences of every request and answers each with "
+           "translate's bytes; in batches, exact is the one mode.")]
   for flags, words in runs:
     assert main(["serve", "--workdir", str(trained_workdir), *flags]) == 2
     err = capsys.readouterr().err

@@ -38,10 +38,9 @@ def run_serve(args: argparse.Namespace) -> int:
   for flag in ("max_queue", "max_body_bytes", "max_beam_size", "max_programs"):
     if getattr(args, flag) < 1:
       raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
-  if getattr(args, "engine", None) == "slots":
-    raise InputError("serve runs in batches for now (its batcher merges requests into "
-                     "translate's batch plan); --engine slots is for translate and evaluate "
-                     "(docs/design.md, \"The engine\").")
+  from flax_transformer.serving.batcher import check_batching_mode
+
+  check_batching_mode(args.batching)  # "fill" is gone: one line.
   kinds = _warmup_kinds(args)  # A wrong kind: one line, before any restore.
   if not 0 < args.drain_seconds < math.inf:
     raise InputError(f"--drain_seconds must be a number of seconds > 0, got "
@@ -78,7 +77,7 @@ def run_serve(args: argparse.Namespace) -> int:
   def announce(address: str) -> None:
     print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
           f"{service.describe()}, {settings.precision}, "
-          f"{args.batching} batching); SIGTERM or Ctrl-C drains and stops.", flush=True)
+          f"{_batching(settings.engine)}); SIGTERM or Ctrl-C drains and stops.", flush=True)
 
   if not lifecycle.serve(translator, options, service, announce=announce,
                            progress=sys.stderr.isatty()):
@@ -87,6 +86,12 @@ def run_serve(args: argparse.Namespace) -> int:
   print("flax-transformer serve: stopped; every request taken was answered.", file=sys.stderr,
         flush=True)
   return 0
+
+
+def _batching(engine: str) -> str:
+  """How the server batches, for its ready line."""
+  return ("the engine's slots (continuous batching)" if engine == "slots"
+          else "exact batching")
 
 
 def _warmup_kinds(args: argparse.Namespace) -> tuple[str, ...]:
@@ -109,11 +114,13 @@ def add_commands(commands) -> None:
       "Serves a checkpoint over HTTP: LibreTranslate's POST /translate and GET /languages (its "
       "clients work unchanged), POST /v1/translate with every search option, GET /health, "
       "GET /metrics (Prometheus) and a web page at /. Sentences of concurrent requests are "
-      "searched together in the length-bucket batches translate uses, each with translate's "
-      "result. A many-language model (NLLB-200, M2M-100, mBART-50) serves every pair of its "
-      "languages, requests of different pairs in the same searches; --source_lang and "
-      "--target_lang are then only defaults (of source 'auto' and of requests that name none), "
-      "and a --vocab_shortlist applies to every request (a text covering every target served). "
+      "searched together, each with translate's result: with --engine slots on the engine's "
+      "slots, refilled as sentences finish (continuous batching); else in the length-bucket "
+      "batches translate uses. A many-language model (NLLB-200, M2M-100, mBART-50) serves "
+      "every pair of its languages, requests of different pairs in the same searches; "
+      "--source_lang and --target_lang are then only defaults (of source 'auto' and of "
+      "requests that name none), and a --vocab_shortlist applies to every request (a text "
+      "covering every target served). "
       "Needs the [serve] extra: " + SERVE_INSTALL + ".",
       "flax-transformer serve --workdir workdirs/default --warmup")
   arguments.add_checkpoint_arguments(serve, ensemble=True)
@@ -146,11 +153,9 @@ def add_commands(commands) -> None:
                      "is dropped and compiled again when asked (default 64). Each sampling "
                      "top_k or temperature is a program: unbounded, memory would grow without "
                      "end.")
-  serve.add_argument("--batching", choices=("exact", "fill"), default="exact",
-                     help="exact: merge requests whose sentences translate would search in the "
-                     "same batch shape (answers equal translate's, byte for byte); fill: fill "
-                     "each bucket's largest batch (more sentences per search; scores may "
-                     "differ from translate's in their last bits). Default exact.")
+  # --batching exact|fill went with the engine: exact is the batches' one mode, and an old
+  # "fill" is one line (`batcher.check_batching_mode`). Hidden, so old command lines still run.
+  serve.add_argument("--batching", default="exact", help=argparse.SUPPRESS)
   serve.add_argument("--api_keys", default=None, help="A file of API keys, one a line: "
                      "every translate request must carry one (api_key), else 403.")
   serve.add_argument("--max_body_bytes", type=int, default=1 << 20,

@@ -1,5 +1,5 @@
-"""The HTTP server's dynamic batcher: the sentences of concurrent requests searched together in
-the `Translator`'s length-bucket batches, by one worker thread that owns the device.
+"""The HTTP server's batcher: the sentences of concurrent requests searched together by one
+worker thread that owns the device, each request answered with `translate`'s bytes.
 
     batcher = Batcher(translator, max_wait_ms=5, max_queue=2048)
     batcher.start(warmup=True)            # compiles in the worker; batcher.ready is then set
@@ -7,36 +7,46 @@ the `Translator`'s length-bucket batches, by one worker thread that owns the dev
     future.result()                       # -> [Sentence([("Ein Mann fährt Fahrrad.", -1.3)])]
     batcher.close()                       # answers what is queued, then stops the worker
 
-A request (a `Job`) is planned as `translate` would plan its lines alone (`batching.plan_batches`
-with the translator's token budget): each of its device batches is a *piece* of `rows` x
-`length` holding k <= rows of its sentences. The worker merges pieces of one kind into one
-device batch, first come first served, waiting at most `max_wait_ms` after the oldest piece
-came for the batch to fill:
+**On the engine** (a translator of `engine="slots"`, serve --engine slots): a request is
+prepared once in `submit` (`Translator.slot_call`: tokenized and checked, its sentences as the
+engine's requests, its search spec) and handed to the worker, which adds its sentences to the
+long-lived engine of its spec (`serving.inflight`) as they arrive, steps every engine with work
+one round at a time (admission into free slots, one bounded `advance` per lane, migrations;
+`engine.Engine.step`) and answers each request once its last sentence completes. Sentences of
+any requests of one spec share the slot tables, continuously; a sentence's lane, and so every
+shape it meets, follows from the settings and its own source, and its sampling key from its
+line in its request, so each answer is `Translator.translate(..., engine="slots")` of the
+request alone, byte for byte, whatever else is in flight. What the engine does not run
+(constraints, alignments, several devices: `Translator._in_slots`) is searched in batches, below.
 
-* exact (default): pieces of the same search settings and the same shape, never split, up to
-  `rows` sentences. A sentence is thus searched in the very [rows, length] shape that
-  `translate` of its request gives it, with its own line number as its sampling key
-  (`Translator.iter_nbest(plan=, line_numbers=)`), and XLA's output for a row depends on the
-  program's shape, not on the other rows: the answer is `translate`'s, byte for byte.
-  (On XLA:CPU another row count changes a score's last bits, 1e-6, and could flip a near tie:
-  that is why a lone sentence's piece of 8 rows is not merged into a batch of 64.)
-* fill: sentences of the same settings and length bucket fill a batch of up to the bucket's
-  capacity (`batch_tokens // length` rows) whatever their requests' own shapes; the most
-  sentences per search, with texts equal to `translate`'s but scores that may differ in their
-  last bits (the note above).
+**In batches** (a translator of `engine="batches"`, the default): a request (a `Job`) is planned
+as `translate` would plan its lines alone (`batching.plan_batches` with the translator's token
+budget): each of its device batches is a *piece* of `rows` x `length` holding k <= rows of its
+sentences. The worker merges pieces of the same search settings and the same shape into one
+device batch, never split, up to `rows` sentences, first come first served, waiting at most
+`max_wait_ms` after the oldest piece came for the batch to fill. A sentence is thus searched in
+the very [rows, length] shape that `translate` of its request gives it, with its own line number
+as its sampling key (`Translator.iter_nbest(plan=, line_numbers=)`), and XLA's output for a row
+depends on the program's shape, not on the other rows: the answer is `translate`'s, byte for
+byte. (On XLA:CPU another row count changes a score's last bits, 1e-6, and could flip a near
+tie: that is why a lone sentence's piece of 8 rows is not merged into a batch of 64, and why
+the old "fill" mode, which did, is gone: the engine fills its slots exactly.)
 
 A many-language model (NLLB-200, M2M-100, mBART-50) serves every language pair from one
 batcher: a job names its pair (`Job.source_lang`, `target_lang`; unset: the translator's
-settings'), and pieces that differ only in their pair share a key. The language tokens are
-data of each sentence's row (`Translator.iter_nbest(languages=)`), so a batch of several
-pairs is still one program of `translate`'s shape and each answer is its pair's alone.
+settings'), and pieces that differ only in their pair share a key (on the engine: an engine).
+The language tokens are data of each sentence's row (`Translator.iter_nbest(languages=)`), so
+a batch of several pairs is still one program of `translate`'s shape and each answer is its
+pair's alone.
 
-Requests with constraints, forbidden phrases or alignments are searched alone (their phrase
-arrays are shaped by the request's own phrases), in their turn, by `Translator.iter_nbest` as
-`translate` calls it. A search that raises fails the requests of its batch only (their futures
-raise `BatchFailed`; the traceback is logged once) and the worker goes on. The queue is bounded
-in sentences: `submit` raises `QueueFull` at once when a request does not fit now, and
-`TooLarge` when it would not fit in an empty queue either.
+Requests with constraints or alignments (and, in batches, forbidden phrases) are searched
+alone, in their turn, by `Translator.iter_nbest` as `translate` calls it. A search that raises
+fails the requests of its batch (on the engine: of its engine's round) only (their futures
+raise `BatchFailed`; the traceback is logged once) and the worker goes on; a request that
+`submit` refuses (a target prefix too long for its output, a bad setting) fails alone, before it
+is queued. The queue is bounded in sentences not yet answered: `submit` raises `QueueFull` at
+once when a request does not fit now, and `TooLarge` when it would not fit in an empty queue
+either.
 """
 
 from __future__ import annotations
@@ -55,10 +65,12 @@ import numpy as np
 
 from flax_transformer.errors import Error, InputError
 from flax_transformer.serving import batching, programs, texts
-from flax_transformer.serving.translator import Translator, decode_length, source_ids
+from flax_transformer.serving import engine as engine_lib
+from flax_transformer.serving.inflight import InFlight
+from flax_transformer.serving.translator import SlotCall, Translator, decode_length, source_ids
 
 _log = logging.getLogger(__name__)
-BATCHING_MODES = ("exact", "fill")
+BATCHING_MODES = ("exact",)  # 'fill' went with the engine (`check_batching_mode`).
 
 
 METHODS = ("beam", "greedy", "sample")
@@ -83,6 +95,16 @@ def warm_kinds(method: str, kinds: Sequence[str] = ("settings",)
              "alignments": ("alignments", {"align": 1}),
              **{other: (other, {"method": other}) for other in METHODS if other != method}}
   return [options[kind] for kind in WARM_KINDS if kind in kinds and kind in options]
+
+
+def check_batching_mode(mode: str) -> None:
+  """InputError, one line, for a batching mode other than "exact" (serve's --batching)."""
+  if mode == "fill":
+    raise InputError("--batching fill is gone: the engine (serve --engine slots) fills its "
+                     "slots with the sentences of every request and answers each with "
+                     "translate's bytes; in batches, exact is the one mode.")
+  if mode not in BATCHING_MODES:
+    raise InputError(f"--batching must be exact (the batches' one mode), got {mode!r}.")
 
 
 class QueueFull(Error):
@@ -164,8 +186,10 @@ class _Request:
   """A submitted job, its answers as they come and its future (the batcher's lock guards it)."""
 
   def __init__(self, job: Job, future: concurrent.futures.Future, token_counts: list[int],
-               truncated: list[bool], pieces: int, pair: tuple[str, str] | None = None):
+               truncated: list[bool], pieces: int, pair: tuple[str, str] | None = None,
+               call: SlotCall | None = None):
     self.job = job
+    self.call = call  # Its sentences prepared for the engine; None: searched in batches.
     self.pair = pair  # (source_lang, target_lang) of a many-language model; None: one pair.
     self.future = future
     self.token_counts = token_counts
@@ -180,24 +204,26 @@ class _Request:
 @dataclasses.dataclass
 class _Piece:
   """Some sentences of one request that are searched together (a device batch of `translate`'s
-  plan, or one sentence in fill mode)."""
+  plan)."""
 
   request: _Request
   indices: np.ndarray  # int [k]: positions in the request's sentences
   key: tuple[Any, ...]  # What pieces must share to be merged.
-  rows: int  # Rows of its batch (the bucket's capacity in fill mode).
+  rows: int  # Rows of its batch.
   length: int  # Source bucket.
   arrived: float
 
 
 class Batcher:
-  """Merges the sentences of concurrent jobs into the translator's batches and searches them
-  in one worker thread (module docstring).
+  """Searches the sentences of concurrent jobs together in one worker thread: on the engine's
+  slots, or merged into the translator's batches (module docstring).
 
   Args:
     translator: what searches; only the worker thread calls it once started.
-    max_wait_ms: how long the oldest queued piece waits for its batch to fill.
-    max_queue: most sentences queued (not yet searched); `submit` raises `QueueFull` beyond.
+    max_wait_ms: how long the oldest queued piece waits for its batch to fill (in batches; the
+      engine admits a sentence at its lane's next round).
+    max_queue: most sentences queued (in batches: not yet searched; on the engine: not yet
+      answered); `submit` raises `QueueFull` beyond.
     max_beam_size: the largest beam a job's settings may ask for (the translator's own is always
       allowed; None: no limit). A beam's memory grows with its size (cache, logits [rows x beam,
       vocabulary]): one request of an unbounded server could exhaust the process's memory.
@@ -207,7 +233,7 @@ class Batcher:
       loaded again when asked (`serving.programs`). None: every one is kept. Each value of
       sampling's `top_k` or `temperature` is a program of its own, so without a bound a client
       could grow the server's memory without end.
-    batching_mode: "exact" or "fill" (module docstring).
+    batching_mode: "exact", the batches' one mode ("fill" is gone: `check_batching_mode`).
     observe: called with a `BatchReport` after each search, before its requests are answered,
       in the worker thread.
   """
@@ -216,9 +242,7 @@ class Batcher:
                max_queue: int = 2048, batching_mode: str = "exact",
                observe: Callable[[BatchReport], None] | None = None,
                max_beam_size: int | None = None, max_programs: int | None = None):
-    if batching_mode not in BATCHING_MODES:
-      raise InputError(f"batching_mode must be one of {', '.join(BATCHING_MODES)}, got "
-                       f"{batching_mode!r}.")
+    check_batching_mode(batching_mode)
     if max_wait_ms < 0 or max_queue < 1:
       raise InputError(f"max_wait_ms must be >= 0 and max_queue >= 1, got {max_wait_ms} and "
                        f"{max_queue}.")
@@ -241,6 +265,8 @@ class Batcher:
     self.not_warm: list[str] = []  # The other kinds `warm_kinds` could have compiled.
     self.failed: BaseException | None = None  # The warm-up's error, if it raised.
     self._pending: collections.deque[_Piece] = collections.deque()
+    self._arrived: list[_Request] = []  # Requests for the engine, not yet added to it.
+    self._slots = InFlight(translator)  # Only the worker thread touches it.
     self._queued = 0  # Sentences in _pending.
     self._lock = threading.Condition()
     self._closing = False
@@ -274,10 +300,34 @@ class Batcher:
   def submit(self, job: Job) -> concurrent.futures.Future:
     """Queues `job`; its future gives one `Sentence` per line. Raises `InputError` for bad
     settings or a target prefix that does not fit, `QueueFull` when its sentences do not fit in
-    the queue, `Closed` once `close` was called. Called from any thread."""
+    the queue, `TooLarge` when they would not fit an empty one, `Closed` once `close` was
+    called. Called from any thread."""
     texts.text_list(job.sentences, "sentences")
     if job.target_prefix is not None:
       texts.text_list(job.target_prefix, "target_prefix")
+    options = self._options(job)
+    pair = self._pair(job, options)
+    if pair is not None:
+      options = options.replace(source_lang=pair[0], target_lang=pair[1])
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    call = self._slot_call(job, pair)
+    if call is not None:  # On the engine: prepared (tokenized, checked) once, here.
+      counts = np.zeros(len(job.sentences), np.int64)
+      counts[call.indices] = 1
+      request = _Request(job, future, counts.tolist(), call.cut.tolist(), 0, pair, call)
+      return self._queue(request, [], len(call.requests))
+    token_counts, truncated = self._token_counts(job, options)
+    if job.target_prefix is not None:
+      self._check_prefixes(job, token_counts, options,
+                           len(self.translator.language_tokens(options)[1]))
+    request = _Request(job, future, token_counts, truncated, 0, pair)
+    pieces = self._pieces(request, options)
+    request.pieces_left = len(pieces)
+    return self._queue(request, pieces, sum(len(piece.indices) for piece in pieces))
+
+  def _options(self, job: Job) -> Any:
+    """The job's `TranslateConfig`: InputError for a precision, a beam over the server's limit
+    or more hypotheses than the search gives."""
     options = self.translator.settings.replace(**dict(job.settings))
     if options.precision != self.translator.settings.precision:
       raise InputError("precision is chosen when the server starts (--precision).")
@@ -290,24 +340,39 @@ class Batcher:
     if not 1 <= job.n <= beams:
       raise InputError(f"{job.n} hypotheses per sentence need method 'beam' with beam_size >= "
                        f"{job.n} (this search gives {beams}).")
-    pair = self._pair(job, options)
-    if pair is not None:
-      options = options.replace(source_lang=pair[0], target_lang=pair[1])
+    return options
+
+  def _token_counts(self, job: Job, options: Any) -> tuple[list[int], list[bool]]:
+    """Each sentence's source tokens (0: blank) and whether it was cut to max_len."""
     max_len = self.translator.model_config.max_len
     tokenizer = self.translator.tokenizer
-    source_lead, target_lead = self.translator.language_tokens(options)  # Many languages.
+    source_lead = self.translator.language_tokens(options)[0]  # Many languages.
     token_counts, truncated = [], []
     for sentence in job.sentences:
       ids = tokenizer.tokenize(sentence) if sentence.strip() else []
       truncated.append(len(ids) > max_len - 1 - len(source_lead))
       token_counts.append(len(source_ids(tokenizer, sentence, max_len, source_lead)))
-    if job.target_prefix is not None:
-      self._check_prefixes(job, token_counts, options, len(target_lead))
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    request = _Request(job, future, token_counts, truncated, 0, pair)
-    pieces = self._pieces(request, options)
-    request.pieces_left = len(pieces)
-    searched = sum(len(piece.indices) for piece in pieces)
+    return token_counts, truncated
+
+  def _slot_call(self, job: Job, pair: tuple[str, str] | None) -> SlotCall | None:
+    """The job prepared for the engine (`Translator.slot_call`), or None when it runs in
+    batches: the translator's engine is 'batches', or the job has constraints or alignments,
+    or what `Translator._in_slots` keeps in batches."""
+    if self.translator.settings.engine != "slots" or job.constraints is not None or (
+        job.alignments):
+      return None
+    settings = dict(_search_settings(job, pair))
+    if settings.get("engine", "slots") != "slots":
+      return None
+    languages = None if pair is None else [pair] * len(job.sentences)
+    return self.translator.slot_call(list(job.sentences), job.n, target_prefix=job.target_prefix,
+                                     forbid=job.forbid, languages=languages, **settings)
+
+  def _queue(self, request: _Request, pieces: list[_Piece], searched: int
+             ) -> concurrent.futures.Future:
+    """Puts the request's pieces (or its engine call) in the queue, or raises `Closed`,
+    `TooLarge` or `QueueFull`; answers at once a request with nothing to search."""
+    future = request.future
     with self._lock:
       if self._closing:
         raise Closed("The server is shutting down and takes no new requests.")
@@ -317,10 +382,12 @@ class Batcher:
       if self._queued + searched > self.max_queue:
         raise QueueFull(f"The queue holds {self._queued} of at most {self.max_queue} "
                         f"sentences; this request has {searched}.")
-      if not pieces:
+      if not searched:
         future.set_running_or_notify_cancel()
         future.set_result(list(request.answers))
         return future
+      if request.call is not None:
+        self._arrived.append(request)
       self._pending.extend(pieces)
       self._queued += searched
       self._lock.notify_all()
@@ -378,22 +445,19 @@ class Batcher:
     if job.alone:
       return [_Piece(request, real, ("alone", next(self._alone_keys)), 0, 0, now)]
     # The pair is each row's data, not the program's: pieces of any pairs share a key.
-    kind = (_search_settings(request), job.target_prefix is not None)
+    kind = (_search_settings(job, request.pair), job.target_prefix is not None)
     lengths = [request.token_counts[i] for i in real]
-    if self.batching_mode == "fill":
-      return [_Piece(request, real[i:i + 1], (kind, length), capacity, length, now)
-              for i, (capacity, length) in enumerate(
-                  _capacity(count, options.batch_tokens, max_len) for count in lengths)]
     return [_Piece(request, real[b.indices], (kind, b.rows, b.length), b.rows, b.length, now)
             for b in batching.plan_batches(lengths, options.batch_tokens, max_len)]
 
   # --------------------------------------------------------------------------- the worker
   def _work(self, kinds: Sequence[tuple[str, dict[str, Any]]], progress: bool) -> None:
-    """The worker thread: the warm-up of `kinds` (`warm_kinds`), then batches until closed and
-    drained."""
+    """The worker thread: the warm-up of `kinds` (`warm_kinds`), then, until closed and
+    drained, the requests that arrived for the engine added to it, a batch of those searched in
+    batches when one is due, and one round of the engine when it has work."""
     try:
       for kind, options in kinds:
-        self.translator.compile(progress=progress, **options)
+        self._warm(options, progress)
         self.warm.append(kind)
     except BaseException as error:  # The server reports it and stops.
       self.failed = error
@@ -402,40 +466,102 @@ class Batcher:
       return
     self.ready.set()
     while True:
-      batch = self._next_batch()
-      if batch is None:
+      work = self._next_work()
+      if work is None:
         return
-      try:
-        self._search(batch)
-      except Exception as error:  # A bug outside the search: fail its batch, keep serving.
-        _log.exception("Answering a batch failed; its requests are answered 500.")
-        self._fail([piece.request for pieces in batch for piece in pieces],
-                   BatchFailed(f"answering its batch failed ({error!r})"))
+      arrived, batch = work
+      for request in arrived:
+        if self._start(request):
+          self._slots.add(request.call, request)
+      if batch:
+        try:
+          self._search(batch)
+        except Exception as error:  # A bug outside the search: fail its batch, keep serving.
+          _log.exception("Answering a batch failed; its requests are answered 500.")
+          self._fail([piece.request for pieces in batch for piece in pieces],
+                     BatchFailed(f"answering its batch failed ({error!r})"))
+      if self._slots.busy:
+        self._step_slots()
 
-  def _next_batch(self) -> list[list[_Piece]] | None:
-    """The next device batches to search (lists of pieces of one key, each list one device
-    batch), taken off the queue; None once closed and drained."""
-    devices = self.translator.num_devices
+  def _warm(self, options: dict[str, Any], progress: bool) -> None:
+    """One warm-up kind: on the engine, every lane's programs of a request of that kind (every
+    source bucket; `Engine.warm`); in batches, `Translator.compile`."""
+    if self.translator.settings.engine != "slots" or options.get("align"):
+      self.translator.compile(progress=progress, **options)
+      return
+    settings = {"method": options["method"]} if "method" in options else {}
+    prefix = [""] if options.get("prefixed") else None
+    call = self.translator.slot_call([""], target_prefix=prefix, **settings)
+    if call is None:  # Kept in batches (several devices, a search of its own).
+      self.translator.compile(progress=progress, **options)
+      return
+    engine = self._slots.engine(call.spec)
+    max_len = self.translator.model_config.max_len
+    lengths = sorted({batching.bucket_length(n, max_len) for n in range(1, max_len + 1)})
+    for length in lengths:  # A language token is a prefix (whichever pair asks).
+      request = engine_lib.Request([0] * length, [] if prefix is not None
+                                   or self.translator.forced_tokens else None)
+      engine.warm(engine.lane_of(request))
+
+  def _next_work(self) -> tuple[list[_Request], list[list[_Piece]] | None] | None:
+    """(the requests arrived for the engine, the next due batch or None), waiting while there is
+    nothing to do; None once closed and drained."""
     with self._lock:
       while True:
-        if not self._pending:
-          if self._closing:
-            return None
-          self._lock.wait()
+        arrived, self._arrived = self._arrived, []
+        batch, wait = self._due_batch()
+        if arrived or batch or self._slots.busy:
+          return arrived, batch
+        if not self._pending and self._closing:
+          return None
+        self._lock.wait(wait)
+
+  def _due_batch(self) -> tuple[list[list[_Piece]] | None, float | None]:
+    """The next device batches to search (lists of pieces of one key, each list one device
+    batch), taken off the queue, when due (full, waited `max_wait_ms`, or closing); else None
+    and how long until the oldest piece is due (None: nothing queued). Holds the lock."""
+    if not self._pending:
+      return None, None
+    devices = self.translator.num_devices
+    oldest = self._pending[0]
+    same = [piece for piece in self._pending if piece.key == oldest.key]
+    limit = 1 if oldest.key[0] == "alone" else devices * oldest.rows
+    waited = time.monotonic() - oldest.arrived
+    if (sum(len(p.indices) for p in same) < limit and waited < self.max_wait
+        and not self._closing):
+      return None, self.max_wait - waited
+    batches = self._pack(same, 1 if oldest.key[0] == "alone" else oldest.rows, devices)
+    taken = {id(piece) for batch in batches for piece in batch}
+    self._pending = collections.deque(p for p in self._pending if id(p) not in taken)
+    self._queued -= sum(len(piece.indices) for batch in batches for piece in batch)
+    return batches, None
+
+  def _step_slots(self) -> None:
+    """One round of the engine: observed, then the requests it completed answered (or failed)."""
+    start = time.perf_counter()
+    done, failed, report = self._slots.step()
+    pairs = [request.pair for request, _ in done for _ in request.call.requests]
+    if self.observe and (report.sentences or failed):
+      self.observe(BatchReport(report.sentences, report.requests, report.in_flight, 0,
+                               report.target_tokens, time.perf_counter() - start,
+                               failed=bool(failed), target_langs=_target_counts(pairs)))
+    for request, error in failed:
+      self._fail([request], BatchFailed(f"the search of its sentences failed ({error!r})"))
+      self._unqueue(request)
+    for request, translated in done:
+      for k, index in enumerate(translated.indices):
+        request.answers[index] = Sentence(translated.hypotheses[k][:request.job.n],
+                                          bool(request.call.cut[index]))
+      self._unqueue(request)
+      with self._lock:
+        if request.dropped:
           continue
-        oldest = self._pending[0]
-        same = [piece for piece in self._pending if piece.key == oldest.key]
-        limit = 1 if oldest.key[0] == "alone" else devices * oldest.rows
-        waited = time.monotonic() - oldest.arrived
-        if (sum(len(p.indices) for p in same) < limit and waited < self.max_wait
-            and not self._closing):
-          self._lock.wait(self.max_wait - waited)
-          continue
-        batches = self._pack(same, 1 if oldest.key[0] == "alone" else oldest.rows, devices)
-        taken = {id(piece) for batch in batches for piece in batch}
-        self._pending = collections.deque(p for p in self._pending if id(p) not in taken)
-        self._queued -= sum(len(piece.indices) for batch in batches for piece in batch)
-        return batches
+      request.future.set_result(list(request.answers))
+
+  def _unqueue(self, request: _Request) -> None:
+    """The request's sentences leave the queue's count (answered or failed)."""
+    with self._lock:
+      self._queued -= len(request.call.requests)
 
   @staticmethod
   def _pack(pieces: Sequence[_Piece], rows: int, devices: int) -> list[list[_Piece]]:
@@ -544,7 +670,7 @@ class Batcher:
     for step in self.translator.iter_nbest(
         sentences, None, plan=plan, line_numbers=numbers,
         target_prefix=prefixes if job.target_prefix is not None else None,
-        languages=languages, **dict(_search_settings(first.request))):
+        languages=languages, **dict(_search_settings(job, first.request.pair))):
       tokens += step.target_tokens
       for index, hypotheses in zip(step.indices, step.hypotheses, strict=True):
         request, line = owners[index]
@@ -563,7 +689,7 @@ class Batcher:
     for step in self.translator.iter_nbest(
         list(job.sentences), job.n, target_prefix=job.target_prefix,
         constraints=job.constraints, forbid=job.forbid, alignments=job.alignments,
-        languages=languages, **dict(_search_settings(request))):
+        languages=languages, **dict(_search_settings(job, request.pair))):
       tokens += step.target_tokens
       rows += len(step.indices)
       for k, index in enumerate(step.indices):
@@ -575,12 +701,12 @@ class Batcher:
                                 target_langs=_target_counts([request.pair] * len(piece.indices)))
 
 
-def _search_settings(request: _Request) -> tuple[tuple[str, Any], ...]:
-  """The job's settings as the search takes them: on a many-language model, without the
-  language codes (the request's pair, passed per sentence)."""
-  if request.pair is None:
-    return request.job.settings
-  return tuple((name, value) for name, value in request.job.settings
+def _search_settings(job: Job, pair: tuple[str, str] | None) -> tuple[tuple[str, Any], ...]:
+  """The job's settings as the search takes them: on a many-language model (a `pair`), without
+  the language codes (the pair, passed per sentence)."""
+  if pair is None:
+    return job.settings
+  return tuple((name, value) for name, value in job.settings
                if name not in ("source_lang", "target_lang"))
 
 
@@ -588,12 +714,6 @@ def _target_counts(pairs: Sequence[tuple[str, str] | None]) -> tuple[tuple[str, 
   """(target language, sentences) of `pairs`, by code; () for a one-pair model's (None)."""
   counts = collections.Counter(pair[1] for pair in pairs if pair is not None)
   return tuple(sorted(counts.items()))
-
-
-def _capacity(count: int, batch_tokens: int, max_len: int) -> tuple[int, int]:
-  """(rows, length) of the largest batch of the bucket of `count` source tokens."""
-  length = batching.bucket_length(count, max_len)
-  return 1 << (max(1, batch_tokens // length).bit_length() - 1), length
 
 
 __all__ = [
@@ -607,5 +727,6 @@ __all__ = [
   "QueueFull",
   "Sentence",
   "TooLarge",
+  "check_batching_mode",
   "warm_kinds",
 ]

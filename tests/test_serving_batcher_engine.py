@@ -1,0 +1,191 @@
+"""The HTTP server's batcher on the engine (`serving.batcher`, `serving.inflight`; serve
+--engine slots): the sentences of concurrent requests share the engine's slot tables, and each
+request gets the bytes (text, score, n-best) of `Translator.translate_nbest(..., engine="slots")`
+of its own lines alone, whatever else is in flight; a bad request fails alone; close drains.
+
+The tiny model of serving_fixtures with random weights (outputs vary with the input and near
+ties are common), sentences of one bucket (one lane per spec: few programs to compile).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import jax
+import pytest
+from serving_fixtures import ONE_BUCKET_WORDS, sentences
+
+from flax_transformer.errors import InputError
+from flax_transformer.serving import Translator
+from flax_transformer.serving.batcher import Batcher, BatchReport, Closed, Job
+
+# Spec mix: beam search (two length penalties: two engines of one program), sampling.
+SETTINGS = [(), (("length_penalty", 1.0),), (("method", "sample"), ("seed", 7))]
+
+
+@pytest.fixture(scope="module")
+def translator(workdir) -> Translator:
+  return Translator.from_workdir(workdir, engine="slots", batch_tokens=128)
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+  return sentences(40, seed=5, max_words=ONE_BUCKET_WORDS)
+
+
+def _jobs(lines: list[str], count: int, seed: int) -> list[Job]:
+  """`count` jobs of 1-4 lines (a blank one now and then), random settings and n."""
+  rng = random.Random(seed)
+  jobs = []
+  for _ in range(count):
+    chosen = tuple(rng.choice(lines) if rng.random() > 0.1 else ""
+                   for _ in range(rng.randint(1, 4)))
+    settings = rng.choice(SETTINGS)
+    n = 1 if dict(settings).get("method") == "sample" else rng.randint(1, 3)
+    jobs.append(Job(chosen, n=n, settings=settings))
+  return jobs
+
+
+def _alone(translator: Translator, job: Job) -> list[list[tuple[str, float]]]:
+  """The job's lines translated by a call of their own (the reference)."""
+  return translator.translate_nbest(list(job.sentences), job.n, **dict(job.settings))
+
+
+def _serve_http(batcher: Batcher) -> tuple[str, threading.Thread, object]:
+  """The app on 127.0.0.1 (a free port) under uvicorn in a thread: (address, thread, server)."""
+  import uvicorn
+
+  from flax_transformer.server import Service, api, lifecycle
+
+  sock = lifecycle.listen("127.0.0.1", 0)
+  server = uvicorn.Server(uvicorn.Config(api.make_app(batcher, Service("en", "de")),
+                                         log_level="warning", lifespan="off"))
+  thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while not server.started and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert server.started
+  return f"http://127.0.0.1:{sock.getsockname()[1]}", thread, server
+
+
+def test_warm_up_compiles_the_engines_programs(translator, lines):
+  """--warmup on the engine compiles every lane's programs of the server's settings: a request
+  after ready compiles none (XLA compiles nothing while it is searched). First in this module:
+  the others reuse these programs."""
+  batcher = Batcher(translator)
+  batcher.start(warmup=True)
+  assert batcher.ready.wait(120) and batcher.failed is None
+  assert batcher.warm == ["beam (the server's settings)"]
+  long_line = " ".join(lines[:30])  # Cut to the longest bucket; past its first tier.
+  with _counting_compiles() as compiles:
+    answer = batcher.submit(Job((lines[0], long_line))).result(60)
+  assert batcher.close(10)
+  assert compiles == []
+  assert [s.hypotheses for s in answer] == translator.translate_nbest([lines[0], long_line], 1)
+
+
+@contextlib.contextmanager
+def _counting_compiles() -> Iterator[list[float]]:
+  """The durations of XLA compiles while in the block (jax.monitoring's compile event)."""
+  seen: list[float] = []
+  _COMPILES.append(seen)
+  try:
+    yield seen
+  finally:
+    _COMPILES.remove(seen)
+
+
+_COMPILES: list[list[float]] = []
+
+
+def _on_event(event: str, duration: float, **kwargs) -> None:
+  if event == "/jax/core/compile/backend_compile_duration":
+    for seen in _COMPILES:
+      seen.append(duration)
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def test_32_http_clients_in_random_order_get_their_own_calls_bytes(translator, lines):
+  """32 clients on a socket, each posting one request at once (random lines, settings, n):
+  every answer is its lines' `translate_nbest` alone, text and score, byte for byte; requests
+  shared the engine's rounds (several in flight at once)."""
+  reports: list[BatchReport] = []
+  batcher = Batcher(translator, observe=reports.append)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  address, thread, server = _serve_http(batcher)
+  jobs = _jobs(lines, 32, seed=1)
+  barrier = threading.Barrier(len(jobs))
+
+  def client(job: Job) -> httpx.Response:
+    body = {"sentences": list(job.sentences), "n": job.n, **dict(job.settings)}
+    barrier.wait(30)
+    return httpx.post(f"{address}/v1/translate", json=body, timeout=60)
+
+  start = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+    answers = list(pool.map(client, jobs))
+  seconds = time.perf_counter() - start
+  server.should_exit = True
+  thread.join(10)
+  assert batcher.close(10)
+  assert [answer.status_code for answer in answers] == [200] * len(jobs)
+  for job, answer in zip(jobs, answers, strict=True):
+    got = [[(h["text"], h["score"]) for h in t["hypotheses"]]
+           for t in answer.json()["translations"]]
+    assert got == _alone(translator, job), job
+  assert max(report.rows for report in reports) > 4  # In flight: more than one request's lines.
+  assert sum(report.requests for report in reports) == sum(
+      any(line.strip() for line in job.sentences) for job in jobs)
+  assert seconds < 60
+
+
+def test_threads_get_their_bytes_and_a_bad_request_fails_alone(translator, lines):
+  """Jobs submitted from 8 threads, one of them with a target prefix longer than its output
+  holds (InputError at submit, its own only) and one with a line over max_len (translated,
+  flagged): every other answer is its own call's bytes."""
+  batcher = Batcher(translator)
+  batcher.start()
+  jobs = _jobs(lines, 8, seed=2)
+  too_long = Job((lines[0],), target_prefix=(" ".join(["blue water"] * 20),))
+  over = Job((" ".join(lines[:30]), lines[1]))
+  assert len(translator.tokenizer.tokenize(over.sentences[0])) > translator.model_config.max_len
+
+  def submit(job: Job):
+    try:
+      return batcher.submit(job).result(60)
+    except InputError as error:
+      return error
+
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    answers = list(pool.map(submit, [*jobs, too_long, over]))
+  assert batcher.close(10)
+  *answers, refused, flagged = answers
+  assert isinstance(refused, InputError) and "target prefix of line 1" in str(refused)
+  assert [s.truncated for s in flagged] == [True, False]
+  assert [s.hypotheses for s in flagged] == _alone(translator, over)
+  for job, answer in zip(jobs, answers, strict=True):
+    assert [s.hypotheses for s in answer] == _alone(translator, job), job
+
+
+def test_close_drains_what_is_queued_and_takes_no_more(translator, lines):
+  """Jobs queued before the worker starts, then close at once: each is answered with its own
+  call's bytes (no waiting for more), and a later job is refused."""
+  batcher = Batcher(translator, max_wait_ms=10_000)
+  jobs = _jobs(lines, 6, seed=3)
+  futures = [batcher.submit(job) for job in jobs]
+  batcher.start()
+  assert batcher.close(60)
+  for job, future in zip(jobs, futures, strict=True):
+    assert [s.hypotheses for s in future.result(0)] == _alone(translator, job)
+  with pytest.raises(Closed):
+    batcher.submit(jobs[0])
