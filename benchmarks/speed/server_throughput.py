@@ -19,10 +19,15 @@ gets the same cap per sentence). One JSON line per (system, clients), then a sum
 
   python benchmarks/speed/server_throughput.py --workdir W \\
       --input ../shared/data/multi30k/test_2016_flickr.en.gz [--requests 1000] \\
-      [--clients 1 8 32 128] [--batching exact] [--precision float32] [--skip_anchor] \\
+      [--clients 1 8 32 128] [--servers exact slots] [--precision float32] [--skip_anchor] \\
       [--client aiohttp] [--rounds 3]
 
-On a shared machine the speed drifts: `--rounds N` alternates bulk and the server's levels N
+Servers, side by side in one run (both processes up, each level run on one then the other):
+`exact`, the batcher merging requests into translate's batches (serve's default, --engine
+batches), and `slots`, the batcher on the engine's slots (serve --engine slots, continuous
+batching). The summary gives slots over exact at each level.
+
+On a shared machine the speed drifts: `--rounds N` alternates bulk and the servers' levels N
 times and the summary compares their medians.
 
 Memory over many requests: --memory_requests 10000 sends that many requests at 32 clients to
@@ -50,6 +55,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"beam_size": 4, "length_normalization": "fairseq", "length_penalty": 1.0}
+SERVERS = {"exact": "batches", "slots": "slots"}  # --servers -> serve's --engine.
 
 
 def read_lines(path: str) -> list[str]:
@@ -108,7 +114,7 @@ async def load(address: str, lines: list[str], clients: int, requests: int,
         if answer.status_code != 200:
           errors += 1
         if rss and len(latencies) % 1000 == 0:
-          samples.append((len(latencies), rss()))
+          samples.append((len(latencies), rss().rss))
 
     start = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(clients)])
@@ -210,7 +216,9 @@ def main() -> None:
   parser.add_argument("--requests", type=int, default=1000, help="Answers per level.")
   parser.add_argument("--max_seconds", type=float, default=120, help="Per level, at most.")
   parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
-  parser.add_argument("--batching", default="exact", choices=("exact", "fill"))
+  parser.add_argument("--servers", nargs="+", default=["exact", "slots"],
+                      choices=tuple(SERVERS), help="exact: requests merged into translate's "
+                      "batches (--engine batches); slots: the engine's slots (--engine slots).")
   parser.add_argument("--max_wait_ms", type=float, default=5.0)
   parser.add_argument("--batch_tokens", type=int, default=4096)
   parser.add_argument("--precision", default="float32")
@@ -232,34 +240,37 @@ def main() -> None:
   config = json.loads((Path(args.workdir) / "config.json").read_text())
   target = config["data"].get("target_lang") or "de"
   common = dict(benchmark="server_throughput", input=os.path.basename(args.input),
-                client=args.client, batching=args.batching, precision=args.precision, **SETTINGS,
+                client=args.client, precision=args.precision, **SETTINGS,
                 date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
   results = []
   translator = None if args.skip_bulk else bulk_translator(args)
   flags = [f"--{k}={v}" for k, v in SETTINGS.items()]
-  process, address = start([sys.executable, "-m", "flax_transformer.cli", "serve",
-                            "--workdir", args.workdir, "--port", "0", "--warmup",
-                            "--batching", args.batching, "--max_wait_ms", str(args.max_wait_ms),
-                            "--batch_tokens", str(args.batch_tokens), "--max_queue", "100000",
-                            "--precision", args.precision, *flags])
-  # Rounds alternate bulk and the server's levels, so that the machine's drift hits both.
+  servers = {name: start([sys.executable, "-m", "flax_transformer.cli", "serve",
+                          "--workdir", args.workdir, "--port", "0", "--warmup",
+                          "--engine", SERVERS[name], "--max_wait_ms", str(args.max_wait_ms),
+                          "--batch_tokens", str(args.batch_tokens), "--max_queue", "100000",
+                          "--precision", args.precision, *flags])
+             for name in args.servers}
+  # Rounds alternate bulk and the servers' levels, so that the machine's drift hits all.
   for _ in range(args.rounds):
     if translator is not None:
       results.append(bulk(translator, lines[:args.requests]))
       print(json.dumps({**common, **results[-1]}), flush=True)
     for clients in args.clients:
-      record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds,
-                                target, client_kind=args.client))
-      results.append({"system": f"serve ({args.batching})", **record})
-      print(json.dumps({**common, **results[-1]}), flush=True)
-  if args.memory_requests:
-    import psutil
+      for name, (_, address) in servers.items():
+        record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds,
+                                  target, client_kind=args.client))
+        results.append({"system": f"serve ({name})", **record})
+        print(json.dumps({**common, **results[-1]}), flush=True)
+  for name, (process, address) in servers.items():
+    if args.memory_requests:
+      import psutil
 
-    server = psutil.Process(process.pid)
-    record = asyncio.run(load(address, lines, 32, args.memory_requests, 10**6, target,
-                              rss=lambda: server.memory_info().rss, client_kind=args.client))
-    print(json.dumps({**common, "system": "serve memory", **record}), flush=True)
-  print(json.dumps({"serve_exit_status": stop(process)}), flush=True)
+      server = psutil.Process(process.pid)
+      record = asyncio.run(load(address, lines, 32, args.memory_requests, 10**6, target,
+                                rss=server.memory_info, client_kind=args.client))
+      print(json.dumps({**common, "system": f"serve ({name}) memory", **record}), flush=True)
+    print(json.dumps({"server": name, "serve_exit_status": stop(process)}), flush=True)
 
   if not args.skip_anchor:
     from flax_transformer.interop import export_ctranslate2
@@ -281,13 +292,17 @@ def main() -> None:
   median = {key: statistics.median(values) for key, values in by.items()}
   summary = {}
   for clients in args.clients:
-    ours = median.get((f"serve ({args.batching})", clients))
-    if ours and not args.skip_bulk:
-      summary[f"serve_over_bulk_at_{clients}"] = round(
-          ours / median[("bulk translate", None)], 2)
-    anchor = median.get(("CTranslate2 int8, one request per call", clients))
-    if ours and anchor:
-      summary[f"serve_over_anchor_at_{clients}"] = round(ours / anchor, 2)
+    exact, slots = (median.get((f"serve ({name})", clients)) for name in ("exact", "slots"))
+    if exact and slots:
+      summary[f"slots_over_exact_at_{clients}"] = round(slots / exact, 2)
+    for name in args.servers:
+      ours = median.get((f"serve ({name})", clients))
+      if ours and not args.skip_bulk:
+        summary[f"{name}_over_bulk_at_{clients}"] = round(
+            ours / median[("bulk translate", None)], 2)
+      anchor = median.get(("CTranslate2 int8, one request per call", clients))
+      if ours and anchor:
+        summary[f"{name}_over_anchor_at_{clients}"] = round(ours / anchor, 2)
   print(json.dumps({**common, "summary": summary}), flush=True)
 
 
