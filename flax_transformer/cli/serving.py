@@ -38,7 +38,7 @@ def run_serve(args: argparse.Namespace) -> int:
   for flag in ("max_queue", "max_body_bytes", "max_beam_size", "max_programs"):
     if getattr(args, flag) < 1:
       raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
-  from flax_transformer.serving.batcher import check_batching_mode
+  from flax_transformer.serving import check_batching_mode
 
   check_batching_mode(args.batching)  # "fill" is gone: one line.
   kinds = _warmup_kinds(args)  # A wrong kind: one line, before any restore.

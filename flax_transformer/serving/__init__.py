@@ -2,7 +2,8 @@
 detokenize, input order), `engine` (slot tables refilled as sentences finish), `batching`
 (length buckets and device batches), `programs` (search programs kept in the persistent
 compilation cache), `batcher` (the HTTP server's concurrent requests searched together, one
-worker thread), `restore` (a command's workdir, settings and parameters, chosen once),
+worker thread), `inflight` (the server's requests on long-lived engines), `restore` (a
+command's workdir, settings and parameters, chosen once),
 `phrases` (terminology constraints and forbidden phrases as users give them), `shortlist` (a
 target-language vocabulary shortlist, read from a text file) and `texts` (text as callers give
 it, checked: a list of strings, each valid Unicode). Files of any size are `flax_transformer.bulk`'s
@@ -27,8 +28,10 @@ _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on firs
     "WARM_KINDS": "batcher:WARM_KINDS",
     "batcher": "batcher",
     "batching": "batching",
+    "check_batching_mode": "batcher:check_batching_mode",
     "decode_length": "translator:decode_length",
     "engine": "engine",
+    "inflight": "inflight",
     "open_job": "restore:open_job",
     "phrases": "phrases",
     "programs": "programs",
