@@ -41,7 +41,7 @@ ALLOWED = {
                 "progress", "runtime"},
     "bulk": {"exports", "conventions", "errors", "serving", "workdir", "model", "data", "config",
              "files", "progress", "runtime", "scoring"},
-    "server": {"exports", "errors", "serving", "data", "config"},
+    "server": {"exports", "errors", "serving", "data", "config", "files"},
     "interop": {"exports", "errors", "workdir", "model", "data", "config", "validation", "files"},
     "training": {"exports", "conventions", "errors", "serving", "workdir", "model", "data",
                  "config", "validation", "files", "progress", "scoring", "runtime"},
