@@ -293,7 +293,8 @@ def _check_beam4_equals_hugging_face(hf, translator, sentences, alpha):
                              atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+# The alphas that test_where_eos_is_likely_beam4_is_hugging_faces leaves out (0 and 1 there).
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
 def test_beam4_with_free_eos_is_hugging_faces_all_four_hypotheses(hf, translator, sentences,
                                                                   alpha):
   # Hugging Face with early_stopping=True stops a sentence once K hypotheses have finished, as
