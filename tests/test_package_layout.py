@@ -389,6 +389,41 @@ def test_the_layout_map_check_can_fail():
       "design.md's layout map names a file that is gone: flax_transformer/serving/translatorx.py"]
 
 
+# ------------------------------------------------------------------ design.md's promises
+TESTS = PACKAGE.parent / "tests"
+
+
+def _cited_tests(page: str) -> list[str]:
+  """The tests that "Promises and their tests" names, as FILE::TEST: `tests/FILE::TEST`, or
+  `::TEST` in the file named before it."""
+  section = page.split("### Promises and their tests", 1)[1].split("\n## ", 1)[0]
+  cited, current = [], None
+  for match in re.finditer(r"`(test_\w+\.py)?::(test_\w+)", section):
+    current = match.group(1) or current
+    cited.append(f"{current}::{match.group(2)}")
+  return cited
+
+
+def _missing_tests(cited: list[str]) -> list[str]:
+  """Those of `cited` whose file has no top-level function of that name."""
+  defined: dict[str, set[str]] = {}
+  for name in {test.split("::")[0] for test in cited}:
+    path = TESTS / name
+    tree = ast.parse(path.read_text()) if path.exists() else ast.Module(body=[])
+    defined[name] = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+  return [test for test in cited if test.split("::")[1] not in defined[test.split("::")[0]]]
+
+
+def test_every_test_the_promises_cite_exists():
+  """A test that goes or is renamed leaves its promise in design.md with a name that checks
+  nothing: each name cited there is a test of the file it names."""
+  cited = _cited_tests(DESIGN.read_text())
+  assert len(cited) > 150
+  assert not _missing_tests(cited), "\n".join(_missing_tests(cited))
+  assert _missing_tests(["test_model.py::test_no_such_test"]) == [
+      "test_model.py::test_no_such_test"]
+
+
 # ------------------------------------------------------------------ short functions
 MAX_FUNCTION_LINES = 60  # From `def` to the body's last line (STYLE.md: small functions).
 # "path:Qualified.name" -> the most lines it may have, for a function over the limit not split
