@@ -370,8 +370,10 @@ class Engine:
     """One round over the lanes with work (shortest sources first): admit queued sentences
     into free slots, one `advance` call, the full slots moved up a tier. `patient`: a lane
     whose sentences wait for slots runs until enough are free (no iteration bound: one lane at
-    a time, as `run` does); otherwise every call is bounded by `Run.max_iterations`. Returns
-    the results that completed, in completion order."""
+    a time, as `run` does); otherwise every call is bounded by `Run.max_iterations` and every
+    tier above the one advanced that holds sentences advances too (a server's round: under
+    steady arrivals the first tier is never empty, and the sentences that moved up must not
+    wait for it). Returns the results that completed, in completion order."""
     done: list[Result] = []
     for lane in sorted(self.lanes, key=_lane_order):
       if self.lanes[lane].busy:
@@ -462,6 +464,10 @@ class _LaneRun:
       tier = next(t for t, live in enumerate(self.live) if live.any())
       want = self.lanes[tier].slots
     yield from self._advance(tier, want, bounded=not (patient and queue))
+    if not patient:  # A server's round: every tier above moves too, so none starves.
+      for above in range(tier + 1, len(self.lanes)):
+        if self.live[above].any():
+          yield from self._advance(above, self.lanes[above].slots, bounded=True)
 
   def warm(self) -> None:
     """Every tier's programs called on its empty table (no live slot: nothing is searched)."""
