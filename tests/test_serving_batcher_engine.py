@@ -179,12 +179,16 @@ def test_threads_get_their_bytes_and_a_bad_request_fails_alone(translator, lines
 
 def test_close_drains_what_is_queued_and_takes_no_more(translator, lines):
   """Jobs queued before the worker starts, then close at once: each is answered with its own
-  call's bytes (no waiting for more), and a later job is refused."""
+  call's bytes (no waiting for more), one whose client went away is not searched and leaves
+  the queue, and a later job is refused."""
   batcher = Batcher(translator, max_wait_ms=10_000)
   jobs = _jobs(lines, 6, seed=3)
   futures = [batcher.submit(job) for job in jobs]
+  gone = batcher.submit(Job((lines[2], lines[3])))
+  assert gone.cancel() and batcher.queued == 2 + sum(
+      bool(line.strip()) for job in jobs for line in job.sentences)
   batcher.start()
-  assert batcher.close(60)
+  assert batcher.close(60) and batcher.queued == 0
   for job, future in zip(jobs, futures, strict=True):
     assert [s.hypotheses for s in future.result(0)] == _alone(translator, job)
   with pytest.raises(Closed):

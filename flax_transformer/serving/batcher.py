@@ -473,6 +473,8 @@ class Batcher:
       for request in arrived:
         if self._start(request):
           self._slots.add(request.call, request)
+        else:  # Its client went away before it was searched.
+          self._unqueue(request)
       if batch:
         try:
           self._search(batch)
