@@ -17,8 +17,14 @@ sentences. Rows never mix in a search, and a lane's shapes depend on the setting
 (`lane_for`), never on what else is in flight: a sentence's hypotheses and scores are the same
 bytes alone, in any file, in any order, between any neighbours (docs/design.md, "The engine").
 
+On a mesh (`Run.mesh`), each of its D devices holds R slots of every table and runs the
+programs of one device on them (`jax.shard_map`), admitting up to E sentences per call;
+`advance` stops on what the devices count together and hands every device's flags and
+hypotheses to every process. A sentence meets the shapes it meets on one device, so its bytes
+are the same on 1 device, D devices or several processes.
+
 Shape letters: R slots, E admission rows, S source bucket, L output length, K beams, F phrases,
-P pieces of a phrase.
+P pieces of a phrase, D devices.
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flax_transformer.config import ModelConfig, SearchConfig
 from flax_transformer.decoding import bridge, loop, search, slots
 from flax_transformer.model.transformer import CrossAttentionCache, Transformer, resize_cache
-from flax_transformer.runtime import compilation_cache
+from flax_transformer.runtime import compilation_cache, sharding
 from flax_transformer.serving import batching
 
 Array = jax.Array
@@ -208,35 +215,44 @@ def admit(model: Transformer, params: Any, table: Slot, targets: Array, inputs: 
   return jax.tree.map(lambda old, new: old.at[targets].set(new, mode="drop"), table, entries)
 
 
-def empty_table(model: Transformer, params: Any, lane: Lane, how: Search,
-                word_continues: Array | None, shortlist: Array | None) -> Slot:
-  """A table of R free slots: zeros in `new_slots`' shapes."""
+def table_shapes(model: Transformer, params: Any, lane: Lane, how: Search,
+                 word_continues: Array | None, shortlist: Array | None) -> Slot:
+  """The shapes of `new_slots`' E rows (leaves [E, 1, ...], jax.ShapeDtypeStruct)."""
   rows = lane.admit_rows
   optional = [
       jax.ShapeDtypeStruct((rows, lane.decode_len), jnp.int32) if lane.prefixed else None,
       jax.ShapeDtypeStruct((rows, *lane.phrases), jnp.int32) if lane.phrases else None,
       jax.ShapeDtypeStruct((rows,), jnp.uint32) if lane.sampled else None]
-  shapes = jax.eval_shape(
+  return jax.eval_shape(
       functools.partial(new_slots, model, lane=lane, how=how), params,
       jax.ShapeDtypeStruct((rows, lane.length), jnp.int32), *optional, jax.random.key(0),
       word_continues, shortlist)
+
+
+def empty_table(model: Transformer, params: Any, lane: Lane, how: Search,
+                word_continues: Array | None, shortlist: Array | None) -> Slot:
+  """A table of R free slots: zeros in `new_slots`' shapes."""
+  shapes = table_shapes(model, params, lane, how, word_continues, shortlist)
   return jax.tree.map(lambda x: jnp.zeros((lane.slots, *x.shape[1:]), x.dtype), shapes)
 
 
 def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free: Array,
-            max_iterations: Array, length_penalty: Array, word_continues: Array | None,
-            shortlist: Array | None, *, lane: Lane, how: Search
-            ) -> tuple[Slot, Array, Array, Array, Array]:
-  """Steps every slot k positions per iteration while fewer than `want_free` slots are free
-  (complete, or not `live` bool [R]), some live slot is neither complete nor full (its cache's
-  C positions written, `Lane.capacity`), no live slot is full, and fewer than
-  `max_iterations` iterations ran. Returns (the table, complete bool [R], full bool [R],
+            want_total: Array, max_iterations: Array, length_penalty: Array,
+            word_continues: Array | None, shortlist: Array | None, *, lane: Lane, how: Search,
+            axis: str | None = None) -> tuple[Slot, Array, Array, Array, Array]:
+  """Steps every slot k positions per iteration while fewer than `want_total` slots are free
+  (complete, or not `live` bool [R]; counting at most `want_free` int32 [1] of this device's),
+  some live slot is neither complete nor full (its cache's C positions written,
+  `Lane.capacity`), no live slot is full, and fewer than `max_iterations` iterations ran: on
+  the devices of the mesh axis `axis` (each with its own table, live and want_free, under
+  `jax.shard_map`), over all of them. Returns (the table, complete bool [R], full bool [R],
   sequences int32 [R, K, L], scores float32 [R, K]): every slot's ranked hypotheses, read
   where complete; a full slot moves to the next tier (`migrate`) before its lane steps again."""
   machine = _machine(how, length_penalty)
   columns = None
   if shortlist is not None:  # Gathered once per call, read by every step of every slot.
     columns = _columns(model, params, shortlist, how.ensemble)
+  total = (lambda x: x) if axis is None else functools.partial(jax.lax.psum, axis_name=axis)
 
   def problem_of(slot: Slot) -> search.SearchProblem:
     return _problem(model, params, slot, lane, how, word_continues, shortlist, columns)
@@ -258,8 +274,10 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   def keep_going(carry: tuple[Slot, Array]) -> Array:
     table, iterations = carry
     complete, full = flags(table)
-    return ((slots.finished_slots(complete | full, live) < want_free)
-            & jnp.any(live & ~complete) & ~jnp.any(live & full)
+    free = jnp.minimum(slots.finished_slots(complete | full, live), want_free[0])
+    return ((total(free) < want_total)
+            & (total(jnp.sum(live & ~complete, dtype=jnp.int32)) > 0)
+            & (total(jnp.sum(live & full, dtype=jnp.int32)) == 0)
             & (iterations < max_iterations))
 
   table, _ = jax.lax.while_loop(
@@ -292,17 +310,45 @@ def _columns(model: Transformer, params: Any, shortlist: Array, ensemble: bool) 
 
 
 
+def _admit_keyed(model: Transformer, params: Any, table: Slot, targets: Array, inputs: Array,
+                 prefix: Array | None, forbid: Array | None, lines: Array | None, seed: Array,
+                 *data: Array | None, lane: Lane, how: Search) -> Slot:
+  """`admit` with the seed key as its data, uint32 [2] (placed as any array is)."""
+  return admit(model, params, table, targets, inputs, prefix, forbid, lines,
+               jax.random.wrap_key_data(seed), *data, lane=lane, how=how)
+
 
 @functools.cache
-def _programs(model_config: ModelConfig) -> tuple[Any, Any, Any]:
-  """The jitted `admit`, `advance` and `migrate` of a model config (the table written
-  donated), shared by every run of it; `lane` and `how` are static."""
+def _programs(model_config: ModelConfig, mesh: Mesh | None = None) -> tuple[Any, Any, Any]:
+  """The jitted `admit` (`_admit_keyed`), `advance` and `migrate` of a model config (the table
+  written donated), shared by every run of it; `lane` and `how` are static.
+
+  On a `mesh`, a table holds D x R slots split over its 'data' axis (D devices), and each
+  device runs the 1-device program on its own R slots (`jax.shard_map`: the same shapes, so the
+  same bytes): admit and migrate take E rows per device, aimed at its own slots; `advance`
+  stops on what all devices count together, and its flags and hypotheses come back whole on
+  every device, so that every process reads them and takes the same next step."""
   model = Transformer(model_config)
   static = ("lane", "how")
-  return (jax.jit(functools.partial(admit, model), static_argnames=static, donate_argnums=(1,)),
-          jax.jit(functools.partial(advance, model), static_argnames=static,
-                  donate_argnums=(1,)),
-          jax.jit(migrate, static_argnames=static, donate_argnums=(1,)))
+  functions = (functools.partial(_admit_keyed, model), functools.partial(advance, model),
+               migrate)
+  if mesh is None:
+    return tuple(jax.jit(fn, static_argnames=static, donate_argnums=(1,)) for fn in functions)
+  rows, whole = PartitionSpec(sharding.DATA_AXIS), PartitionSpec()
+  split, replicated = NamedSharding(mesh, rows), sharding.replicated(mesh)
+
+  def over(fn: Any, in_specs: tuple, out_specs: Any, out_shardings: Any, **keywords) -> Any:
+    def mapped(*arrays: Any, lane: Lane, how: Search) -> Any:
+      body = functools.partial(fn, lane=lane, how=how, **keywords)
+      return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(*arrays)
+    return jax.jit(mapped, static_argnames=static, donate_argnums=(1,),
+                   out_shardings=out_shardings)
+
+  admit_fn, advance_fn, migrate_fn = functions
+  return (over(admit_fn, (whole, *[rows] * 6, whole, whole, whole), rows, split),
+          over(advance_fn, (whole, rows, rows, rows, *[whole] * 5), rows,
+               (split, *[replicated] * 4), axis=sharding.DATA_AXIS),
+          over(migrate_fn, (rows,) * 4, rows, split))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +365,9 @@ class Run:
   phrases: tuple[int, int] | None = None  # (F, P): forbidden phrases' padded shape
   # Most loop iterations per `advance` call while something else may wait (`Engine.step`).
   max_iterations: int = 32
+  # Where the tables live: R slots of each on every device of its 'data' axis (`_programs`);
+  # None: one device.
+  mesh: Mesh | None = None
 
 
 class Engine:
@@ -337,6 +386,11 @@ class Engine:
   bytes never depend on what else is in flight nor on when it came. While anything else waits,
   a lane's `advance` runs at most `Run.max_iterations` loop iterations (k steps each), which
   bounds how long a newly arrived sentence of another lane waits for its admission.
+
+  On the spec's mesh (`Run.mesh`, params replicated on it), each device of its 'data' axis
+  holds R slots of each table and runs the 1-device programs on them (`_programs`), so a
+  sentence's bytes are those of one device; with several processes, every process adds the
+  same requests in the same order, steps alike and gets every result.
   """
 
   def __init__(self, model_config: ModelConfig, params: Any, spec: Run):
@@ -419,14 +473,51 @@ def run(model_config: ModelConfig, params: Any, requests: Sequence[Request], spe
     engine.drop_idle()
 
 
+class _Placement:
+  """Host arrays onto the devices: whole on each, or split by rows over the mesh's 'data' axis
+  (every process passes the same whole array and keeps its own rows); one device without a
+  mesh."""
+
+  def __init__(self, mesh: Mesh | None):
+    self.mesh = mesh
+    self.devices = 1 if mesh is None else mesh.shape[sharding.DATA_AXIS]
+
+  def whole(self, array: Any) -> Array | None:
+    return self._put(array, None if self.mesh is None else sharding.replicated(self.mesh))
+
+  def rows(self, array: Any) -> Array | None:
+    return self._put(array, None if self.mesh is None else sharding.batch_sharding(self.mesh))
+
+  def _put(self, array: Any, placed: NamedSharding | None) -> Array | None:
+    if array is None:
+      return None
+    array = np.asarray(array)
+    if placed is None:
+      return jnp.asarray(array)
+    return jax.make_array_from_callback(array.shape, placed, lambda index: array[index])
+
+  def zeros(self, shapes: Any, slots: int, params: Any) -> Slot:
+    """A table of `slots` free slots per device in the shapes of one slot's leaves, split over
+    the mesh (one device: `_placed_like` the parameters)."""
+    def make() -> Slot:
+      return jax.tree.map(lambda x: jnp.zeros((self.devices * slots, *x.shape[1:]), x.dtype),
+                          shapes)
+    if self.mesh is None:
+      return _placed_like(make(), params)
+    return jax.jit(make, out_shardings=sharding.batch_sharding(self.mesh))()
+
+
 class _LaneRun:
   """The host side of one lane: its tiers' tables (made when first needed), its queue of
   (key, request), which slots are live and whose sentence each holds, and the calls of the
-  three programs."""
+  three programs. With D devices a tier's slots are numbered device by device (slot d x R + r
+  is device d's r)."""
 
   def __init__(self, model_config: ModelConfig, params: Any, lane: Lane, spec: Run):
-    self.programs = _programs(model_config)
+    self.programs = _programs(model_config, spec.mesh)
     self.model, self.params, self.spec = Transformer(model_config), params, spec
+    self.place = _Placement(spec.mesh)
+    devices = self.place.devices
     # Tier t holds R / 2^t slots (at least batching.MIN_ROWS): fewer sentences reach it, and
     # its caches are 2^t times as long.
     self.lanes = [dataclasses.replace(lane, capacity=c,
@@ -436,12 +527,12 @@ class _LaneRun:
                   for t, c in enumerate(tiers(lane.decode_len))]
     self.queue: collections.deque[tuple[Any, Request]] = collections.deque()
     self.tables: list[Slot | None] = [None] * len(self.lanes)
-    self.live = [np.zeros(tier.slots, bool) for tier in self.lanes]
-    self.owner = [np.full(tier.slots, None, object) for tier in self.lanes]  # Callers' keys.
-    self.data = (None if spec.word_continues is None else jnp.asarray(spec.word_continues),
-                 None if spec.shortlist is None else jnp.asarray(spec.shortlist))
-    self.seed_key = jax.random.key(spec.seed)
-    self.alpha = jnp.float32(spec.length_penalty)
+    self.live = [np.zeros(devices * tier.slots, bool) for tier in self.lanes]
+    # Callers' keys.
+    self.owner = [np.full(devices * tier.slots, None, object) for tier in self.lanes]
+    self.data = (self.place.whole(spec.word_continues), self.place.whole(spec.shortlist))
+    self.seed = self.place.whole(jax.random.key_data(jax.random.key(spec.seed)))
+    self.alpha = self.place.whole(np.float32(spec.length_penalty))
     self.compiled: set[int] = set()
 
   @property
@@ -454,57 +545,83 @@ class _LaneRun:
 
   def round(self, patient: bool) -> Iterator[list[Result]]:
     """Admits what fits, then one `advance` call (module docstring) and its migrations."""
-    queue = self.queue
+    queue, devices = self.queue, self.place.devices
     while queue and not self.live[0].all():
       self._admit(queue)
-    if self.live[0].any():  # The first tier runs until the next admission can fill it.
-      tier = 0
-      want = min(self.lanes[0].admit_rows, len(queue)) if queue else self.lanes[0].slots
-    else:  # Nothing waits: drain the lowest tier that holds sentences.
+    if self.live[0].any() and queue:  # The first tier runs until the next admission can fill it.
+      tier, rows = 0, self.lanes[0].admit_rows
+      want = [rows] * devices, min(rows * devices, len(queue))
+    else:  # Nothing waits: the lowest tier that holds sentences runs until it is free.
       tier = next(t for t, live in enumerate(self.live) if live.any())
-      want = self.lanes[tier].slots
-    yield from self._advance(tier, want, bounded=not (patient and queue))
+      want = [self.lanes[tier].slots] * devices, self.lanes[tier].slots * devices
+    yield from self._advance(tier, *want, bounded=not (patient and queue))
     if not patient:  # A server's round: every tier above moves too, so none starves.
       for above in range(tier + 1, len(self.lanes)):
         if self.live[above].any():
-          yield from self._advance(above, self.lanes[above].slots, bounded=True)
+          slots = self.lanes[above].slots
+          yield from self._advance(above, [slots] * devices, slots * devices, bounded=True)
 
   def warm(self) -> None:
     """Every tier's programs called on its empty table (no live slot: nothing is searched)."""
+    devices = self.place.devices
     for tier, lane in enumerate(self.lanes):
-      nothing = np.zeros(0, np.int64)
       if tier == 0:
-        self.tables[0] = self.programs[0](
-            self.params, self._table(0), *_admission([], [], nothing, lane), self.seed_key,
-            *self.data, lane=lane, how=self.spec.how)
+        self._admit_arrays([([], np.zeros(0, np.int64))] * devices)
       else:
-        padded = np.zeros(lane.admit_rows, np.int32)
+        padded = self.place.rows(np.zeros(devices * lane.admit_rows, np.int32))
         self.tables[tier] = self.programs[2](
-            self._table(tier - 1), self._table(tier), padded, padded + lane.slots,
+            self._table(tier - 1), self._table(tier), padded,
+            self.place.rows(np.full(devices * lane.admit_rows, lane.slots, np.int32)),
             lane=lane, how=self.spec.how)
-      for _ in self._advance(tier, lane.slots):
+      for _ in self._advance(tier, [lane.slots] * devices, lane.slots * devices):
         pass
     jax.block_until_ready(self.tables)
 
   def _table(self, tier: int) -> Slot:
     if self.tables[tier] is None:
-      self.tables[tier] = _placed_like(empty_table(self.model, self.params, self.lanes[tier],
-                                                   self.spec.how, *self.data), self.params)
+      lane = self.lanes[tier]
+      self.tables[tier] = self.place.zeros(
+          table_shapes(self.model, self.params, lane, self.spec.how, *self.data), lane.slots,
+          self.params)
+      if self.place.mesh is None:
+        self.tables[tier] = _placed_like(self.tables[tier], self.params)
     return self.tables[tier]
 
+  def _free(self, tier: int) -> list[np.ndarray]:
+    """Each device's free slots of `tier` (its own numbers, 0 to R - 1)."""
+    return [np.flatnonzero(~live) for live in self.live[tier].reshape(self.place.devices, -1)]
+
   def _admit(self, queue: collections.deque) -> None:
-    lane, live = self.lanes[0], self.live[0]
-    free = np.flatnonzero(~live)[:min(lane.admit_rows, len(queue))]
-    taken = [queue.popleft() for _ in free]
+    """Admits up to E queued sentences per device into free slots of the first tier, the
+    sentences dealt to the devices in turn."""
+    lane = self.lanes[0]
+    free = [f[:lane.admit_rows] for f in self._free(0)]
+    counts = _dealt([f.size for f in free], min(len(queue), sum(f.size for f in free)))
+    given = []  # Per device: ([(key, request)], its slots).
+    for d, (f, count) in enumerate(zip(free, counts, strict=True)):
+      taken = [queue.popleft() for _ in range(count)]
+      self.live[0][d * lane.slots + f[:count]] = True
+      for slot, (key, _) in zip(f[:count], taken, strict=True):
+        self.owner[0][d * lane.slots + slot] = key
+      given.append((taken, f[:count]))
+    self._admit_arrays(given)
+
+  def _admit_arrays(self, given: Sequence[tuple[Sequence[tuple[Any, Request]], np.ndarray]]
+                    ) -> None:
+    """One `admit` call: each device's (taken, slots) as `_admission`'s arrays, joined."""
+    lane = self.lanes[0]
+    arrays = [_admission([request for _, request in taken], range(len(taken)), slots, lane)
+              for taken, slots in given]
+    joined = [None if parts[0] is None else np.concatenate(parts)  # [D x E, ...]
+              for parts in zip(*arrays, strict=True)]
     self.tables[0] = self.programs[0](
-        self.params, self._table(0),
-        *_admission([request for _, request in taken], range(len(taken)), free, lane),
-        self.seed_key, *self.data, lane=lane, how=self.spec.how)
-    live[free] = True
-    for slot, (key, _) in zip(free, taken, strict=True):
-      self.owner[0][slot] = key
-  def _advance(self, tier: int, want: int, bounded: bool = False) -> Iterator[list[Result]]:
-    """One `advance` call on `tier`; yields what completed, then moves its full slots up."""
+        self.params, self._table(0), *map(self.place.rows, joined), self.seed, *self.data,
+        lane=lane, how=self.spec.how)
+
+  def _advance(self, tier: int, want: Sequence[int], want_total: int, bounded: bool = False
+               ) -> Iterator[list[Result]]:
+    """One `advance` call on `tier`, until `want_total` slots are free (counting at most
+    want[d] of device d's); yields what completed, then moves its full slots up."""
     lane, live = self.lanes[tier], self.live[tier]
     start = time.perf_counter()
     iterations = np.int32(self.spec.max_iterations if bounded else 1 << 30)
@@ -513,8 +630,9 @@ class _LaneRun:
     with (compilation_cache.compiling(what) if tier not in self.compiled
           else contextlib.nullcontext()):
       table, complete, full, sequences, scores = self.programs[1](
-          self.params, self._table(tier), jnp.asarray(live), jnp.int32(want), iterations,
-          self.alpha, *self.data, lane=lane, how=self.spec.how)
+          self.params, self._table(tier), self.place.rows(live),
+          self.place.rows(np.asarray(want, np.int32)), self.place.whole(np.int32(want_total)),
+          self.place.whole(iterations), self.alpha, *self.data, lane=lane, how=self.spec.how)
     self.tables[tier] = table
     complete, full = np.asarray(complete), np.asarray(full)
     if tier not in self.compiled:
@@ -533,22 +651,49 @@ class _LaneRun:
       yield from self._migrate(tier, moving)
 
   def _migrate(self, tier: int, rows: np.ndarray) -> Iterator[list[Result]]:
-    """Moves the full slots `rows` of `tier` to the next tier, E at a time (the next tier's
-    `admit_rows`), first running that tier until it has room for them."""
-    above = tier + 1
+    """Moves the full slots `rows` of `tier` to the next tier on their devices, E per device
+    at a time (the next tier's `admit_rows`), first running that tier until each device has
+    room for its own."""
+    above, below = tier + 1, self.lanes[tier].slots
     lane = self.lanes[above]
-    for start in range(0, rows.size, lane.admit_rows):
-      chunk = rows[start:start + lane.admit_rows]
-      while (~self.live[above]).sum() < chunk.size:
-        yield from self._advance(above, int(chunk.size))
-      into = np.flatnonzero(~self.live[above])[:chunk.size]
-      padded = lambda x, fill: np.concatenate(
-          [x, np.full(lane.admit_rows - x.size, fill)]).astype(np.int32)
+    by_device = [rows[rows // below == d] % below for d in range(self.place.devices)]
+    for start in range(0, max(r.size for r in by_device), lane.admit_rows):
+      chunks = [r[start:start + lane.admit_rows] for r in by_device]
+      sizes = [c.size for c in chunks]
+      while any(f.size < n for f, n in zip(self._free(above), sizes, strict=True)):
+        yield from self._advance(above, sizes, sum(sizes))
+      into = [f[:n] for f, n in zip(self._free(above), sizes, strict=True)]
+      padded = lambda parts, fill: self.place.rows(np.concatenate(
+          [np.concatenate([x, np.full(lane.admit_rows - x.size, fill)]) for x in parts]
+      ).astype(np.int32))
       self.tables[above] = self.programs[2](
-          self.tables[tier], self._table(above), padded(chunk, 0), padded(into, lane.slots),
+          self.tables[tier], self._table(above), padded(chunks, 0), padded(into, lane.slots),
           lane=lane, how=self.spec.how)
-      self.live[above][into], self.owner[above][into] = True, self.owner[tier][chunk]
-      self.live[tier][chunk] = False
+      for d, (chunk, target) in enumerate(zip(chunks, into, strict=True)):
+        self.live[above][d * lane.slots + target] = True
+        self.owner[above][d * lane.slots + target] = self.owner[tier][d * below + chunk]
+        self.live[tier][d * below + chunk] = False
+
+
+def _placed_like(table: Slot, params: Any) -> Slot:
+  """`table` committed to the parameters' device when they are committed (as the programs'
+  outputs then are): so the first call on a new table runs the program that every later call
+  runs (a warm-up compiles each program once, `Engine.warm`), not a variant of its own."""
+  leaf = jax.tree.leaves(params)[0]
+  if isinstance(leaf, jax.Array) and leaf.committed:
+    return jax.device_put(table, leaf.sharding)
+  return table
+
+
+def _dealt(room: Sequence[int], count: int) -> list[int]:
+  """How many of `count` (at most sum(room)) sentences each device takes: dealt one at a
+  time to the devices in turn, each up to its `room`."""
+  counts = [0] * len(room)
+  while count:
+    for d, most in enumerate(room):
+      if count and counts[d] < most:
+        counts[d], count = counts[d] + 1, count - 1
+  return counts
 
 
 def _placed_like(table: Slot, params: Any) -> Slot:

@@ -627,7 +627,6 @@ class Translator:
       return False
     batches_only = [why for why, applies in (
         ("constraints", constraint_ids is not None), ("alignments", alignments),
-        (f"{self.num_devices} devices", self.num_devices > 1),
         ("a search function of its own", not isinstance(self.search_fn,
                                                         programs.StoredPrograms)))
         if applies]
@@ -696,7 +695,7 @@ class Translator:
                                       or forbid_ids is not None else None),
                       shortlist=shortlist,
                       phrases=(search_settings.max_constraints,
-                               search_settings.max_constraint_pieces))
+                               search_settings.max_constraint_pieces), mesh=self.mesh)
     return SlotCall(spec, requests, np.asarray(real, np.int64), cut, take)
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],

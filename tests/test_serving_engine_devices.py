@@ -1,0 +1,151 @@
+"""The engine's slot tables over several devices and processes (`serving.engine` on a mesh,
+conftest's trained model): each device holds R slots of every table and runs the 1-device
+programs on them, so a sentence's text, score and n-best are the same bytes
+
+* on 1 device and on 8 devices of one process, in a file and alone (beam search with its
+  n-best, sampling with per-line keys), slots moving up tiers on every device;
+* in 2 processes of 2 devices each joined by jax.distributed, on one mesh over both (every
+  process passes the same sentences and gets every translation).
+
+Scores are compared exactly: on XLA:CPU a device holding another number of slots (rows) rounds
+them apart in the last bits (on one device, batch_tokens 128, 1024 or 4096 instead of 256,
+other R per lane, changed 95, 252 and 261 of the 320 n-best scores of this model's 80 held-out
+sentences, never a text), so devices holding other shapes than one device's would fail here.
+
+Run as a script, this file is a 2-process worker: `python test_serving_engine_devices.py
+WORKDIR SOURCES PORT PID OUT` (SOURCES: a JSON list of sentences).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # A trained workdir (conftest's); the last test starts 2 processes.
+
+SETTINGS = {"batch_tokens": 256}  # R = 16 and 8 slots per device for 16 and 32 source tokens.
+
+
+@pytest.fixture(scope="module")
+def one(trained_workdir):
+  from flax_transformer import Translator
+
+  return Translator.from_workdir(trained_workdir)
+
+
+@pytest.fixture(scope="module")
+def sources(trained_workdir, one) -> dict[int, list[str]]:
+  """The held-out test and eval sources of 16 and 32 tokens (two lanes, their outputs 5 to 30
+  tokens: some pass the first tier's 16 positions), the first 20 of each, by bucket."""
+  from flax_transformer.config import DataConfig, parse_group
+  from flax_transformer.data.pipeline import split_texts
+  from flax_transformer.serving import batching
+
+  data = parse_group(DataConfig, json.loads((trained_workdir / "config.json").read_text())["data"])
+  by_bucket: dict[int, list[str]] = {16: [], 32: []}
+  for split in (data.test_split, data.eval_split):
+    for source, _ in split_texts(data, split):
+      tokens = len(one.tokenizer.tokenize(source)) + 1  # EOS
+      bucket = by_bucket.get(batching.bucket_length(tokens, one.model_config.max_len))
+      if bucket is not None and len(bucket) < 20:
+        bucket.append(source)
+  assert [len(bucket) for bucket in by_bucket.values()] == [20, 20]
+  return by_bucket
+
+
+@pytest.fixture(scope="module")
+def one_device(one, sources) -> list:
+  """The beam n-best of both buckets' sources (16-token ones first) in slots on one device."""
+  return one.translate_nbest(sources[16] + sources[32], engine="slots", **SETTINGS)
+
+
+def test_one_and_eight_devices_give_the_same_bytes(trained_workdir, one, sources, one_device,
+                                                   monkeypatch):
+  from flax_transformer import Translator
+  from flax_transformer.runtime import sharding
+  from flax_transformer.serving import engine
+
+  dealt, moved = [], []
+  deal, migrate = engine._dealt, engine._LaneRun._migrate
+  monkeypatch.setattr(engine, "_dealt", lambda room, count: dealt.append(deal(room, count))
+                      or dealt[-1])
+  monkeypatch.setattr(engine._LaneRun, "_migrate", lambda self, tier, rows: moved.append(
+      sorted({int(row) // self.lanes[tier].slots for row in rows})) or migrate(self, tier, rows))
+  eight = Translator.from_workdir(trained_workdir, mesh=sharding.local_mesh())
+  assert eight.num_devices == 8
+  both = sources[16] + sources[32]
+  assert eight.translate_nbest(both, engine="slots", **SETTINGS) == one_device
+  assert {len(row) for row in one_device} == {4}  # The n-best of beam 4.
+  for i in (3, 22, 39):  # Alone: on device 0, the other 7 idle.
+    assert eight.translate_nbest([both[i]], engine="slots", **SETTINGS) == [one_device[i]]
+  # Admissions filled every device; slots moved up a tier on several devices.
+  assert max(sum(1 for count in counts if count) for counts in dealt) == 8, dealt
+  assert len({device for devices in moved for device in devices}) >= 2, moved
+  sampled = dict(SETTINGS, method="sample", temperature=0.7)  # Keys of each line's number.
+  expected = one.translate_nbest(sources[32][:16], engine="slots", **sampled)
+  assert eight.translate_nbest(sources[32][:16], engine="slots", **sampled) == expected
+  alone = next(iter(eight.iter_nbest([sources[32][9]], first_index=9, engine="slots",
+                                     **sampled)))
+  assert alone.hypotheses == expected[9:10]
+
+
+def test_two_processes_give_the_bytes_of_one_device(trained_workdir, sources, one_device,
+                                                    tmp_path):
+  """One lane (the 32-token sources: 8 slots per device, refilled)."""
+  from conftest import small_program_child_xla_flags
+
+  (tmp_path / "sources.json").write_text(json.dumps(sources[32]))
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
+      f"--xla_force_host_platform_device_count=2 {small_program_child_xla_flags()}"))
+  workers = [subprocess.Popen([sys.executable, __file__, str(trained_workdir),
+                               str(tmp_path / "sources.json"), str(port), str(i),
+                               str(tmp_path / f"out.{i}.json")], env=env,
+                              cwd=Path(__file__).parent, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+  try:
+    errors = [w.communicate(timeout=300)[1] for w in workers]
+  finally:
+    for w in workers:
+      w.kill()
+  assert [w.returncode for w in workers] == [0, 0], "\n".join(e[-3000:] for e in errors)
+  expected = [[list(hypothesis) for hypothesis in row] for row in one_device[20:]]
+  for i in range(2):
+    seen = json.loads((tmp_path / f"out.{i}.json").read_text())
+    assert seen["devices"] == [4, 2]
+    assert seen["translations"] == expected, i
+
+
+def _worker(workdir: str, sources: str, port: int, process_id: int, out: str) -> None:
+  """One of 2 processes: the sources' beam n-best on a mesh over both processes' devices."""
+  import jax
+  import numpy as np
+
+  from flax_transformer import Translator
+  from flax_transformer.runtime import distributed, sharding
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+  mesh = sharding.make_mesh()  # Params placed as training's evaluation has them.
+  restored = Translator.from_workdir(workdir)
+  params = jax.tree.map(lambda x: jax.make_array_from_callback(
+      x.shape, sharding.replicated(mesh), lambda index: np.asarray(x)[index]), restored.params)
+  translator = Translator(restored.model_config, params, restored.tokenizer, restored.settings,
+                          mesh=mesh)
+  translations = translator.translate_nbest(json.loads(Path(sources).read_text()),
+                                            engine="slots", **SETTINGS)
+  Path(out).write_text(json.dumps({"devices": [jax.device_count(), jax.local_device_count()],
+                                   "translations": translations}))
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  _worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
