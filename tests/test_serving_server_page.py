@@ -53,15 +53,15 @@ def served(trained_workdir):
 
 
 @contextlib.contextmanager
-def _browser_page() -> Iterator[Any]:
-  """A page of headless Chromium (Playwright with Debian's executable)."""
+def _browser_page(locale: str | None = None) -> Iterator[Any]:
+  """A page of headless Chromium (Playwright with Debian's executable), in `locale`."""
   sync_api = pytest.importorskip("playwright.sync_api",
                                  reason="Playwright is not installed: pip install playwright")
   with sync_api.sync_playwright() as playwright:
     browser = playwright.chromium.launch(executable_path=CHROMIUM,
                                          args=["--no-sandbox", "--disable-gpu"])
     try:
-      yield browser.new_page()
+      yield browser.new_page(locale=locale)
     finally:
       browser.close()
 
@@ -75,8 +75,9 @@ def test_the_page_translates_what_is_typed(served):
   expected = translator.translate_nbest([sentence], 3)[0]
   with _browser_page() as page:
     page.goto(address)
-    sync_api.expect(page.locator("#pair")).to_have_text("English → de")
+    sync_api.expect(page.locator("#pair")).to_have_text("English → German")
     assert page.locator("#choice").is_hidden()
+    assert page.locator("#key").is_hidden()  # This server needs no API key.
     page.fill("#source", sentence)
     page.click("#translate")
     sync_api.expect(page.locator("#translation")).to_have_text(expected[0][0])
@@ -87,11 +88,19 @@ def test_the_page_translates_what_is_typed(served):
     texts = [text for text, _ in expected]
     others = [text for text in dict.fromkeys(texts[1:]) if text != texts[0]]
     sync_api.expect(page.locator("#nbest li")).to_have_text(others)
+    # An alternative of a text of several lines keeps its lines.
+    assert page.evaluate("getComputedStyle(document.querySelector('#nbest li')).whiteSpace"
+                         ) == "pre-wrap"
 
+    page.fill("#alternatives", "9")  # Over the beam: the server's line, in the page's words.
+    page.click("#translate")
+    sync_api.expect(page.locator("#error")).to_have_text(
+        "alternatives parameter must be <= 3 (the server's beam size minus one)")
+    assert page.text_content("#translation") == ""  # The previous translation is gone.
     page.fill("#source", "")
     page.click("#translate")
     sync_api.expect(page.locator("#error")).to_have_text(
-        "Invalid request: missing q parameter")
+        "Type a sentence to translate, one per line.")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium executable: apt-get install chromium")
@@ -133,3 +142,10 @@ def test_the_page_of_a_many_language_server_picks_the_pair(tmp_path):
     assert page.locator("#target_lang option").all_text_contents() == [
         "English (eng_Latn)", "French (fra_Latn)"]
     assert page.input_value("#target_lang") == french  # Kept where it still is a target.
+  # No defaults: English, into the browser's own language where the model knows it.
+  with (_running(translator, Service(None, None, languages=tuple(translator.languages)))
+        as address, _browser_page(locale="fr-FR") as page):
+    page.goto(address)
+    sync_api.expect(page.locator("#choice")).to_be_visible()
+    assert (page.input_value("#source_lang"), page.input_value("#target_lang")) == (
+        source, french)

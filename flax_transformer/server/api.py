@@ -77,8 +77,11 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
       title="flax-transformer", version="1",
       description=f"Translation {service.describe()}: "
       "LibreTranslate's /translate and /languages, and /v1/translate with every option.")
+  page_html = render_page(service.source_lang or "", service.target_lang or "",
+                          languages_lib.language_name(service.target_lang or ""),
+                          keys=bool(service.api_keys))
   app.state.context = Context(batcher, service, metrics, languages_lib.languages_answer(service),
-                              render_page(service.source_lang or "", service.target_lang or ""))
+                              page_html)
   # Answers over 1 KB go gzipped to clients that accept it: /languages of NLLB-200's 202 codes
   # (40,602 pairs, which the web page asks for as it loads) is 498 KB of JSON, 5 KB gzipped.
   app.add_middleware(GZipMiddleware, minimum_size=1024)

@@ -1,15 +1,18 @@
 """The HTTP server's web page at `/`: a text box, the language pair, a translate button, the
 n-best when asked and the error line, in one self-contained HTML file (no external script or
 style, so it works on a machine with no internet) that calls the server's own `/languages` and
-`/translate` (LibreTranslate's shapes). When /languages lists more than one pair (a
-many-language model), the pair becomes two `<select>`s, source and target, set to the server's
-defaults (`render_page`) where it has them."""
+`/translate` (LibreTranslate's shapes). A one-pair server's pair reads in names ("English →
+German"). When /languages lists more than one pair (a many-language model), the pair becomes two
+`<select>`s, source and target, set to the server's defaults (`render_page`) where it has them,
+else to English and the browser's own language (`navigator.language`) where the model knows
+them. The API-key field shows only on a server that needs a key. An error clears the previous
+translation, and says what to do in the page's words, not the API's."""
 
 from __future__ import annotations
 
 import html
 
-# The page, with {source} and {target} where render_page puts the default pair's codes.
+# The page, with {source}, {target}, {target_name} and {keys} where render_page puts them.
 _TEMPLATE = """<!doctype html>
 <html lang="en">
 <head>
@@ -25,9 +28,10 @@ _TEMPLATE = """<!doctype html>
   #error { color: #b00020; min-height: 1.2rem; }
   .row { display: flex; gap: 1rem; align-items: center; margin: .5rem 0; flex-wrap: wrap; }
   ol { margin: .25rem 0; }
+  #nbest li { white-space: pre-wrap; }
 </style>
 </head>
-<body data-source="{source}" data-target="{target}">
+<body data-source="{source}" data-target="{target}" data-target-name="{target_name}">
 <h1>flax-transformer</h1>
 <div class="row">
   <span id="pair">…</span>
@@ -37,7 +41,7 @@ _TEMPLATE = """<!doctype html>
   </span>
   <label>alternatives <input id="alternatives" type="number" min="0" value="0"
          style="width: 4rem"></label>
-  <label>API key <input id="api_key" type="password" autocomplete="off"></label>
+  <label id="key" {keys}>API key <input id="api_key" type="password" autocomplete="off"></label>
 </div>
 <textarea id="source" rows="5" placeholder="One sentence per line"></textarea>
 <div class="row"><button id="translate" type="button">Translate</button>
@@ -75,14 +79,16 @@ async function loadPair() {
     if (pairs <= 1) {  // One pair: its names, as text.
       source = languages[0].code;
       target = languages[0].targets[0];
-      $("pair").textContent = languages[0].name + " \\u2192 " + target;
+      const targetName = document.body.dataset.targetName || target;
+      $("pair").textContent = languages[0].name + " \\u2192 " + targetName;
       return;
     }
-    const wanted = document.body.dataset.source;
     for (const l of languages) {
       names[l.code] = l.name;
       targets[l.code] = l.targets;
     }
+    const wanted = document.body.dataset.source || named("English", languages[0].code);
+    if (!document.body.dataset.target) target = named(browserLanguage(), null);
     for (const l of languages) option($("source_lang"), l.code, l.name, wanted);
     if (!targets[wanted]) $("source_lang").value = languages[0].code;
     fillTargets();
@@ -93,9 +99,30 @@ async function loadPair() {
   }
 }
 
+// The first code named `name`, else `otherwise`.
+function named(name, otherwise) {
+  const code = Object.keys(names).find((code) => names[code] === name);
+  return code === undefined ? otherwise : code;
+}
+
+// The English name of the browser's language ("German" for de-DE), or null.
+function browserLanguage() {
+  try {
+    const base = (navigator.language || "").split("-")[0];
+    return base ? new Intl.DisplayNames(["en"], {type: "language"}).of(base) : null;
+  } catch (error) {
+    return null;
+  }
+}
+
 async function translate() {
   $("error").textContent = "";
+  $("translation").textContent = "";
   $("nbest").replaceChildren();
+  if (!$("source").value.trim()) {
+    $("error").textContent = "Type a sentence to translate, one per line.";
+    return;
+  }
   $("status").textContent = "translating\\u2026";
   const body = {q: $("source").value, source: source, target: target, format: "text",
                 alternatives: Number($("alternatives").value) || 0};
@@ -105,7 +132,9 @@ async function translate() {
         headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
     const answer = await response.json();
     if (!response.ok) {
-      $("error").textContent = answer.error || ("HTTP " + response.status);
+      // The server's line, without the API's "Invalid request: " in front.
+      const line = answer.error || ("HTTP " + response.status);
+      $("error").textContent = line.replace(/^Invalid request: /, "");
       return;
     }
     $("translation").textContent = answer.translatedText;
@@ -131,11 +160,15 @@ loadPair();
 """
 
 
-def render_page(source_lang: str = "", target_lang: str = "") -> str:
+def render_page(source_lang: str = "", target_lang: str = "", target_name: str = "",
+                keys: bool = False) -> str:
   """The page, its language choice set to these codes where /languages lists them (a
-  many-language server's defaults; '' for none)."""
+  many-language server's defaults; '' for none); `target_name`, the one-pair target's name
+  (/languages names sources only); `keys`: whether the server needs an API key."""
   return (_TEMPLATE.replace("{source}", html.escape(source_lang, quote=True))
-          .replace("{target}", html.escape(target_lang, quote=True)))
+          .replace("{target}", html.escape(target_lang, quote=True))
+          .replace("{target_name}", html.escape(target_name, quote=True))
+          .replace("{keys}", "" if keys else "hidden"))
 
 
 __all__ = ["render_page"]
