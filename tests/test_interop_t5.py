@@ -37,7 +37,9 @@ from hf_imports import (
   equal_where_ctranslate2_ended,
   fine_tune,
   held_out_sentences,
+  posts,
   search_ids,
+  serve_app,
 )
 
 from flax_transformer import Transformer, Translator
@@ -125,6 +127,9 @@ def test_madlad_codes_unknown_one_line_naming_the_nearest(imported, sentences):
   with pytest.raises(InputError, match="nearest"):  # Before any work, as the others' codes.
     Translator.from_workdir(imported.workdir, target_lang="dd")
   # Fine-tuning (config.data.target_code alone): "<2de>" leads each source, not the target.
+  with pytest.raises(InputError, match=r"set config\.data\.target_code \(e\.g\. 'de'\)") as error:
+    multilingual_tokenizer.for_training(ours, "", "")
+  assert "source_code" not in str(error.value)
   bound = multilingual_tokenizer.for_training(ours, "", "de")
   assert bound.tokenize(sentences[0]) + [EOS_ID] == imported.tokenizer(
       f"<2de> {sentences[0]}")["input_ids"]
@@ -154,6 +159,62 @@ def test_madlad_translates_with_target_lang_alone(imported, sentences, tmp_path,
             for row in _hf_greedy(imported, sentences[:3], target)]
     assert output.read_text().splitlines() == want
     output.unlink()
+
+
+def test_serve_madlad_with_target_lang_alone(imported, sentences, monkeypatch, capsys):
+  """`serve --workdir MADLAD --target_lang de`: no source is needed, in requests either
+  (LibreTranslate's `source` left out or "auto", /v1 without source_lang); each answer equals
+  Hugging Face's greedy output of "<2xx> text", the target the request's or the default; an
+  unknown target is a 400 naming the nearest. (`lifecycle.serve` is stubbed; the app is
+  driven in process.)"""
+  if not imported.codes:
+    pytest.skip("MADLAD's codes only")
+  pytest.importorskip("fastapi", reason="needs the [serve] extra")
+  from flax_transformer.server import Service, lifecycle
+  from flax_transformer.server.api import make_app
+
+  served = []
+
+  def serve(translator, options, service, announce, progress):
+    served.append((translator, service))
+    announce("http://127.0.0.1:1")
+    return True
+
+  monkeypatch.setattr(lifecycle, "serve", serve)
+  assert cli_main(["serve", "--workdir", str(imported.workdir), "--target_lang", "de",
+                   "--method", "greedy", "--beam_size", "1", "--max_len_a", "0",
+                   "--max_len_b", str(N - 1), "--grow_cache", "no"]) == 0
+  assert "3 languages, default target de" in capsys.readouterr().out
+  translator, service = served.pop()
+  lines = sentences[:3]
+  batcher, app, _ = serve_app(translator, service, max_wait_ms=20)
+  answers = posts(app, [
+      ("/translate", {"q": lines, "target": "de"}),
+      ("/translate", {"q": lines, "source": "auto", "target": "fr"}),
+      ("/translate", {"q": lines[0], "source": "en", "target": "de"}),
+      ("/v1/translate", {"sentences": lines}),
+      ("/v1/translate", {"sentences": lines, "target_lang": "fr"}),
+      ("/translate", {"q": lines[0], "target": "dd"}),
+      ("/v1/translate", {"sentences": lines, "target_lang": "dd"})])
+  no_default = posts(make_app(batcher, Service(None, None, languages=service.languages,
+                                               needs_source=False)),
+                     [("/v1/translate", {"sentences": lines})])[0]
+  batcher.close(10)
+  tokenizer = imported.translator.tokenizer
+  want = {target: [tokenizer.detokenize(row) for row in _hf_greedy(imported, lines, target)]
+          for target in ("de", "fr")}
+  assert want["de"] != want["fr"]
+  assert [a.status_code for a in answers] == [200] * 5 + [400] * 2, [a.text for a in answers]
+  assert answers[0].json() == {"translatedText": want["de"]}  # Nothing detected, none said.
+  assert answers[1].json()["translatedText"] == want["fr"]
+  assert answers[2].json() == {"translatedText": want["de"][0]}
+  for answer, target in ((answers[3], "de"), (answers[4], "fr")):
+    assert [t["hypotheses"][0]["text"] for t in answer.json()["translations"]] == want[target]
+  for answer in answers[5:]:
+    assert "nearest: de" in answer.json()["error"], answer.text
+  assert no_default.status_code == 400
+  error = no_default.json()["error"]
+  assert "give target_lang" in error and "source" not in error, error
 
 
 # ---------------------------------------------------------------------------------- logits

@@ -245,7 +245,11 @@ def for_training(tokenizer: TextTokenizer, source_code: str,
       raise InputError(f"{' and '.join(codes)}: this vocabulary has no language codes (only "
                        "an import-hf model's has).")
     return tokenizer
-  if tokenizer.family in TARGET_IN_SOURCE and target_code:  # MADLAD-400: "<2xx>" text.
+  if tokenizer.family in TARGET_IN_SOURCE:  # MADLAD-400: "<2xx>" text; no source code.
+    if not target_code:
+      raise InputError(f"This vocabulary has {len(tokenizer.codes)} target language codes: set "
+                       f"config.data.target_code (e.g. {tokenizer.languages[0]!r}), whose "
+                       "token begins each source.")
     return tokenizer.with_languages(source_code or None, target_code)
   if len(codes) < 2:
     raise InputError(f"This vocabulary has {len(tokenizer.codes)} language codes: set "

@@ -69,6 +69,7 @@ def make_app(batcher: Batcher, service: Service, metrics: Metrics | None = None)
   """The ASGI app over a started `batcher`: the FastAPI app (its `.app`) inside the guard that
   limits bodies and counts answers. Without `metrics`, it makes its own and, if the batcher
   reports to nobody, makes it the batcher's `observe`."""
+  service = languages_lib.served_by(service, batcher.translator)  # MADLAD: no source needed.
   metrics = metrics or Metrics(lambda: batcher.queued, batcher.ready.is_set,
                                lambda: batcher.programs)
   if batcher.observe is None:
@@ -193,7 +194,7 @@ async def translate(request: fastapi.Request) -> Response:
   texts, single = schema.libre_texts(fields.get("q"))
   source, target = fields.get("source"), fields.get("target")
   for name, value in (("source", source), ("target", target)):
-    if not value:
+    if not value and (name == "target" or context.service.needs_source):
       raise ApiError(400, f"Invalid request: missing {name} parameter")
   language = languages_lib.libre_source(context.service, source, target)
   text_format = fields.get("format") or "text"
@@ -210,7 +211,7 @@ async def translate(request: fastapi.Request) -> Response:
         **languages_lib.job_pair(context.service, language, target)))
   results, alternates, truncated = _libre_texts(texts, answers, alternatives)
   body: dict[str, Any] = {"translatedText": results[0] if single else results}
-  if source == "auto":
+  if source == "auto" and language:  # A MADLAD server without a default source says none.
     detected = {"confidence": 100.0, "language": language}
     body["detectedLanguage"] = detected if single else [detected] * len(texts)
   if alternatives:

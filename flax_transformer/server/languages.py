@@ -3,8 +3,11 @@ each request's language pair checked against them.
 
 A one-pair model serves its workdir's pair; a many-language model (NLLB-200, M2M-100, mBART-50)
 serves every pair of its codes, each request naming its own (the service's source_lang and
-target_lang are then defaults: for `source: auto` and requests that name none). Names come from
-`langcodes` (CLDR's data): ISO 639-1 (`de`), mBART-50's `de_DE` and NLLB-200's `deu_Latn` alike.
+target_lang are then defaults: for `source: auto` and requests that name none). MADLAD-400's
+target language is a token of the source ("<2de> text"): its requests name the target alone
+(`Service.needs_source` False, `served_by`), with no source, `source: auto` or any of its codes.
+Names come from `langcodes` (CLDR's data): ISO 639-1 (`de`), mBART-50's `de_DE` and NLLB-200's
+`deu_Latn` alike.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Service:
     step: the checkpoint step served (reported by /v1/translate and /health).
     languages: a many-language model's codes (`Translator.languages`): every pair of them is
       served. Empty: a one-pair model, which serves source_lang -> target_lang alone.
+    needs_source: whether a request must name its source language (or the service default
+      one); False for a model whose target language is a source token (MADLAD-400).
   """
 
   source_lang: str | None
@@ -43,6 +48,7 @@ class Service:
   max_body_bytes: int = 1 << 20
   step: int | None = None
   languages: tuple[str, ...] = ()
+  needs_source: bool = True
 
   def __post_init__(self):
     if not self.languages and not (self.source_lang and self.target_lang):
@@ -58,6 +64,16 @@ class Service:
     defaults = "".join(f", default {side} {code}" for side, code in (
         ("source", self.source_lang), ("target", self.target_lang)) if code)
     return f"{len(self.languages)} languages{defaults}"
+
+
+def served_by(service: Service, translator: Any) -> Service:
+  """`service` with what `translator`'s model needs of a request: a many-language model whose
+  target language is a token of the source (MADLAD-400's "<2xx>") needs no source language."""
+  required = getattr(getattr(translator, "tokenizer", None), "required_languages",
+                     ("source_lang", "target_lang"))
+  if not service.languages or "source_lang" in required:
+    return service
+  return dataclasses.replace(service, needs_source=False)
 
 
 @functools.cache
@@ -91,7 +107,8 @@ def languages_answer(service: Service) -> list[dict[str, Any]]:
 
 def libre_source(service: Service, source: Any, target: Any) -> str:
   """The source code of a LibreTranslate request (`auto`: the server's default), its codes
-  checked: 400 for a code the server does not serve, or `auto` without a default."""
+  checked: 400 for a code the server does not serve, or `auto` without a default; "" where
+  the model needs none and none is given (MADLAD-400: no source, or `auto`, and no default)."""
   pair = f"this server translates {service.source_lang} to {service.target_lang}"
   if not service.languages:
     if source not in ("auto", service.source_lang):
@@ -99,13 +116,13 @@ def libre_source(service: Service, source: Any, target: Any) -> str:
     if target != service.target_lang:
       raise ApiError(400, f"{target} is not supported ({pair})")
     return service.source_lang
-  if source == "auto":
-    if not service.source_lang:
+  if source in ("auto", None, ""):  # None, "": a model that needs no source (MADLAD-400).
+    if service.needs_source and not service.source_lang:
       raise ApiError(400, "This server does not detect languages and has no default source "
                      f"(--source_lang): give source, one of its {len(service.languages)} codes "
                      f"(e.g. {', '.join(service.languages[:3])})")
-    source = service.source_lang
-  for code in (source, target):
+    source = service.source_lang or ""
+  for code in (source, target) if source else (target,):
     if not isinstance(code, str) or code not in service.languages:
       raise ApiError(400, unknown_code(str(code), service.languages))
   return source
@@ -123,15 +140,15 @@ def v1_pair(service: Service, source: str | None, target: str | None) -> dict[st
     return {}
   source, target = source or service.source_lang, target or service.target_lang
   missing = [name for name, code in (("source_lang", source), ("target_lang", target))
-             if not code]
+             if not code and (name == "target_lang" or service.needs_source)]
   if missing:
     raise ApiError(400, f"Invalid request: this server translates between "
                    f"{len(service.languages)} languages and has no default "
                    f"{' or '.join(missing)}: give {' and '.join(missing)}")
-  for code in (source, target):
+  for code in (source, target) if source else (target,):
     if code not in service.languages:
       raise ApiError(400, unknown_code(code, service.languages))
-  return {"source_lang": source, "target_lang": target}
+  return {"source_lang": source or "", "target_lang": target}
 
 
 def job_pair(service: Service, source: str, target: str) -> dict[str, str]:
@@ -140,4 +157,4 @@ def job_pair(service: Service, source: str, target: str) -> dict[str, str]:
 
 
 __all__ = ["Service", "job_pair", "language_name", "languages_answer", "libre_source",
-           "unknown_code", "v1_pair"]
+           "served_by", "unknown_code", "v1_pair"]
