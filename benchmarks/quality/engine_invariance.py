@@ -9,7 +9,11 @@ tie, which an early checkpoint has many of. So this check is run on one:
 
   python benchmarks/quality/engine_invariance.py --workdir W --step 79 \\
       --src ../shared/data/multi30k/test_2016_flickr.en.gz --lines 300 --alone 60 \\
-      [--engines slots batches] [--flags method=greedy ...]
+      [--engines slots batches] [--flags method=greedy ...] [--mesh] [--dump F | --against F]
+
+`--mesh` searches over every local device (XLA_FLAGS=--xla_force_host_platform_device_count=8
+makes 8 of a CPU); `--dump F` writes the file-order n-best of each engine to F, and `--against
+F` compares this run's with F's, e.g. 8 devices against 1.
 
 One JSON line per engine and case: the sentences compared, how many differ from the file-order
 run (text or score), and the first that does. Exits 1 when the slots differ anywhere.
@@ -94,18 +98,33 @@ def main() -> None:
   parser.add_argument("--engines", nargs="+", default=["slots", "batches"])
   parser.add_argument("--flags", nargs="*", default=[])
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--mesh", action="store_true", help="search over every local device")
+  parser.add_argument("--dump", default=None, help="write the file-order n-best here (JSON)")
+  parser.add_argument("--against", default=None, help="compare with another run's --dump")
   args = parser.parse_args()
 
   from flax_transformer import Translator
 
   sources = read(args.src, args.lines)
   flags = parse_flags(args.flags)
-  translator = Translator.from_workdir(args.workdir, args.step)
-  slots_differ = 0
+  from flax_transformer.runtime import sharding
+
+  translator = Translator.from_workdir(args.workdir, args.step,
+                                       mesh=sharding.local_mesh() if args.mesh else None)
+  other = json.loads(Path(args.against).read_text()) if args.against else {}
+  dumped, slots_differ = {}, 0
   for engine in args.engines:
     search = lambda batch, engine=engine: translator.translate_nbest(
         list(batch), args.nbest, engine=engine, **flags)
     reference = dict(enumerate(search(sources)))
+    dumped[engine] = [reference[i] for i in range(len(sources))]
+    if engine in other:
+      theirs = [[tuple(h) for h in nbest] for nbest in other[engine]]
+      differ = [i for i, nbest in enumerate(theirs) if nbest != reference[i]]
+      print(json.dumps({"engine": engine, "case": f"against {args.against}",
+                        "devices": translator.num_devices, "sentences": len(theirs),
+                        "differ": len(differ)}), flush=True)
+      slots_differ += len(differ) if engine == "slots" else 0
     for case, run in cases(sources, args.alone, args.seed).items():
       found = run(search)
       differ = [i for i, nbest in found.items() if nbest != reference[i]]
@@ -113,10 +132,13 @@ def main() -> None:
           "line": differ[0] + 1, "file_order": reference[differ[0]][:2],
           case: found[differ[0]][:2]}
       print(json.dumps({"engine": engine, "case": case, "flags": flags, "step": translator.step,
+                        "devices": translator.num_devices,
                         "sentences": len(found), "differ": len(differ), "example": example},
                        ensure_ascii=False), flush=True)
       if engine == "slots":
         slots_differ += len(differ)
+  if args.dump:
+    Path(args.dump).write_text(json.dumps(dumped, ensure_ascii=False))
   sys.exit(1 if slots_differ else 0)
 
 
