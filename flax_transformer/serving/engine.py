@@ -583,8 +583,6 @@ class _LaneRun:
       self.tables[tier] = self.place.zeros(
           table_shapes(self.model, self.params, lane, self.spec.how, *self.data), lane.slots,
           self.params)
-      if self.place.mesh is None:
-        self.tables[tier] = _placed_like(self.tables[tier], self.params)
     return self.tables[tier]
 
   def _free(self, tier: int) -> list[np.ndarray]:
@@ -694,16 +692,6 @@ def _dealt(room: Sequence[int], count: int) -> list[int]:
       if count and counts[d] < most:
         counts[d], count = counts[d] + 1, count - 1
   return counts
-
-
-def _placed_like(table: Slot, params: Any) -> Slot:
-  """`table` committed to the parameters' device when they are committed (as the programs'
-  outputs then are): so the first call on a new table runs the program that every later call
-  runs (a warm-up compiles each program once, `Engine.warm`), not a variant of its own."""
-  leaf = jax.tree.leaves(params)[0]
-  if isinstance(leaf, jax.Array) and leaf.committed:
-    return jax.device_put(table, leaf.sharding)
-  return table
 
 
 def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarray,
