@@ -236,7 +236,7 @@ BAD_V1_REQUESTS = [
     (b'{"sentences": ["a"], "method": "sample", "constraints": [["x"]]}', "Invalid request: "),
     (b'{"sentences": ["a"], "n": 9}', "9 hypotheses per sentence need"),
     (b'{"sentences": ["a"], "method": "sample", "seed": 100000000000000000000000}',
-     "seed must be in [0, 2**63), got 100000000000000000000000"),
+     "seed: must be in [0, 2**63), got 100000000000000000000000"),
     (b'{"sentences": ["a\\udc00"]}', "sentences item 1 holds U+DC00 at character 2, a lone"),
     (b'{"sentences": ["a"], "target_prefix": ["\\ud800"]}', "target_prefix item 1 holds U+D800"),
     (b'{"sentences": ["a"], "constraints": [["\\ud800"]]}', "constraints, line 1: a phrase "
