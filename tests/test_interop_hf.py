@@ -27,21 +27,11 @@ import shutil
 from pathlib import Path
 
 import hf_fixture
+import hf_imports
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_imports import (
-  ImportedFolder,
-  assert_import_refused,
-  edit_config,
-  equal_where_ctranslate2_ended,
-  fine_tune,
-  held_out_sentences,
-  posts,
-  search_ids,
-  serve_app,
-)
 
 from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
@@ -61,7 +51,7 @@ FAMILIES = ("nllb", "m2m100", "mbart50")
 N = 16  # Output tokens including EOS, both sides.
 
 
-class Imported(ImportedFolder):
+class Imported(hf_imports.ImportedFolder):
   """One family's Hugging Face model and tokenizer, its workdir and our translator."""
 
   def __init__(self, family: str, root: Path):
@@ -103,7 +93,7 @@ def imported(request, tmp_path_factory) -> Imported:
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-  return held_out_sentences()
+  return hf_imports.held_out_sentences()
 
 
 def test_fairseq_sinusoids_are_m2m100s():
@@ -241,7 +231,7 @@ def _search_ids(imported: Imported, sentences: list[str], target_lang: str, meth
   source = [tokenizer.source_ids(s, imported.codes[0]) + [EOS_ID] for s in sentences]
   prefix = np.zeros((len(source), N), np.int32)
   prefix[:, 0] = tokenizer.language_id(target_lang)
-  rows, scores = search_ids(
+  rows, scores = hf_imports.search_ids(
       imported.translator, source, method, beam_size, N, target_prefix=jnp.asarray(prefix),
       word_continues=jnp.asarray(imported.translator.word_continues), forced_tokens=1)
   if method == "greedy":
@@ -254,7 +244,7 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
   model_dir = _copy(imported, tmp_path)
   # CTranslate2 4.8 reads config.normalize_before for mBART, which transformers 5's
   # MBartConfig no longer has; mBART is pre-norm with an embedding LayerNorm.
-  edit_config(model_dir, normalize_before=True, normalize_embedding=True)
+  hf_imports.edit_config(model_dir, normalize_before=True, normalize_embedding=True)
   converted = tmp_path / "ct2"
   if imported.family == "m2m100":
     _convert_with_language_tokens(monkeypatch, model_dir, converted)
@@ -275,7 +265,7 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
       beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=N,
       min_decoding_length=0, return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, target_lang, "beam", beam_size=4)
-  compared = equal_where_ctranslate2_ended(rows, scores, results, tokenizer._ids)
+  compared = hf_imports.equal_where_ctranslate2_ended(rows, scores, results, tokenizer._ids)
   print(f"{imported.family}: {compared} of {len(sentences)} lines ended by CTranslate2")
   assert compared >= 2
 
@@ -340,10 +330,10 @@ def _add_weight(folder: Path, key: str) -> None:
 @pytest.mark.parametrize("change, message", [
     (lambda f: _add_weight(f, "model.encoder.layers.0.moe.weight"),
      "1 weight(s) this importer does not map: model.encoder.layers.0.moe.weight"),
-    (lambda f: edit_config(f, model_type="nllb-moe", architectures=[
+    (lambda f: hf_imports.edit_config(f, model_type="nllb-moe", architectures=[
         "NllbMoeForConditionalGeneration"]), "Unsupported architecture"),
-    (lambda f: edit_config(f, num_experts=128), "num_experts"),
-    (lambda f: edit_config(f, decoder_ffn_dim=128), "decoder_ffn_dim"),
+    (lambda f: hf_imports.edit_config(f, num_experts=128), "num_experts"),
+    (lambda f: hf_imports.edit_config(f, decoder_ffn_dim=128), "decoder_ffn_dim"),
     (lambda f: (f / "sentencepiece.bpe.model").unlink(), "sentencepiece.bpe.model"),
     (lambda f: (f / "config.json").unlink(), "not a Hugging Face checkpoint"),
 ])
@@ -353,7 +343,7 @@ def test_bad_folders_are_one_line_before_any_compile(imported, tmp_path, capsys,
     pytest.skip("one family is enough")
   folder = _copy(imported, tmp_path)
   change(folder)
-  assert_import_refused(folder, tmp_path / "w", capsys, message)
+  hf_imports.assert_import_refused(folder, tmp_path / "w", capsys, message)
 
 
 def test_cli_translate_with_language_codes(imported, sentences, tmp_path, capsys):
@@ -400,10 +390,10 @@ def test_fine_tuning_an_import_with_its_language_tokens_resumes_exactly(imported
   from flax_transformer.workdir import restore_params
 
   def train(workdir: Path, steps: int) -> None:
-    fine_tune(imported.workdir, workdir, tmp_path / "tfds", train__num_train_steps=steps,
-              train__warmup_steps=2, checkpoint__save_every_steps=2,
-              checkpoint__async_save=False, data__source_code=imported.codes[0],
-              data__target_code=imported.codes[1])
+    hf_imports.fine_tune(imported.workdir, workdir, tmp_path / "tfds", train__num_train_steps=steps,
+                         train__warmup_steps=2, checkpoint__save_every_steps=2,
+                         checkpoint__async_save=False, data__source_code=imported.codes[0],
+                         data__target_code=imported.codes[1])
 
   train(tmp_path / "ft", 4)
   train(tmp_path / "resumed", 2)  # Stopped at step 2, then the same run to step 4.
@@ -449,8 +439,8 @@ def _many_language_server(imported, **options):
   from flax_transformer.server import Service
 
   translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED)
-  return serve_app(translator, Service(options.get("source"), options.get("target"),
-                                       languages=tuple(translator.languages)))
+  return hf_imports.serve_app(translator, Service(options.get("source"), options.get("target"),
+                                                  languages=tuple(translator.languages)))
 
 
 def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, sentences):
@@ -463,10 +453,10 @@ def test_the_server_serves_a_language_pair_of_a_many_language_model(imported, se
   settings = dict(method="greedy", max_len_a=0.0, max_len_b=N - 1)
   translator = Translator.from_workdir(imported.workdir, grow_cache="no", source_lang=source,
                                        target_lang=target, **settings)
-  batcher, app, _ = serve_app(translator, Service(source, target, step=translator.step),
-                            max_wait_ms=20)
-  answers = posts(app, [("/translate", {"q": line, "source": source, "target": target})
-                         for line in sentences[:4]])
+  batcher, app, _ = hf_imports.serve_app(translator, Service(source, target, step=translator.step),
+                                       max_wait_ms=20)
+  answers = hf_imports.posts(app, [("/translate", {"q": line, "source": source, "target": target})
+                                    for line in sentences[:4]])
   batcher.close(10)
   assert [a.json()["translatedText"] for a in answers] == translator.translate(sentences[:4])
 
@@ -484,12 +474,12 @@ def test_the_server_searches_requests_into_two_languages_together(imported, sent
   source, target_a, target_b = imported.codes
   batcher, app, reports = _many_language_server(imported)
   lines = sentences[:3]
-  libre = posts(app, [("/translate", {"q": lines, "source": source, "target": target})
-                       for target in (target_a, target_b)])
+  libre = hf_imports.posts(app, [("/translate", {"q": lines, "source": source, "target": target})
+                                  for target in (target_a, target_b)])
   libre_reports, reports[:] = list(reports), []
-  v1 = posts(app, [("/v1/translate", {"sentences": lines, "n": 2, "source_lang": source,
-                                       "target_lang": target})
-                    for target in (target_a, target_b)])
+  v1 = hf_imports.posts(app, [("/v1/translate", {"sentences": lines, "n": 2, "source_lang": source,
+                                                  "target_lang": target})
+                               for target in (target_a, target_b)])
   batcher.close(10)
   alone = {target: imported.translator.translate_nbest(lines, 2, target_lang=target, **SERVED)
            for target in (target_a, target_b)}  # Each pair in a call of its own.
@@ -518,7 +508,7 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   source, target_a, target_b = imported.codes
   batcher, bare, _ = _many_language_server(imported)
   lines = sentences[:2]
-  languages, unknown, auto, no_pair, same = posts(bare, [
+  languages, unknown, auto, no_pair, same = hf_imports.posts(bare, [
       ("/languages", None),
       ("/translate", {"q": lines[0], "source": source, "target": target_a[:-1] + "Q"}),
       ("/translate", {"q": lines[0], "source": "auto", "target": target_a}),
@@ -530,7 +520,7 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   for entry in languages.json():
     assert entry["targets"] == [other for other in codes if other != entry["code"]]
   # Gzipped for a client that accepts it, the same JSON for one that does not.
-  [plain] = posts(bare, [("/languages", None)], headers={"Accept-Encoding": "identity"})
+  [plain] = hf_imports.posts(bare, [("/languages", None)], headers={"Accept-Encoding": "identity"})
   assert "content-encoding" not in plain.headers and plain.json() == languages.json()
   assert languages.headers["content-encoding"] == "gzip"
   assert int(languages.headers["content-length"]) * 10 < len(plain.content)
@@ -543,7 +533,7 @@ def test_the_server_of_a_many_language_model_lists_and_checks_its_codes(imported
   assert same.json() == {"translatedText": lines, "alternatives": [[], []]}
 
   defaults = make_app(batcher, Service(source, target_b, languages=tuple(codes)))
-  auto, v1 = posts(defaults, [
+  auto, v1 = hf_imports.posts(defaults, [
       ("/translate", {"q": lines, "source": "auto", "target": target_a}),
       ("/v1/translate", {"sentences": lines})])
   batcher.close(10)

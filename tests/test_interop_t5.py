@@ -27,20 +27,10 @@ import shutil
 from pathlib import Path
 
 import hf_fixture
+import hf_imports
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_imports import (
-  ImportedFolder,
-  assert_import_refused,
-  edit_config,
-  equal_where_ctranslate2_ended,
-  fine_tune,
-  held_out_sentences,
-  posts,
-  search_ids,
-  serve_app,
-)
 
 from flax_transformer import Transformer, Translator
 from flax_transformer.cli import main as cli_main
@@ -60,7 +50,7 @@ VARIANTS = tuple(hf_fixture.T5_VARIANTS)
 N = 16  # Output tokens including EOS.
 
 
-class Imported(ImportedFolder):
+class Imported(hf_imports.ImportedFolder):
   """One variant's Hugging Face model and tokenizer, its workdir and our translator."""
 
   def __init__(self, variant: str, root: Path):
@@ -87,7 +77,7 @@ def imported(request, tmp_path_factory) -> Imported:
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-  return held_out_sentences()
+  return hf_imports.held_out_sentences()
 
 
 # ---------------------------------------------------------------------------- tokenization
@@ -187,8 +177,8 @@ def test_serve_madlad_with_target_lang_alone(imported, sentences, monkeypatch, c
   assert "3 languages, default target de" in capsys.readouterr().out
   translator, service = served.pop()
   lines = sentences[:3]
-  batcher, app, _ = serve_app(translator, service, max_wait_ms=20)
-  answers = posts(app, [
+  batcher, app, _ = hf_imports.serve_app(translator, service, max_wait_ms=20)
+  answers = hf_imports.posts(app, [
       ("/translate", {"q": lines, "target": "de"}),
       ("/translate", {"q": lines, "source": "auto", "target": "fr"}),
       ("/translate", {"q": lines[0], "source": "en", "target": "de"}),
@@ -196,9 +186,9 @@ def test_serve_madlad_with_target_lang_alone(imported, sentences, monkeypatch, c
       ("/v1/translate", {"sentences": lines, "target_lang": "fr"}),
       ("/translate", {"q": lines[0], "target": "dd"}),
       ("/v1/translate", {"sentences": lines, "target_lang": "dd"})])
-  no_default = posts(make_app(batcher, Service(None, None, languages=service.languages,
-                                               needs_source=False)),
-                     [("/v1/translate", {"sentences": lines})])[0]
+  no_default = hf_imports.posts(make_app(batcher, Service(None, None, languages=service.languages,
+                                                          needs_source=False)),
+                                [("/v1/translate", {"sentences": lines})])[0]
   batcher.close(10)
   tokenizer = imported.translator.tokenizer
   want = {target: [tokenizer.detokenize(row) for row in _hf_greedy(imported, lines, target)]
@@ -243,8 +233,8 @@ def test_logits_equal_hugging_faces(imported):
 def _search_ids(imported: Imported, sentences: list[str], method: str, beam_size: int = 1,
                 target: str | None = None):
   """Our search of the sources as T5's tokenizer reads them (MADLAD's "<2xx>" first)."""
-  return search_ids(imported.translator, [imported.our_source(s, target) for s in sentences],
-                    method, beam_size, N)
+  source = [imported.our_source(s, target) for s in sentences]
+  return hf_imports.search_ids(imported.translator, source, method, beam_size, N)
 
 
 def _hf_greedy(imported: Imported, sentences: list[str], target: str | None = None):
@@ -316,17 +306,18 @@ def test_beam4_equals_ctranslate2_where_it_ended(imported, sentences, tmp_path, 
       source, beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=N,
       min_decoding_length=0, return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, "beam", beam_size=4)
-  compared = equal_where_ctranslate2_ended(rows, scores, results,
-                                           imported.translator.tokenizer._ids)
+  compared = hf_imports.equal_where_ctranslate2_ended(rows, scores, results,
+                                                      imported.translator.tokenizer._ids)
   print(f"{imported.variant}: {compared} of {len(sentences)} lines ended by CTranslate2")
   assert compared >= 2
 
 
 # ------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("change, message", [
-    (lambda f: edit_config(f, feed_forward_proj="gated-silu"), "feed_forward_proj"),
-    (lambda f: edit_config(f, architectures=["T5EncoderModel"]), "Unsupported architecture"),
-    (lambda f: edit_config(f, decoder_start_token_id=1), "decoder_start_token_id"),
+    (lambda f: hf_imports.edit_config(f, feed_forward_proj="gated-silu"), "feed_forward_proj"),
+    (lambda f: hf_imports.edit_config(f, architectures=["T5EncoderModel"]),
+     "Unsupported architecture"),
+    (lambda f: hf_imports.edit_config(f, decoder_start_token_id=1), "decoder_start_token_id"),
     (lambda f: (f / "spiece.model").unlink(), "spiece.model"),
 ])
 def test_bad_folders_are_one_line(imported, tmp_path, capsys, change, message):
@@ -335,7 +326,7 @@ def test_bad_folders_are_one_line(imported, tmp_path, capsys, change, message):
   folder = tmp_path / "model"
   shutil.copytree(imported.model_dir, folder)
   change(folder)
-  assert_import_refused(folder, tmp_path / "w", capsys, message)
+  hf_imports.assert_import_refused(folder, tmp_path / "w", capsys, message)
 
 
 # ------------------------------------------------------------------------------- way back
@@ -372,7 +363,7 @@ def test_ctranslate2_export_translates_as_we_do(imported, sentences, tmp_path):
                                 max_decoding_length=N, min_decoding_length=0,
                                 return_scores=True, return_end_token=True)
   rows, scores = _search_ids(imported, sentences, "beam", beam_size=4)
-  compared = equal_where_ctranslate2_ended(rows, scores, results, tokenizer._ids)
+  compared = hf_imports.equal_where_ctranslate2_ended(rows, scores, results, tokenizer._ids)
   assert compared >= 2
 
 
@@ -383,9 +374,10 @@ STEPS, STOP = 4, 2  # Fine-tuned to step 4; the resumed copy stopped at step 2.
 def _fine_tune(imported: Imported, workdir: Path, tfds_dir: Path) -> None:
   """STEPS steps from the import, a checkpoint every STOP steps, a loss logged at each;
   MADLAD's "<2de>" leads each source (config.data.target_code)."""
-  fine_tune(imported.workdir, workdir, tfds_dir, train__num_train_steps=STEPS,
-            train__warmup_steps=2, train__log_every_steps=1, checkpoint__save_every_steps=STOP,
-            checkpoint__async_save=False, data__target_code=imported.target)
+  hf_imports.fine_tune(imported.workdir, workdir, tfds_dir, train__num_train_steps=STEPS,
+                       train__warmup_steps=2, train__log_every_steps=1,
+                       checkpoint__save_every_steps=STOP, checkpoint__async_save=False,
+                       data__target_code=imported.target)
 
 
 def _train_state(workdir: Path, step: int):
