@@ -148,6 +148,7 @@ def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sou
     return migrate(self, tier, rows)
 
   monkeypatch.setattr(engine._LaneRun, "_migrate", counted)
+  sources = sources[:24]  # Every tier's programs compile once per lane: fewer lanes, less time.
   for method in ("beam", "greedy"):
     assert_same_texts(translator.translate_nbest(sources, engine="slots", method=method),
                       translator.translate_nbest(sources, method=method))
