@@ -536,43 +536,57 @@ class Translator:
     sentences = texts.text_list(sentences, "sentences")
     call = self._prepare(sentences, n, first_index, params, target_prefix, constraints, forbid,
                          line_numbers, languages, settings)
-    options, params, token_ids, cut, prefix_ids, constraint_ids, forbid_ids, shortlist, \
-        numbers, take = call
     skip = frozenset(skip)
-    if plan is None and self._in_slots(options, constraint_ids, alignments):
-      yield from self._slot_translated(params, sentences, token_ids, cut, numbers, options,
-                                       prefix_ids, forbid_ids, shortlist, take, skip)
+    if plan is None and self._in_slots(call.options, call.constraint_ids, alignments):
+      yield from self._slot_translated(call.params, sentences, call.token_ids, call.cut,
+                                       call.numbers, call.options, call.prefix_ids,
+                                       call.forbid_ids, call.shortlist, call.take, skip)
       return
+    yield from self._batch_translated(sentences, call, plan, skip, alignments, constraints)
+
+  def _batch_translated(self, sentences: Sequence[str], call: _Prepared,
+                        plan: Sequence[batching.Batch] | None, skip: frozenset[int],
+                        alignments: bool, constraints: Sequence[Sequence[str]] | None
+                        ) -> Iterator[Translated]:
+    """`iter_nbest`'s translations through device batches (`plan`, else planned here by
+    length), step by step; the batches whose sentences are all in `skip` are not searched."""
     if plan is None:
-      real = np.asarray([i for i, ids in enumerate(token_ids) if ids], np.int64)
-      batches = plan_batches([len(token_ids[i]) for i in real], options.batch_tokens,
+      real = np.asarray([i for i, ids in enumerate(call.token_ids) if ids], np.int64)
+      batches = plan_batches([len(call.token_ids[i]) for i in real], call.options.batch_tokens,
                              self.model_config.max_len)
       batches = [dataclasses.replace(b, indices=real[b.indices]) for b in batches]
     else:
       batches = list(plan)
     batches = [b for b in batches if not skip.issuperset(b.indices.tolist())]
     steps = group_steps(batches, self.num_devices)
-    call = lambda step: self._search_step(params, step, token_ids, numbers, options,
-                                          prefix_ids, take if alignments else 0,
-                                          constraint_ids, forbid_ids, shortlist)
-    for step, outputs in self._pipelined(steps, call):
-      rows = step.row_positions()
-      sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
-      hypotheses = self._hypotheses(sequences, scores, take)
-      aligned = None
-      if alignments:
-        aligned = [[self._word_alignment(sentences[i], token_ids[i], hypothesis[k][0],
-                                         row[k], attention[k])
-                    for k in range(len(hypothesis))]
-                   for i, hypothesis, row, attention in zip(
-                       step.indices, hypotheses, sequences, outputs[2][rows], strict=True)]
-      met = None
-      if constraint_ids is not None:  # What the user reads: the words of each text.
-        ordered = options.search.constraint_order == "ordered"
-        met = [[words.holds_words(text, constraints[i], ordered) for text, _ in hypothesis]
-               for i, hypothesis in zip(step.indices, hypotheses, strict=True)]
-      yield Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
-                       int(cut[step.indices].sum()), aligned, met)
+    search = lambda step: self._search_step(
+        call.params, step, call.token_ids, call.numbers, call.options, call.prefix_ids,
+        call.take if alignments else 0, call.constraint_ids, call.forbid_ids, call.shortlist)
+    for step, outputs in self._pipelined(steps, search):
+      yield self._step_translated(sentences, call, step, outputs, alignments, constraints)
+
+  def _step_translated(self, sentences: Sequence[str], call: _Prepared, step: batching.Step,
+                       outputs: Sequence[np.ndarray], alignments: bool,
+                       constraints: Sequence[Sequence[str]] | None) -> Translated:
+    """One device step's `Translated`: its rows' hypotheses, with their word alignments when
+    asked for and whether each holds its sentence's constraints when there are any."""
+    rows = step.row_positions()
+    sequences, scores = outputs[0][rows], outputs[1][rows]  # [n, K, L], [n, K]
+    hypotheses = self._hypotheses(sequences, scores, call.take)
+    aligned = None
+    if alignments:
+      aligned = [[self._word_alignment(sentences[i], call.token_ids[i], hypothesis[k][0],
+                                       row[k], attention[k])
+                  for k in range(len(hypothesis))]
+                 for i, hypothesis, row, attention in zip(
+                     step.indices, hypotheses, sequences, outputs[2][rows], strict=True)]
+    met = None
+    if call.constraint_ids is not None:  # What the user reads: the words of each text.
+      ordered = call.options.search.constraint_order == "ordered"
+      met = [[words.holds_words(text, constraints[i], ordered) for text, _ in hypothesis]
+             for i, hypothesis in zip(step.indices, hypotheses, strict=True)]
+    return Translated(step.indices, hypotheses, int(np.sum(sequences[:, 0] != PAD_ID)),
+                      int(call.cut[step.indices].sum()), aligned, met)
 
   def _prepare(self, sentences: Sequence[str], n: int | None, first_index: int, params: Any,
                target_prefix: Sequence[str] | None,
