@@ -28,7 +28,8 @@ CAPTIONS = ["Get started", "Guides", "Reference", "Contributing"]
 PACKAGES = {
     "flax_transformer": "flax_transformer", "flax_transformer.model": "model",
     "flax_transformer.decoding": "decoding", "flax_transformer.training": "training",
-    "flax_transformer.serving": "serving", "flax_transformer.interop": "interop",
+    "flax_transformer.serving": "serving", "flax_transformer.bulk": "bulk",
+    "flax_transformer.server": "server", "flax_transformer.interop": "interop",
     "flax_transformer.workdir": "workdir", "flax_transformer.data": "data",
     "flax_transformer.planning": "planning", "flax_transformer.runtime": "runtime",
 }
