@@ -17,7 +17,8 @@ any requests of one spec share the slot tables, continuously; a sentence's lane,
 shape it meets, follows from the settings and its own source, and its sampling key from its
 line in its request, so each answer is `Translator.translate(..., engine="slots")` of the
 request alone, byte for byte, whatever else is in flight. What the engine does not run
-(constraints, alignments, several devices: `Translator._in_slots`) is searched in batches, below.
+(constraints, alignments, a search function of its own: `Translator._in_slots`) is searched in
+batches, below.
 
 **In batches** (a translator of `engine="batches"`, the default): a request (a `Job`) is planned
 as `translate` would plan its lines alone (`batching.plan_batches` with the translator's token
@@ -494,7 +495,7 @@ class Batcher:
     settings = {"method": options["method"]} if "method" in options else {}
     prefix = [""] if options.get("prefixed") else None
     call = self.translator.slot_call([""], target_prefix=prefix, **settings)
-    if call is None:  # Kept in batches (several devices, a search of its own).
+    if call is None:  # Kept in batches (constraints, alignments, a search of its own).
       self.translator.compile(progress=progress, **options)
       return
     engine = self._slots.engine(call.spec)
