@@ -22,7 +22,6 @@ run (text or score), and the first that does. Exits 1 when the slots differ anyw
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import sys
@@ -31,30 +30,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # This checkout's package, not an installed one.
+sys.path.insert(0, str(REPO / "benchmarks" / "speed"))
+from engine_throughput import parse_flags, read  # noqa: E402  (its file and flag readers)
 
 NEIGHBOURS = 8  # Longest and shortest sentences around each sentence of the neighbours case.
-
-
-def read(path: str, lines: int | None) -> list[str]:
-  data = Path(path).read_bytes()
-  text = (gzip.decompress(data) if path.endswith(".gz") else data).decode("utf-8")
-  return text.splitlines()[:lines]
-
-
-def parse_flags(pairs: Sequence[str]) -> dict[str, object]:
-  """`key=value` pairs as Translator settings (numbers as numbers)."""
-  flags: dict[str, object] = {}
-  for pair in pairs:
-    key, _, value = pair.partition("=")
-    for kind in (int, float):
-      try:
-        flags[key] = kind(value)
-        break
-      except ValueError:
-        continue
-    else:
-      flags[key] = value
-  return flags
 
 
 Search = Callable[[Sequence[str]], list[list[tuple[str, float]]]]
