@@ -238,8 +238,10 @@ def _ours(config: ModelConfig, folder: str, name: str, inputs: jax.Array,
   """(weight bytes, median seconds of one beam-4 search) of ours at precision `name` (over
   the vocabulary `shortlist` when given), on the weights in `folder`."""
   served = precision.precision_config(config, name)
-  # Leaf by leaf onto the device: the float32 memory maps are never copied twice.
-  params = jax.tree.map(jnp.asarray, precision.convert_params(read_params(folder), served))
+  params = read_params(folder)  # Leaf by leaf onto the device, never copied twice:
+  params = (jax.tree.map(jnp.asarray, precision.convert_params(params, served))
+            if served.quantization == "int8"
+            else jax.tree.map(lambda p: jnp.asarray(p, served.parameter_dtype), params))
   variables = {"params": params}
   search = jit_search(Transformer(served), beam_size=4, max_decode_len=args.steps,
                       min_length=args.steps, length_penalty=1.0, length_normalization="fairseq")
