@@ -392,11 +392,12 @@ def test_attention_and_curves_pictures(workdir, workdir_test_split, tmp_path, mo
   assert len(said) == 3 and said[-1] == "", terminal.getvalue()
   for line, what in zip(said[:2], ("the search of the translation",
                                "the forward pass that records the attention"), strict=True):
-    # Which of the three is test_cli_terminal's to check: here, an earlier test may have
-    # compiled the search in this process.
+    # Which of the four is test_cli_terminal's to check: here, an earlier test may have
+    # compiled the search in this process, or some of its programs into the persistent cache.
     assert re.fullmatch(rf"(Compiled {what}|Loaded {what} from the persistent compilation "
-                        rf"cache|Found {what} compiled earlier in this process) in \d+\.\d s\.",
-                        line), line
+                        rf"cache|Compiled {what} \(compiled \d+, loaded \d+ from the persistent "
+                        rf"compilation cache\)|Found {what} compiled earlier in this process) in "
+                        rf"\d+\.\d s\.", line), line
   monkeypatch.undo()
   curves = tmp_path / "curves.png"
   assert main(["curves", "--workdir", str(workdir), "--output", str(curves)]) == 0
