@@ -10,12 +10,13 @@ Elsewhere (a log file, a pipe) it draws nothing; `close` prints one summary line
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 _WIDTH = 30
 _REDRAW_SECONDS = 0.2
@@ -125,27 +126,44 @@ class ProgressBar:
     terminal) can be printed in its place; the next `update` draws it again."""
     if self.interactive:
       with self._lock:
-        self.stream.write("\r\033[K")
-        self.stream.flush()
-        self._drawn, self._shown = 0.0, False
+        self._erase()
+
+  def _erase(self) -> None:
+    """`clear`'s work; the caller holds the lock."""
+    self.stream.write("\r\033[K")
+    self.stream.flush()
+    self._drawn, self._shown = 0.0, False
 
   @contextlib.contextmanager
   def under_logs(self) -> Iterator[ProgressBar]:
     """While inside, a log record that reaches a handler of the root logger (absl's among them:
     train.py's lines, a data thread's) is written on a line of its own: the bar, where shown, is
-    erased first, and drawn again at the next `update`."""
+    erased first, and drawn again at the next `update`. Erasing and writing the record are one
+    step under the bar's lock, so a redraw from another thread never lands between them."""
     if not self.interactive:
       yield self
       return
+    # `handle`, not `emit`: absl's handler passes a record to its current handler's `handle`.
     handlers = list(logging.getLogger().handlers)
-    erases = _ErasesBar(self)
-    for handler in handlers:
-      handler.addFilter(erases)
+    handles = {handler: handler.handle for handler in handlers}
+    own = {handler: vars(handler).get("handle") for handler in handlers}  # An outer bar's.
+    for handler, handle in handles.items():
+      handler.handle = functools.partial(self._handle_erased, handle)
     try:
       yield self
     finally:
-      for handler in handlers:
-        handler.removeFilter(erases)
+      for handler, handle in own.items():
+        if handle is None:
+          del handler.handle  # The class's own again.
+        else:
+          handler.handle = handle
+
+  def _handle_erased(self, handle: Any, record: logging.LogRecord) -> Any:
+    """A handler's `handle` of `record`, the bar erased first, all under the bar's lock."""
+    with self._lock:
+      if self._shown:
+        self._erase()
+      return handle(record)
 
   def __enter__(self) -> ProgressBar:
     return self
@@ -169,20 +187,6 @@ class ProgressBar:
                         f"({', '.join(rates)}).\n")
       self.stream.flush()
     return elapsed
-
-
-class _ErasesBar(logging.Filter):
-  """A handler's filter that erases a shown bar before the handler writes (a filter runs right
-  before the record is written, under the handler's lock)."""
-
-  def __init__(self, bar: ProgressBar):
-    super().__init__()
-    self.bar = bar
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if self.bar._shown:
-      self.bar.clear()
-    return True
 
 
 __all__ = ["ProgressBar", "counted", "format_duration", "format_rate"]
