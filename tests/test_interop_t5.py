@@ -149,6 +149,17 @@ def test_madlad_translates_with_target_lang_alone(imported, sentences, tmp_path,
             for row in _hf_greedy(imported, sentences[:3], target)]
     assert output.read_text().splitlines() == want
     output.unlink()
+  # A source code changes nothing and says so in one line.
+  target = imported.codes[1]
+  capsys.readouterr()
+  assert cli_main([*args, "--source_lang", imported.codes[0], "--target_lang", target]) == 0
+  assert output.read_text().splitlines() == [
+      imported.translator.tokenizer.detokenize(row)
+      for row in _hf_greedy(imported, sentences[:3], target)]
+  said = [line for line in capsys.readouterr().err.splitlines() if "is not used" in line]
+  assert said == [f"flax-transformer translate: source_lang {imported.codes[0]!r} is not used: "
+                  "this model reads no source language (MADLAD-400 takes any), only "
+                  "target_lang."], said
 
 
 def test_serve_madlad_with_target_lang_alone(imported, sentences, monkeypatch, capsys):

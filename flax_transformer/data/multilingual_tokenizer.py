@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,6 +58,14 @@ SPLITS_SPECIAL = ("t5", "madlad")
 # nothing forced in the output and no source language.
 TARGET_IN_SOURCE = ("madlad",)
 _NEAREST = 5  # Codes an unknown code's message lists.
+_log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _unused_source_lang(code: str) -> None:
+  """Says once per process that a source code is not used (MADLAD-400 takes any source)."""
+  _log.warning("source_lang %r is not used: this model reads no source language (MADLAD-400 "
+               "takes any), only target_lang.", code)
 
 
 class MultilingualTokenizer(MarianTokenizer):
@@ -124,6 +134,8 @@ class MultilingualTokenizer(MarianTokenizer):
     naming the nearest."""
     target = self.language_id(target_lang)
     if self.family in TARGET_IN_SOURCE:
+      if source_lang:
+        _unused_source_lang(source_lang)
       return self._encode(self._source, [self.codes[target_lang]])[0], []
     return [self.language_id(source_lang)], [target]
 
