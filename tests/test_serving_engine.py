@@ -1,14 +1,16 @@
 """The engine's slot tables (`serving.engine`, `engine="slots"`) on a trained model (conftest's
 `trained_workdir`), with the synthetic task's held-out sentences:
 
-* a sentence's hypotheses and scores are the same bytes alone, in a file, in any shuffle of
-  it and between long and short neighbours;
+* a sentence's hypotheses, scores and word alignments are the same bytes alone, in a file, in
+  any shuffle of it and between long and short neighbours;
 * the slots translate what the batches translate (the same texts; scores within float32
   rounding, since the programs' shapes differ): beam search with its n-best, greedy decoding,
   sampling with per-line keys, a target prefix, forbidden phrases, a vocabulary shortlist,
   bfloat16, int8 and an ensemble;
 * sentences come back as they finish, before the last one is admitted;
-* what runs in batches (constraints, alignments) gives the batches' bytes.
+* where a hypothesis is the batches', its word pairs are the batches' (the same
+  teacher-forced attention, `serving.engine_alignments`, in programs of other shapes);
+* what runs in batches (constraints) gives the batches' bytes.
 
 The searches' own references (brute force, CTranslate2, Hugging Face) check the steps the slots
 run (`decoding.slots` calls the searches' step functions): tests/test_decoding_slots.py
@@ -53,6 +55,16 @@ def assert_same_texts(slots: list, batches: list, tolerance: float = 1e-4) -> No
   assert max(gaps) < tolerance, max(gaps)
 
 
+def aligned_nbest(translator: Translator, sentences: list[str], **settings) -> list[tuple]:
+  """Each sentence's (n-best, the word pairs of each hypothesis), in input order."""
+  found = {}
+  for batch in translator.iter_nbest(sentences, alignments=True, **settings):
+    for i, hypotheses, pairs in zip(batch.indices, batch.hypotheses, batch.alignments,
+                                    strict=True):
+      found[int(i)] = (hypotheses, pairs)
+  return [found[i] for i in range(len(sentences))]
+
+
 # Greedy decoding: test_outputs_longer_than_a_tier_move_up_and_keep_their_texts.
 @pytest.mark.parametrize("method", ["beam", "sample"])
 def test_slots_translate_what_batches_translate(translator, sources, method):
@@ -65,17 +77,22 @@ def test_slots_translate_what_batches_translate(translator, sources, method):
 
 
 def test_a_sentence_is_the_same_bytes_whatever_else_is_in_flight(translator, sources):
+  """Its n-best texts, scores and word alignments (`serving.engine_alignments`)."""
   rng = np.random.default_rng(0)
-  in_file = translator.translate_nbest(sources, engine="slots")
+  in_file = aligned_nbest(translator, sources, engine="slots")
+  assert {len(hypotheses) for hypotheses, _ in in_file} == {4}
+  assert len({str(pairs) for _, pairs in in_file}) > 40  # Each sentence's own alignments.
   order = rng.permutation(len(sources))
-  shuffled = translator.translate_nbest([sources[i] for i in order], engine="slots")
+  shuffled = aligned_nbest(translator, [sources[i] for i in order], engine="slots")
   assert [shuffled[list(order).index(i)] for i in range(len(sources))] == in_file
   by_length = sorted(range(len(sources)), key=lambda i: len(sources[i]))
   shortest, longest = sources[by_length[0]], sources[by_length[-1]]
   for i in rng.choice(len(sources), 4, replace=False):
-    assert translator.translate_nbest([sources[i]], engine="slots") == [in_file[i]]
-    between = translator.translate_nbest([longest, sources[i], shortest] * 3, engine="slots")
+    assert aligned_nbest(translator, [sources[i]], engine="slots") == [in_file[i]]
+    between = aligned_nbest(translator, [longest, sources[i], shortest] * 3, engine="slots")
     assert between[1] == between[4] == between[7] == in_file[i]
+  plain = translator.translate_nbest(sources, engine="slots")  # Without alignments: the same.
+  assert plain == [hypotheses for hypotheses, _ in in_file]
 
 
 def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, sources, tmp_path):
@@ -155,10 +172,25 @@ def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sou
   assert {tier for tier, _ in moved} >= {0, 1, 2}, moved
 
 
-def test_constraints_and_alignments_run_in_batches(translator, sources):
+def test_constraints_run_in_batches(translator, sources):
   words = [text.split() for text in translator.translate(sources[8:16])]  # Other lines'.
   options = {"constraints": [[w[-1]] if w else [] for w in words]}
   assert (translator.translate_nbest(sources[:8], engine="slots", **options)
           == translator.translate_nbest(sources[:8], **options))
-  assert (translator.translate_aligned(sources[:8], engine="slots")
-          == translator.translate_aligned(sources[:8]))
+
+
+def test_alignments_in_slots_are_the_batches_word_pairs(translator, sources):
+  """Where a hypothesis of beam 4's n-best is the batches' text, its word pairs are the
+  batches' (the same teacher-forced attention in programs of other shapes: a last-bit
+  difference could flip a word's argmax only at a near tie of two source words; none on these
+  16 x 4)."""
+  compared = 0
+  for (hypotheses, pairs), (expected, expected_pairs) in zip(
+      aligned_nbest(translator, sources[:16], engine="slots"),
+      aligned_nbest(translator, sources[:16]), strict=True):
+    for (text, _), got, (other, _), want in zip(hypotheses, pairs, expected, expected_pairs,
+                                                strict=True):
+      if text == other:
+        assert got == want, (text, got, want)
+        compared += bool(text)
+  assert compared >= 60, compared  # Of 64: the n-best are the same texts.

@@ -41,7 +41,8 @@ A target prefix (one per sentence, '' for none) is searched in the same program 
 its tokens are an array [rows, L] of the bucket's shape, so prefixes of any length share one
 program per bucket (the docs' design page, "Decoding": the target prefix). Word alignments come
 from the same jitted program (a teacher-forced pass over the chosen hypotheses,
-`decoding.bridge`), and are made into word pairs on the host (`data.alignments`). An
+`decoding.bridge`; on the engine, a program of its own over completed sentences,
+`serving.engine_alignments`), and are made into word pairs on the host (`data.alignments`). An
 ensemble's params are its models' stacked (`from_checkpoints`); it searches, scores and aligns
 in one program (`decoding.bridge`, "Ensembles").
 """
@@ -75,7 +76,7 @@ from flax_transformer.model import int8_kernel, precision
 from flax_transformer.model.transformer import Transformer
 from flax_transformer.progress import ProgressBar
 from flax_transformer.runtime import compilation_cache, sharding
-from flax_transformer.serving import batching, engine, phrases, programs, texts
+from flax_transformer.serving import batching, engine, engine_alignments, phrases, programs, texts
 from flax_transformer.serving import shortlist as shortlist_lib
 from flax_transformer.serving.batching import (
   Step,
@@ -537,10 +538,11 @@ class Translator:
     call = self._prepare(sentences, n, first_index, params, target_prefix, constraints, forbid,
                          line_numbers, languages, settings)
     skip = frozenset(skip)
-    if plan is None and self._in_slots(call.options, call.constraint_ids, alignments):
+    if plan is None and self._in_slots(call.options, call.constraint_ids):
       yield from self._slot_translated(call.params, sentences, call.token_ids, call.cut,
                                        call.numbers, call.options, call.prefix_ids,
-                                       call.forbid_ids, call.shortlist, call.take, skip)
+                                       call.forbid_ids, call.shortlist, call.take, skip,
+                                       alignments)
       return
     yield from self._batch_translated(sentences, call, plan, skip, alignments, constraints)
 
@@ -633,14 +635,14 @@ class Translator:
     return [[(self.tokenizer.detokenize(row[k]), float(row_scores[k])) for k in range(count)]
             for row, row_scores, count in zip(sequences, scores, found, strict=True)]
 
-  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None,
-                alignments: bool) -> bool:
+  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None
+                ) -> bool:
     """Whether a call with `options` runs on the engine's slots (`serving.engine`): asked for,
     and none of what still runs in batches (docs/design.md, "The engine")."""
     if options.engine != "slots":
       return False
     batches_only = [why for why, applies in (
-        ("constraints", constraint_ids is not None), ("alignments", alignments),
+        ("constraints", constraint_ids is not None),
         ("a search function of its own", not isinstance(self.search_fn,
                                                         programs.StoredPrograms)))
         if applies]
@@ -653,13 +655,34 @@ class Translator:
                        numbers: np.ndarray, options: TranslateConfig,
                        prefix_ids: Sequence[Sequence[int]] | None,
                        forbid_ids: phrases.PhraseIds | None, shortlist: np.ndarray | None,
-                       take: int, skip: frozenset[int] = frozenset()) -> Iterator[Translated]:
+                       take: int, skip: frozenset[int] = frozenset(),
+                       alignments: bool = False) -> Iterator[Translated]:
     """`iter_nbest`'s translations through the engine's slot tables, yielded as sentences
-    finish (`serving.engine`); those in `skip` are not searched."""
+    finish (`serving.engine`); those in `skip` are not searched. `alignments`: each round's
+    completed sentences aligned in their lanes' fixed shapes (`serving.engine_alignments`)."""
     call = self._slot_call(token_ids, cut, numbers, options, prefix_ids, forbid_ids,
                            shortlist, take, skip)
+    aligner = engine_alignments.Aligner(self.model_config, params, call.spec, call.requests,
+                                        take, self.ensemble) if alignments else None
     for results in engine.run(self.model_config, params, call.requests, call.spec):
-      yield self.slot_translated(call, results)
+      translated = self.slot_translated(call, results)
+      if aligner is not None:
+        translated = dataclasses.replace(translated, alignments=self._slot_alignments(
+            sentences, call, results, translated.hypotheses, aligner(results)))
+      yield translated
+
+  def _slot_alignments(self, sentences: Sequence[str], call: SlotCall,
+                       results: Sequence[engine.Result],
+                       hypotheses: Sequence[Sequence[tuple[str, float]]],
+                       attention: Sequence[np.ndarray]) -> list[list[alignments_lib.Pairs]]:
+    """The word pairs of each result's hypotheses from its attention [n, L, S]."""
+    aligned = []
+    for result, texts_of, weights in zip(results, hypotheses, attention, strict=True):
+      i = int(call.indices[result.index])
+      aligned.append([self._word_alignment(sentences[i], call.requests[result.index].source,
+                                           texts_of[k][0], result.sequences[k], weights[k])
+                      for k in range(len(texts_of))])
+    return aligned
 
   def slot_call(self, sentences: Sequence[str], n: int | None = None, *,
                 params: Any = None, target_prefix: Sequence[str] | None = None,
@@ -674,7 +697,7 @@ class Translator:
     sentences = texts.text_list(sentences, "sentences")
     prepared = self._prepare(sentences, n, 0, params, target_prefix, None, forbid, None,
                              languages, settings)
-    if not self._in_slots(prepared.options, None, False):
+    if not self._in_slots(prepared.options, None):
       return None
     return self._slot_call(prepared.token_ids, prepared.cut, prepared.numbers, prepared.options,
                            prepared.prefix_ids, prepared.forbid_ids, prepared.shortlist,

@@ -1,0 +1,138 @@
+"""Word alignments on the engine: the alignment layer's cross-attention of completed sentences'
+hypotheses (`decoding.bridge.hypothesis_alignments`, one teacher-forced pass), in a program of
+fixed shape per lane.
+
+The engine hands a sentence's hypotheses back when its slot completes (`engine.Result`); an
+`Aligner` then runs them with the sentence's source through `align`: rows [E, S] of sources
+and [E, n, L] of hypotheses (E the lane's admission rows, S its source bucket, L its output
+length, n the hypotheses a call takes; rows past the completed sentences are padding). A row's
+attention depends on its own source and hypotheses and on those static shapes alone, never on
+the other rows, as a slot's search does: so a sentence's alignments are the same bytes
+whatever else completed with it, as its text and scores are (docs/design.md, "The engine").
+
+On a mesh (`engine.Run.mesh`) each of its D devices runs the 1-device program on E rows of its
+own (`jax.shard_map`), D x E sentences per call, and the attention comes back whole on every
+device (every process of a mesh reads all of it and hands back the same alignments); a row
+meets the shapes it meets on one device, so its bytes do not depend on D.
+
+Shape letters: E rows per device, S source bucket, L output length, n hypotheses per sentence,
+D devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from flax_transformer.config import ModelConfig
+from flax_transformer.decoding import bridge
+from flax_transformer.model.transformer import Transformer
+from flax_transformer.runtime import compilation_cache, sharding
+from flax_transformer.serving import engine
+
+Array = jax.Array
+_log = logging.getLogger(__name__)
+
+
+def align(model: Transformer, params: Any, inputs: Array, sequences: Array, *,
+          ensemble: bool = False) -> Array:
+  """f32 [E, n, L, S]: the alignment layer's cross-attention of sequences int32 [E, n, L] as
+  translations of inputs int32 [E, S] (`bridge.hypothesis_alignments`; row l: the attention
+  of the step that emitted token l)."""
+  return bridge.hypothesis_alignments(model, {"params": params}, inputs, sequences,
+                                      ensemble=ensemble)
+
+
+@functools.cache
+def program(model_config: ModelConfig, mesh: Mesh | None = None, ensemble: bool = False
+            ) -> Callable[[Any, Array, Array], Array]:
+  """The jitted `align` of a model config (params, inputs, sequences) -> attention, shared by
+  every call of it. On a `mesh`, the rows (D x E) are split over its 'data' axis, each device
+  runs the 1-device program on its E, and the attention comes back whole on every device."""
+  fn = functools.partial(align, Transformer(model_config), ensemble=ensemble)
+  if mesh is None:
+    return jax.jit(fn)
+  rows, whole = PartitionSpec(sharding.DATA_AXIS), PartitionSpec()
+  mapped = jax.shard_map(fn, mesh=mesh, in_specs=(whole, rows, rows), out_specs=rows)
+  return jax.jit(mapped, out_shardings=sharding.replicated(mesh))
+
+
+class Aligner:
+  """The attention of the hypotheses of a run's completed sentences: `requests` (`Result.index`
+  is a request's position there), `take` hypotheses each, grouped by lane shape and aligned
+  E x D at a time.
+
+      aligner = Aligner(model_config, params, spec, requests, take=1)
+      for results in engine.run(model_config, params, requests, spec):
+        attention = aligner(results)   # f32 [n, L, S] per result
+  """
+
+  def __init__(self, model_config: ModelConfig, params: Any, spec: engine.Run,
+               requests: Sequence[engine.Request], take: int, ensemble: bool = False):
+    self.model_config, self.params, self.spec = model_config, params, spec
+    self.requests, self.take = requests, take
+    self.program = program(model_config, spec.mesh, ensemble)
+    self.devices = 1 if spec.mesh is None else spec.mesh.shape[sharding.DATA_AXIS]
+    self.compiled: set[tuple[int, int, int]] = set()
+
+  def __call__(self, results: Sequence[engine.Result]) -> list[np.ndarray]:
+    """f32 [n, L, S] per result, in the order of `results`: each sentence aligned in rows of
+    its lane's shape (S, E, L), with what else completed in the same lane or padding."""
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for position, result in enumerate(results):
+      lane = engine.lane_for(len(self.requests[result.index].source), self.spec.settings,
+                             self.spec.batch_tokens, self.model_config.max_len)
+      key = (lane.length, lane.admit_rows, result.sequences.shape[-1])
+      groups.setdefault(key, []).append(position)
+    attention: list[np.ndarray] = [np.empty(0)] * len(results)
+    for shape, positions in groups.items():
+      per_call = shape[1] * self.devices
+      for start in range(0, len(positions), per_call):
+        chunk = positions[start:start + per_call]
+        aligned = self._aligned([results[p] for p in chunk], shape)
+        for row, position in enumerate(chunk):
+          attention[position] = aligned[row]
+    return attention
+
+  def _aligned(self, results: Sequence[engine.Result], shape: tuple[int, int, int]
+               ) -> np.ndarray:
+    """One program call: f32 [D x E, n, L, S] for `results` (at most D x E) in its first rows
+    (the rest padding), rows dealt to the devices E each in turn."""
+    length, rows, decode_len = shape
+    inputs = np.zeros((rows * self.devices, length), np.int32)  # [D x E, S]
+    sequences = np.zeros((rows * self.devices, self.take, decode_len), np.int32)
+    for row, result in enumerate(results):
+      source = self.requests[result.index].source
+      inputs[row, :len(source)] = source
+      sequences[row] = result.sequences[:self.take]
+    start = time.perf_counter()
+    what = f"the engine's alignments of sources of {length} tokens ({rows} rows)"
+    with (compilation_cache.compiling(what) if shape not in self.compiled
+          else contextlib.nullcontext()):
+      aligned = np.asarray(self.program(self.params, self._rows(inputs), self._rows(sequences)))
+    if shape not in self.compiled:
+      self.compiled.add(shape)
+      _log.info("Compiled the engine's alignments of sources of %d tokens (%d rows, output "
+                "length %d) in %.2f s (or loaded them from the persistent compilation cache).",
+                length, rows, decode_len, time.perf_counter() - start)
+    return aligned
+
+  def _rows(self, array: np.ndarray) -> Array:
+    """The array on the device, or its rows split over the mesh's 'data' axis (every process
+    passes the same whole array and keeps its own rows)."""
+    if self.spec.mesh is None:
+      return jnp.asarray(array)
+    return jax.make_array_from_callback(array.shape, sharding.batch_sharding(self.spec.mesh),
+                                        lambda index: array[index])
+
+
+__all__ = ["Aligner", "align", "program"]
