@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.decoding import slots
+from flax_transformer.decoding import beam_search, slots
 from flax_transformer.decoding.search import Ranking, SearchProblem
 
 from search_toys import (
@@ -26,39 +26,54 @@ from search_toys import (
 )
 
 STARTS = (0, 3, 1, 5)  # The global step at which each slot's sentence arrives.
+# Whole words in the toy vocabularies: tokens 3 and 5 continue the word before them.
+CONTINUES = (False, False, False, True, False, True, False, False)
 
 
-def slot_problem(toy: HashToy, table: jax.Array, initial_hash: jax.Array) -> SearchProblem:
-  """Sentence b's problem (B = 1): its own table and start hash."""
+def slot_problem(toy: HashToy, table: jax.Array, initial_hash: jax.Array,
+                 constraints: jax.Array | None = None, ordered: bool = False) -> SearchProblem:
+  """Sentence b's problem (B = 1): its own table and start hash (and constraints [1, C, P],
+  whole words as `CONTINUES` spells them, met in order when `ordered`)."""
   state = {"hash": initial_hash, "index": jnp.zeros((), jnp.int32)}
+  words = None if constraints is None else jnp.asarray(CONTINUES[:toy.vocab])
   return SearchProblem(toy.step, state, batch_size=1, max_decode_len=toy.max_len, eos_id=EOS,
-                       shared_state={"table": table})
+                       shared_state={"table": table}, constraints=constraints,
+                       ordered_constraints=ordered, word_continues=words)
 
 
-def run_slots(toy: HashToy, machine) -> tuple[np.ndarray, np.ndarray]:
+def run_slots(toy: HashToy, machine, constraints: np.ndarray | None = None,
+              plain: tuple[np.ndarray, np.ndarray] | None = None, ordered: bool = False
+              ) -> tuple[np.ndarray, np.ndarray]:
   """Every sentence of `toy` in its own slot, slot b starting at STARTS[b] and stepped on every
   global step after that, as `serving.engine.advance` steps a table; each slot's result read
-  once it is complete. Returns sequences [B, K, L] and scores [B, K]."""
+  once it is complete. Returns sequences [B, K, L] and scores [B, K]. `constraints` [B, C, P]
+  and `plain` (a `BeamSlots` run's answer): a `ConstrainedBeamSlots` machine's data."""
   tables = jnp.asarray(toy.table)[:, None]  # [B, 1, hashes, V]
   hashes = jnp.asarray(toy.initial_hash)[:, None]  # [B, 1]
-  state = jax.vmap(lambda t, h: machine.start(slot_problem(toy, t, h)))(tables, hashes)
+  terms = None if constraints is None else jnp.asarray(constraints)[:, None]  # [B, 1, C, P]
+  problem = lambda t, h, c: slot_problem(toy, t, h, c, ordered)
+  if plain is None:
+    state = jax.vmap(lambda t, h, c: machine.start(problem(t, h, c)))(tables, hashes, terms)
+  else:
+    state = jax.vmap(lambda t, h, c, s, v: machine.start(problem(t, h, c), s, v))(
+        tables, hashes, terms, jnp.asarray(plain[0])[:, None], jnp.asarray(plain[1])[:, None])
 
   @jax.jit
   def global_step(state, started):
-    stepped = jax.vmap(lambda t, h, s: machine.step(slot_problem(toy, t, h), s))(
-        tables, hashes, state)
+    stepped = jax.vmap(lambda t, h, c, s: machine.step(problem(t, h, c), s))(
+        tables, hashes, terms, state)
     keep = lambda new, old: jnp.where(
         started.reshape(-1, *([1] * (new.ndim - 1))), new, old)
     return jax.tree.map(keep, stepped, state)
 
-  complete = jax.vmap(lambda t, h, s: machine.complete(slot_problem(toy, t, h), s)[0])
+  complete = jax.jit(jax.vmap(lambda t, h, c, s: machine.complete(problem(t, h, c), s)[0]))
+  result = jax.jit(jax.vmap(lambda t, h, c, s: machine.result(problem(t, h, c), s)))
   results = {}
   for time in range(max(STARTS) + 4 * toy.max_len):
     started = jnp.asarray([time >= s for s in STARTS[:toy.batch]])
     state = global_step(state, started)
-    done = np.asarray(complete(tables, hashes, state))
-    sequences, scores = jax.vmap(lambda t, h, s: machine.result(slot_problem(toy, t, h), s))(
-        tables, hashes, state)
+    done = np.asarray(complete(tables, hashes, terms, state))
+    sequences, scores = result(tables, hashes, terms, state)
     for b in np.flatnonzero(done):
       results.setdefault(int(b), (np.asarray(sequences[b, 0]), np.asarray(scores[b, 0])))
     if len(results) == toy.batch:
@@ -98,3 +113,36 @@ def test_greedy_slots_equal_numpy_greedy():
     expected, total = numpy_greedy(toy, b)
     np.testing.assert_array_equal(sequences[b, 0], expected)
     np.testing.assert_allclose(scores[b, 0], total, rtol=2e-6)
+
+
+def test_constrained_slots_answer_what_the_batched_constrained_search_answers():
+  """`ConstrainedBeamSlots` from each sentence's plain answer (its `BeamSlots` slot's), the slots
+  started at different times, against the batched constrained search (itself checked against
+  NumPy references of DBA in tests/test_decoding_constraints.py): the same hypotheses and
+  scores, for a sentence whose plain best holds its terms (complete at once with the plain
+  answer), sentences it does not settle (one and two phrases, ordered) and one without."""
+  toy = HashToy(seed=29, batch=4, max_len=7, vocab=8, eos_logits=-2.0)
+  ranking, beams = Ranking(0.6, "gnmt", "top_k"), 3
+  plain = run_slots(toy, slots.BeamSlots(beams, ranking))
+  best = [int(t) for t in plain[0][0, 0] if t not in (PAD, EOS)]
+  words = [t for i, t in enumerate(best) if not CONTINUES[t]
+           and (i + 1 == len(best) or not CONTINUES[best[i + 1]])]  # One-piece words.
+  phrases = np.zeros((toy.batch, 2, 2), np.int32)  # [B, C, P]
+  phrases[0, 0, 0] = words[-1]  # Settled by the plain answer.
+  phrases[1, 0] = (6, 3)  # "6 3" as a word of its own, then "4".
+  phrases[1, 1, 0] = 4
+  phrases[3, 0, 0] = 7  # Sentence 2: none.
+  # Ordered (unordered: tests/test_serving_engine.py, on a trained model).
+  problem = SearchProblem(toy.step, toy.initial_state(), batch_size=toy.batch,
+                          max_decode_len=toy.max_len, eos_id=EOS, constraints=phrases,
+                          ordered_constraints=True,
+                          word_continues=jnp.asarray(CONTINUES[:toy.vocab]))
+  expected = jax.jit(lambda: beam_search(problem, beam_size=beams, ranking=ranking))()
+  sequences, scores = run_slots(toy, slots.ConstrainedBeamSlots(beams, ranking), phrases,
+                                plain, ordered=True)
+  np.testing.assert_array_equal(sequences, expected[0])
+  # Float32 rounding apart: the plain answers' scores come from programs of other shapes.
+  np.testing.assert_allclose(scores, expected[1], rtol=2e-6)
+  assert not np.array_equal(sequences[1], plain[0][1])  # The terms changed it.
+  np.testing.assert_array_equal(sequences[0], plain[0][0])  # Settled: the plain answer.
+  assert scores[0, 0] == plain[1][0, 0]

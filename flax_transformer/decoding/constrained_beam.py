@@ -19,6 +19,8 @@ Two rules make its answer one a translator can trust:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -44,36 +46,72 @@ from flax_transformer.decoding.search import Ranking, SearchProblem
 Array = jax.Array
 
 
+class Plain(NamedTuple):
+  """The plain answer as the constrained search reads it (`settle`)."""
+
+  settled: Array  # bool [B]: the plain best hypothesis holds every phrase
+  sequences: Array  # int32 [B, K, L]: the plain hypotheses that hold every phrase, then zeros
+  scores: Array  # float32 [B, K]: theirs, then -inf
+
+
 def search(problem: SearchProblem, *, beam_size: int, ranking: Ranking,
            loop_options: LoopOptions) -> tuple[Array, Array]:
   """Beam search whose hypotheses hold every phrase of `problem.constraints` (module
   docstring): (sequences int32 [B, K, L], scores float32 [B, K]), those that hold every phrase
   first (finished, or cut at L), then by score; the length cap's, which may miss some, after.
   Needs the "top_k" finish rule and K >= 2 (a single beam has no banks to allocate)."""
+  check_settings(ranking, beam_size)
+  plain = settle(problem, *plain_beam.search(  # [B, K, L], [B, K]
+      problem.replace(constraints=None), beam_size, ranking, loop_options))
+  final = plain_beam.run(problem, beam_size, ranking, loop_options,
+                         lambda context, state: step(problem, context, state),
+                         lambda state: start(problem, state, plain.settled))
+  return answer(problem, final, ranking, plain)
+
+
+def check_settings(ranking: Ranking, beam_size: int) -> None:
+  """Refuses a finish rule or beam size that dynamic beam allocation cannot run."""
   if ranking.finish_rule != "top_k" or beam_size < 2:
     raise ValueError(
         "beam_search: constraints need finish_rule 'top_k' and beam_size >= 2 (dynamic beam "
         f"allocation shares the K beams among banks), got {ranking.finish_rule!r} and "
         f"{beam_size}.")
-  phrases = problem.phrases("constraints")
-  ordered, continues = problem.ordered_constraints, problem.word_continues
-  plain_seqs, plain_scores = plain_beam.search(  # [B, K, L], [B, K]
-      problem.replace(constraints=None), beam_size, ranking, loop_options)
-  plain_holds = (constraints_lib.holds_every_phrase(plain_seqs, phrases, ordered, continues)
-                 & (plain_scores > NEG_INF))  # [B, K]
-  settled = plain_holds[:, 0]  # [B]: the plain best already holds every phrase.
 
-  start = lambda state: state.replace(
+
+def settle(problem: SearchProblem, sequences: Array, scores: Array) -> Plain:
+  """The first rule (module docstring) on the plain answer (sequences int32 [B, K, L], scores
+  float32 [B, K]): which sentences it settles, and its hypotheses that hold every phrase."""
+  phrases = problem.phrases("constraints")
+  holds = (constraints_lib.holds_every_phrase(sequences, phrases, problem.ordered_constraints,
+                                              problem.word_continues)
+           & (scores > NEG_INF))  # [B, K]
+  return Plain(holds[:, 0], *_holding_first(sequences, scores, holds))
+
+
+def start(problem: SearchProblem, state: BeamState, settled: Array) -> BeamState:
+  """The constrained search's state before step 0 from beam search's (`plain_beam.beam_start`):
+  the sentences the plain answer settles (bool [B]) done, no phrase met."""
+  batch, beams = state.alive_log_probs.shape
+  return state.replace(
       done=settled,
-      constraint_met=jnp.zeros((problem.batch_size, beam_size, phrases.shape[1]), bool),
-      finished_met=jnp.zeros((problem.batch_size, beam_size), bool))
-  step = lambda context, state: _constrained_step(context, phrases, ordered, state)
-  final = plain_beam.run(problem, beam_size, ranking, loop_options, step, start)
-  sequences, scores = ranked_hypotheses(final, ranking, _alive_holds(final, phrases, ordered,
-                                                                     continues))
-  kept_seqs, kept_scores = _holding_first(plain_seqs, plain_scores, plain_holds)
-  return (jnp.where(settled[:, None, None], kept_seqs, sequences),
-          jnp.where(settled[:, None], kept_scores, scores))
+      constraint_met=jnp.zeros((batch, beams, problem.phrases("constraints").shape[1]), bool),
+      finished_met=jnp.zeros((batch, beams), bool))
+
+
+def step(problem: SearchProblem, context: StepContext, state: BeamState) -> BeamState:
+  """One position under the problem's constraints (`_constrained_step`)."""
+  return _constrained_step(context, problem.phrases("constraints"), problem.ordered_constraints,
+                           state)
+
+
+def answer(problem: SearchProblem, final: BeamState, ranking: Ranking, plain: Plain
+           ) -> tuple[Array, Array]:
+  """The search's result (`search`) from its final state and the plain answer (`settle`)."""
+  holds = _alive_holds(final, problem.phrases("constraints"), problem.ordered_constraints,
+                       problem.word_continues)
+  sequences, scores = ranked_hypotheses(final, ranking, holds)
+  return (jnp.where(plain.settled[:, None, None], plain.sequences, sequences),
+          jnp.where(plain.settled[:, None], plain.scores, scores))
 
 
 def _holding_first(sequences: Array, scores: Array, holds: Array) -> tuple[Array, Array]:
@@ -218,4 +256,4 @@ def _take_rounds(order: Array, sums: Array, eos_ok: Array
   return first, eos_order, finishes, alive_log_probs, pick
 
 
-__all__ = ["search"]
+__all__ = ["Plain", "answer", "check_settings", "search", "settle", "start", "step"]

@@ -3,8 +3,9 @@ position, tell when it is `complete`, and read its `result`, each on a `SearchPr
 sentence. The engine (`serving.engine`) keeps one machine state per slot and calls these under
 `jax.vmap`, so every slot advances at its own position and a finished sentence's slot takes the
 next one at once; rows never mix, so a sentence's result is the same whatever the other slots
-hold. The steps are the searches' own (`beam.beam_step`, `sampling.sequential_step`): a
-machine decodes exactly what the search of a batch of that one sentence decodes.
+hold. The steps are the searches' own (`beam.beam_step`, `sampling.sequential_step`,
+`constrained_beam.step`): a machine decodes exactly what the search of a batch of that one
+sentence decodes.
 
 Shape letters as in `decoding.search`; here B = 1 inside the vmap (a slot's problem).
 """
@@ -15,10 +16,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.decoding import beam, sampling
+from flax_transformer.decoding import beam, constrained_beam, sampling
 from flax_transformer.decoding.beam_state import (
   BeamState,
   StepContext,
@@ -82,6 +84,59 @@ class BeamSlots:
     return state.replace(alive_state=fn(state.alive_state))
 
 
+@flax.struct.dataclass
+class ConstrainedState:
+  """A constrained search's slot state: its beams and the plain answer it started from."""
+
+  beam: BeamState
+  plain: constrained_beam.Plain
+
+  @property
+  def step(self) -> Array:
+    """int32 []: positions searched."""
+    return self.beam.step
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstrainedBeamSlots:
+  """Beam search under terminology constraints (`constrained_beam.search`) as a slot machine,
+  from its plain answer: the sentence's plain beam search runs first (a `BeamSlots`, as any
+  sentence's), and `start` takes its answer as data. A sentence that answer settles (its best
+  hypothesis holds every phrase) is complete at once with the answer's hypotheses that hold
+  them; any other runs constrained_beam's own step from the source. So a machine answers what
+  the search of a batch of that one sentence answers (the plain answer's bytes being those of
+  its own machine)."""
+
+  beams: int
+  ranking: Ranking
+
+  def start(self, problem: SearchProblem, plain_sequences: Array, plain_scores: Array
+            ) -> ConstrainedState:
+    """The state before step 0, given the plain answer: sequences int32 [B, K, L], scores
+    float32 [B, K] (the plain search's, best first)."""
+    if problem.constraints is None:
+      raise ValueError("ConstrainedBeamSlots: the problem has no constraints.")
+    _check_fixed(problem)
+    constrained_beam.check_settings(self.ranking, self.beams)
+    plain = constrained_beam.settle(problem, plain_sequences, plain_scores)
+    state = constrained_beam.start(problem, beam.beam_start(problem, self.beams), plain.settled)
+    return ConstrainedState(state, plain)
+
+  def step(self, problem: SearchProblem, state: ConstrainedState) -> ConstrainedState:
+    context = StepContext.of(problem, beam_rows(problem)[1], self.ranking)
+    return state.replace(beam=constrained_beam.step(problem, context, state.beam))
+
+  def complete(self, problem: SearchProblem, state: ConstrainedState) -> Array:
+    return state.beam.done | (state.step >= problem.max_decode_len)
+
+  def result(self, problem: SearchProblem, state: ConstrainedState) -> tuple[Array, Array]:
+    return constrained_beam.answer(problem, state.beam, self.ranking, state.plain)
+
+  def map_cache(self, state: ConstrainedState, fn: Callable[[PyTree], PyTree]
+                ) -> ConstrainedState:
+    return state.replace(beam=state.beam.replace(alive_state=fn(state.beam.alive_state)))
+
+
 @dataclasses.dataclass(frozen=True)
 class SequentialSlots:
   """Greedy decoding (`sampling.greedy_search`) or sampling (`sampling.sample`, with one key
@@ -122,8 +177,12 @@ class SequentialSlots:
 
 def _check_plain(problem: SearchProblem) -> None:
   if problem.constraints is not None:
-    raise ValueError("slot searches take no constraints: constrained beam search runs in "
-                     "batches (`decoding.constrained_beam`).")
+    raise ValueError("BeamSlots and SequentialSlots take no constraints: constrained beam "
+                     "search is ConstrainedBeamSlots, from the plain answer.")
+  _check_fixed(problem)
+
+
+def _check_fixed(problem: SearchProblem) -> None:
   if problem.resize_state is not None:
     raise ValueError("slot searches keep a fixed state: every slot is at its own position, so "
                      "the state cannot grow by segments (resize_state must be None).")
@@ -145,4 +204,5 @@ def finished_slots(complete: Array, live: Array) -> Array:
   return jnp.sum(complete | ~live, dtype=jnp.int32)
 
 
-__all__ = ["BeamSlots", "SequentialSlots", "SlotSearch", "finished_slots", "machine_for"]
+__all__ = ["BeamSlots", "ConstrainedBeamSlots", "ConstrainedState", "SequentialSlots", "SlotSearch",
+           "finished_slots", "machine_for"]
