@@ -1,11 +1,12 @@
 """The engine's slot tables over several devices and processes (`serving.engine` on a mesh,
 conftest's trained model): each device holds R slots of every table and runs the 1-device
-programs on them, so a sentence's text, score and n-best are the same bytes
+programs on them, so a sentence's text, score, n-best and word alignments
+(`serving.engine_alignments`: one device's program per device too) are the same bytes
 
 * on 1 device and on 8 devices of one process, in a file and alone (beam search with its
   n-best, sampling with per-line keys), slots moving up tiers on several devices;
 * in 2 processes of 2 devices each joined by jax.distributed, on one mesh over both (every
-  process passes the same sentences and gets every translation).
+  process passes the same sentences and gets every translation and alignment).
 
 Scores are compared exactly: on XLA:CPU a device holding another number of slots (rows) rounds
 them apart in the last bits (on one device, batch_tokens 128, 1024 or 4096 instead of 256,
@@ -56,10 +57,20 @@ def sources(trained_workdir, one) -> list[str]:
   return found[:24]
 
 
+def aligned_nbest(translator, sentences: list[str], **settings) -> list[tuple]:
+  """Each sentence's (n-best in slots, the word pairs of each hypothesis), in input order."""
+  found = {}
+  for batch in translator.iter_nbest(sentences, alignments=True, engine="slots", **settings):
+    for i, hypotheses, pairs in zip(batch.indices, batch.hypotheses, batch.alignments,
+                                    strict=True):
+      found[int(i)] = (hypotheses, pairs)
+  return [found[i] for i in range(len(sentences))]
+
+
 @pytest.fixture(scope="module")
 def one_device(one, sources) -> list:
-  """The sources' beam n-best in slots on one device (no mesh)."""
-  return one.translate_nbest(sources, engine="slots", **SETTINGS)
+  """The sources' beam n-best in slots on one device (no mesh), with their alignments."""
+  return aligned_nbest(one, sources, **SETTINGS)
 
 
 def test_one_and_eight_devices_give_the_same_bytes(trained_workdir, one, sources, one_device,
@@ -76,10 +87,10 @@ def test_one_and_eight_devices_give_the_same_bytes(trained_workdir, one, sources
       sorted({int(row) // self.lanes[tier].slots for row in rows})) or migrate(self, tier, rows))
   eight = Translator.from_workdir(trained_workdir, mesh=sharding.local_mesh())
   assert eight.num_devices == 8
-  assert eight.translate_nbest(sources, engine="slots", **SETTINGS) == one_device
-  assert {len(row) for row in one_device} == {4}  # The n-best of beam 4.
+  assert aligned_nbest(eight, sources, **SETTINGS) == one_device
+  assert {len(row) for row, _ in one_device} == {4}  # The n-best of beam 4.
   for i in (3, 22):  # Alone: on device 0, the other 7 idle.
-    assert eight.translate_nbest([sources[i]], engine="slots", **SETTINGS) == [one_device[i]]
+    assert aligned_nbest(eight, [sources[i]], **SETTINGS) == [one_device[i]]
   # Admissions filled every device; slots moved up a tier on several devices.
   assert max(sum(1 for count in counts if count) for counts in dealt) == 8, dealt
   assert len({device for devices in moved for device in devices}) >= 2, moved
@@ -112,7 +123,9 @@ def test_two_processes_give_the_bytes_of_one_device(trained_workdir, sources, on
     for w in workers:
       w.kill()
   assert [w.returncode for w in workers] == [0, 0], "\n".join(e[-3000:] for e in errors)
-  expected = [[list(hypothesis) for hypothesis in row] for row in one_device]
+  expected = [[[list(hypothesis) for hypothesis in row],
+               [[list(pair) for pair in pairs] for pairs in aligned]]
+              for row, aligned in one_device]
   for i in range(2):
     seen = json.loads((tmp_path / f"out.{i}.json").read_text())
     assert seen["devices"] == [4, 2]
@@ -120,7 +133,8 @@ def test_two_processes_give_the_bytes_of_one_device(trained_workdir, sources, on
 
 
 def _worker(workdir: str, sources: str, port: int, process_id: int, out: str) -> None:
-  """One of 2 processes: the sources' beam n-best on a mesh over both processes' devices."""
+  """One of 2 processes: the sources' beam n-best and their alignments on a mesh over both
+  processes' devices."""
   import jax
   import numpy as np
 
@@ -135,8 +149,7 @@ def _worker(workdir: str, sources: str, port: int, process_id: int, out: str) ->
       x.shape, sharding.replicated(mesh), lambda index: np.asarray(x)[index]), restored.params)
   translator = Translator(restored.model_config, params, restored.tokenizer, restored.settings,
                           mesh=mesh)
-  translations = translator.translate_nbest(json.loads(Path(sources).read_text()),
-                                            engine="slots", **SETTINGS)
+  translations = aligned_nbest(translator, json.loads(Path(sources).read_text()), **SETTINGS)
   Path(out).write_text(json.dumps({"devices": [jax.device_count(), jax.local_device_count()],
                                    "translations": translations}))
   jax.distributed.shutdown()
