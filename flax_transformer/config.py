@@ -343,7 +343,7 @@ class TranslateConfig:
       "until its longest sentence ends; slots: one table of slots per source length, each "
       "sentence's slot refilled as soon as it is done (continuous batching; a sentence's "
       "output then never depends on the other sentences, nor on the number of devices). "
-      "Constraints and alignments run in batches (docs/design.md, \"The engine\").")
+      "What still runs in batches: docs/design.md, \"The engine\".")
   vocab_shortlist: str = checked_field(
       "", doc="A text file in the target language: the search writes only the pieces the "
       "vocabulary makes of it (and the special and language tokens), exactly as the full "
