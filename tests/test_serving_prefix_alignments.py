@@ -1,7 +1,8 @@
 """`Translator` and `translate` with a target prefix and word alignments: prefixes start every
 translation, alignments are the word pairs of the alignment layer's attention (recomputed here
 from `numpy_reference`'s float64 forward pass, words summed and ranked here), bulk jobs with a
-prefix file and an alignments file resume and write the same bytes, and bad input is one line."""
+prefix file and an alignments file resume and write the same bytes (in batches after whole
+chunks; on the engine's slots from the lines a stop kept mid-chunk), and bad input is one line."""
 
 from __future__ import annotations
 
@@ -168,3 +169,51 @@ def test_plot_alignment_draws_the_pairs_translate_aligned_gives(translator, tmp_
   drawn = plot_alignment(translator, text, tmp_path / "alignment.png", target=translation)
   assert drawn == pairs and len(pairs) == len(translation.split())
   assert (tmp_path / "alignment.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # Compile-bound: the engine's programs of the tiny model's lanes.
+def test_bulk_job_with_alignments_on_the_engine_resumes_mid_chunk_to_the_same_bytes(
+    workdir, tmp_path, monkeypatch, capsys):
+  """`translate --engine slots` with a prefix file, `--alignments` and `--nbest 2`, one chunk,
+  stopped once some of its lines are done: they are kept (`bulk.chunk_journal`), the rerun
+  searches only the others, and both outputs are an uninterrupted run's bytes (each line's
+  translations and alignments do not depend on which lines share its run)."""
+  from flax_transformer.bulk.chunk_tasks import TranslationTask
+  from flax_transformer.serving import engine_alignments
+
+  source, prefix_file = tmp_path / "in.txt", tmp_path / "prefix.txt"
+  lines = write_input(source, 48, seed=5, max_words=4)
+  prefix_file.write_text("".join(("the" if i % 4 == 0 else "") + "\n"
+                                 for i in range(len(lines))))
+  args = lambda out, align: translate_args(
+      workdir, source, out, "--engine", "slots", "--target_prefix", str(prefix_file),
+      "--alignments", str(align), "--chunk_lines", "48", "--nbest", "2",
+      "--batch_tokens", "64")  # 8 slots per lane: lines finish a few at a time.
+  whole = [tmp_path / "whole.txt", tmp_path / "whole.align"]
+  aligned, align_call = [], engine_alignments.Aligner.__call__
+  monkeypatch.setattr(engine_alignments.Aligner, "__call__",
+                      lambda self, results: aligned.extend(results) or align_call(self, results))
+  assert main(args(*whole)) == 0
+  assert len(aligned) == sum(1 for line in lines if line)  # Every line aligned in slots.
+  assert any(line.strip() for line in whole[1].read_text().splitlines())
+  finished, done = TranslationTask.finished, []
+
+  def stopping(self, *a, **k):
+    for lines_done in finished(self, *a, **k):
+      yield lines_done
+      done.extend(lines_done.texts)
+      if len(done) >= 6:
+        raise RuntimeError("simulated kill")
+
+  monkeypatch.setattr(TranslationTask, "finished", stopping)
+  out, align = tmp_path / "out.txt", tmp_path / "out.align"
+  capsys.readouterr()
+  assert main(args(out, align)) == 1
+  assert "RuntimeError: simulated kill" in capsys.readouterr().err
+  monkeypatch.undo()
+  kept = jobs.kept_lines(str(out))
+  assert 6 <= kept < len(lines) - 3, kept  # Mid-chunk: some lines kept, not the chunk.
+  assert main(args(out, align)) == 0
+  assert f"Translated {len(lines) - kept} sentences" in capsys.readouterr().err  # Blank too.
+  assert out.read_bytes() == whole[0].read_bytes()
+  assert align.read_bytes() == whole[1].read_bytes()
