@@ -152,12 +152,14 @@ def test_32_http_clients_in_random_order_get_their_own_calls_bytes(translator, l
 def test_threads_get_their_bytes_and_a_bad_request_fails_alone(translator, lines):
   """Jobs submitted from 8 threads, one of them with a target prefix longer than its output
   holds (InputError at submit, its own only) and one with a line over max_len (translated,
-  flagged): every other answer is its own call's bytes."""
+  flagged): every other answer is its own call's bytes, a job with alignments (searched alone
+  on the engine, `Translator.iter_nbest`) its word pairs too."""
   batcher = Batcher(translator)
   batcher.start()
   jobs = _jobs(lines, 8, seed=2)
   too_long = Job((lines[0],), target_prefix=(" ".join(["blue water"] * 20),))
   over = Job((" ".join(lines[:30]), lines[1]))
+  aligned = Job((lines[2], "", lines[3]), n=2, alignments=True)
   assert len(translator.tokenizer.tokenize(over.sentences[0])) > translator.model_config.max_len
 
   def submit(job: Job):
@@ -167,9 +169,14 @@ def test_threads_get_their_bytes_and_a_bad_request_fails_alone(translator, lines
       return error
 
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
-    answers = list(pool.map(submit, [*jobs, too_long, over]))
+    answers = list(pool.map(submit, [*jobs, too_long, over, aligned]))
   assert batcher.close(10)
-  *answers, refused, flagged = answers
+  *answers, refused, flagged, with_pairs = answers
+  alone = {int(i): (hypotheses, pairs) for step in translator.iter_nbest(
+      list(aligned.sentences), 2, alignments=True) for i, hypotheses, pairs in zip(
+          step.indices, step.hypotheses, step.alignments, strict=True)}
+  assert [(s.hypotheses, s.alignments) for s in with_pairs] == [
+      alone[0], ([("", 0.0)], None), alone[2]]  # A blank line: no search, no pairs.
   assert isinstance(refused, InputError) and "target prefix of line 1" in str(refused)
   assert [s.truncated for s in flagged] == [True, False]
   assert [s.hypotheses for s in flagged] == _alone(translator, over)
