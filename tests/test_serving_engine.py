@@ -122,8 +122,9 @@ def test_precisions_run_in_slots(trained_workdir, sources, precision):
   assert [served.translate_nbest([sources[i]], engine="slots")[0] for i in (3, 17)] == [
       slots[3], slots[17]]
   batches = served.translate_nbest(sources)
-  if precision == "int8":  # A last-bit difference can move an activation by one int8 step.
-    assert_same_texts(slots, batches, tolerance=2e-3)
+  if precision == "int8":  # A last-bit difference can move an activation by one int8 step
+    # (groups of 8 slots against the batches: 2.1e-3 at most; a wrong search: 0.05 and up).
+    assert_same_texts(slots, batches, tolerance=5e-3)
   else:  # bfloat16 rounds programs of other shapes apart: near-ties may swap.
     agree = sum(a[0][0] == b[0][0] for a, b in zip(slots, batches, strict=True))
     assert agree >= 22, agree

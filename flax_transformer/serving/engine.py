@@ -56,6 +56,7 @@ _log = logging.getLogger(__name__)
 MAX_SLOTS = 128  # Most slots of a lane (lane_for).
 ADMIT_ROWS = 32  # Most sentences one admit call encodes.
 FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (`tiers`).
+GROUP_SLOTS = 8  # G: slots stepped (and sentences encoded) together, the programs' row count.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Lane:
   capacity: int  # C <= L: positions its slots' self-attention caches hold (its tier)
   slots: int  # R
   admit_rows: int  # E
+  group: int  # G: slots stepped together (R and E are multiples of it)
   prefixed: bool  # a target prefix per slot ([R, 1, L])
   phrases: tuple[int, int] | None  # (F, P) of the forbidden phrases per slot, or None
   sampled: bool  # a sampling key per slot
@@ -136,12 +138,18 @@ def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_
              sampled: bool = False) -> Lane:
   """The lane of a sentence of `source_length` tokens: its bucket S, the output length L of
   that bucket (as `translate`'s batches), R = `batch_tokens` // S slots rounded down to a power
-  of two, between `batching.MIN_ROWS` and `MAX_SLOTS`, and E = min(R, `ADMIT_ROWS`)."""
+  of two, between `batching.MIN_ROWS` and `MAX_SLOTS`, E = min(R, `ADMIT_ROWS`) and G =
+  min(R, `GROUP_SLOTS`)."""
   length = batching.bucket_length(source_length, max_len)
   rows = 1 << (max(1, batch_tokens // length).bit_length() - 1)
   rows = min(max(rows, batching.MIN_ROWS), MAX_SLOTS)
   decode_len = batching.decode_length(settings, length, max_len)
-  return Lane(length, decode_len, tiers(decode_len)[0], rows, min(rows, ADMIT_ROWS), prefixed,
+  admit_rows = min(rows, ADMIT_ROWS)
+  group = min(admit_rows, GROUP_SLOTS)
+  if rows % group or admit_rows % group:
+    raise ValueError(f"lane_for: {rows} slots and {admit_rows} admission rows are not groups of "
+                     f"{group} (GROUP_SLOTS {GROUP_SLOTS} must be a power of two).")
+  return Lane(length, decode_len, tiers(decode_len)[0], rows, admit_rows, group, prefixed,
               phrases, sampled)
 
 
@@ -209,10 +217,35 @@ def admit(model: Transformer, params: Any, table: Slot, targets: Array, inputs: 
           word_continues: Array | None, shortlist: Array | None, *, lane: Lane,
           how: Search) -> Slot:
   """The table with `new_slots` of inputs [E, S] written at slots targets int32 [E] (R: none,
-  a padding row)."""
-  entries = new_slots(model, params, inputs, prefix, forbid, lines, seed_key, word_continues,
-                      shortlist, lane=lane, how=how)
-  return jax.tree.map(lambda old, new: old.at[targets].set(new, mode="drop"), table, entries)
+  a padding row). The rows are encoded G at a time (`Lane.group`), only the groups of rows that
+  hold a sentence: a sentence's encoding has G rows, whatever E and however many came."""
+  group = lane.group
+  chunks = _live_groups((targets < lane.slots).reshape(-1, group))
+
+  def one(i: Array, table: Slot) -> Slot:
+    start = chunks.order[i] * group
+    rows = [None if x is None else jax.lax.dynamic_slice_in_dim(x, start, group)
+            for x in (targets, inputs, prefix, forbid, lines)]
+    entries = new_slots(model, params, *rows[1:], seed_key, word_continues, shortlist,
+                        lane=lane, how=how)
+    return jax.tree.map(lambda old, new: old.at[rows[0]].set(new, mode="drop"), table, entries)
+
+  return jax.lax.fori_loop(0, chunks.count, one, table)
+
+
+@flax.struct.dataclass
+class _Groups:
+  """Which groups of a table hold work: their indices first, in order, then the others."""
+
+  order: Array  # int32 [R / G]
+  count: Array  # int32 []: how many of `order` hold work
+
+
+def _live_groups(busy: Array) -> _Groups:
+  """The groups of bool [R / G, G] with a busy slot (`_Groups`)."""
+  active = jnp.any(busy, axis=1)
+  order = jnp.argsort(~active, stable=True).astype(jnp.int32)
+  return _Groups(order, jnp.sum(active, dtype=jnp.int32))
 
 
 def table_shapes(model: Transformer, params: Any, lane: Lane, how: Search,
@@ -240,7 +273,11 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
             want_total: Array, max_iterations: Array, length_penalty: Array,
             word_continues: Array | None, shortlist: Array | None, *, lane: Lane, how: Search,
             axis: str | None = None) -> tuple[Slot, Array, Array, Array, Array]:
-  """Steps every slot k positions per iteration while fewer than `want_total` slots are free
+  """Steps the slots k positions per iteration, G at a time (`Lane.group`: each group of the
+  table that holds a live slot not yet complete, sliced out, stepped at its one shape [G, ...]
+  and written back; the other groups are not touched, so an iteration costs what the occupied
+  groups cost, and a slot's bytes depend on G, not on R nor on the load), while fewer than
+  `want_total` slots are free
   (complete, or not `live` bool [R]; counting at most `want_free` int32 [1] of this device's),
   some live slot is neither complete nor full (its cache's C positions written,
   `Lane.capacity`), no live slot is full, and fewer than `max_iterations` iterations ran: on
@@ -257,7 +294,7 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   def problem_of(slot: Slot) -> search.SearchProblem:
     return _problem(model, params, slot, lane, how, word_continues, shortlist, columns)
 
-  def step(slot: Slot) -> Slot:
+  def step(slot: Slot) -> PyTree:
     problem, state = problem_of(slot), slot.state
     for _ in range(how.steps):
       if isinstance(machine, slots.SequentialSlots):
@@ -265,7 +302,7 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
         state = machine.step(problem, state, keys)
       else:
         state = machine.step(problem, state)
-    return slot.replace(state=state)
+    return state
 
   def flags(table: Slot) -> tuple[Array, Array]:
     complete = jax.vmap(lambda slot: machine.complete(problem_of(slot), slot.state)[0])(table)
@@ -280,9 +317,21 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
             & (total(jnp.sum(live & full, dtype=jnp.int32)) == 0)
             & (iterations < max_iterations))
 
-  table, _ = jax.lax.while_loop(
-      keep_going, lambda carry: (jax.vmap(step)(carry[0]), carry[1] + 1),
-      (table, jnp.zeros((), jnp.int32)))
+  def iteration(carry: tuple[Slot, Array]) -> tuple[Slot, Array]:
+    table, iterations = carry
+    groups = _live_groups((live & ~flags(table)[0]).reshape(-1, lane.group))
+
+    def one(i: Array, state: PyTree) -> PyTree:
+      start = groups.order[i] * lane.group
+      group = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, lane.group),
+                           table.replace(state=state))  # [G, 1, ...]
+      return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0),
+                          state, jax.vmap(step)(group))
+
+    state = jax.lax.fori_loop(0, groups.count, one, table.state)
+    return table.replace(state=state), iterations + 1
+
+  table, _ = jax.lax.while_loop(keep_going, iteration, (table, jnp.zeros((), jnp.int32)))
   sequences, scores = jax.vmap(lambda slot: machine.result(problem_of(slot), slot.state))(table)
   sequences, scores = sequences[:, 0], scores[:, 0]  # [R, K, L], [R, K]
   if shortlist is not None:  # Indices into the shortlist -> vocabulary ids.
@@ -499,12 +548,18 @@ class _Placement:
   def zeros(self, shapes: Any, slots: int, params: Any) -> Slot:
     """A table of `slots` free slots per device in the shapes of one slot's leaves, split over
     the mesh (one device: `_placed_like` the parameters)."""
-    def make() -> Slot:
-      return jax.tree.map(lambda x: jnp.zeros((self.devices * slots, *x.shape[1:]), x.dtype),
-                          shapes)
     if self.mesh is None:
-      return _placed_like(make(), params)
-    return jax.jit(make, out_shardings=sharding.batch_sharding(self.mesh))()
+      return _placed_like(_zeros_program(shapes, slots, None)(), params)
+    return _zeros_program(shapes, self.devices * slots, sharding.batch_sharding(self.mesh))()
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_program(shapes: Slot, rows: int, placed: NamedSharding | None) -> Any:
+  """A jitted function of no arguments that makes a table of `rows` zero slots in the shapes of
+  one slot's leaves (one dispatch for every leaf, compiled once per key), placed by `placed`."""
+  def make() -> Slot:
+    return jax.tree.map(lambda x: jnp.zeros((rows, *x.shape[1:]), x.dtype), shapes)
+  return jax.jit(make, out_shardings=placed)
 
 
 class _LaneRun:
@@ -518,13 +573,7 @@ class _LaneRun:
     self.model, self.params, self.spec = Transformer(model_config), params, spec
     self.place = _Placement(spec.mesh)
     devices = self.place.devices
-    # Tier t holds R / 2^t slots (at least batching.MIN_ROWS): fewer sentences reach it, and
-    # its caches are 2^t times as long.
-    self.lanes = [dataclasses.replace(lane, capacity=c,
-                                      slots=max(batching.MIN_ROWS, lane.slots >> t),
-                                      admit_rows=min(lane.admit_rows,
-                                                     max(batching.MIN_ROWS, lane.slots >> t)))
-                  for t, c in enumerate(tiers(lane.decode_len))]
+    self.lanes = _tier_lanes(lane)
     self.queue: collections.deque[tuple[Any, Request]] = collections.deque()
     self.tables: list[Slot | None] = [None] * len(self.lanes)
     self.live = [np.zeros(devices * tier.slots, bool) for tier in self.lanes]
@@ -581,8 +630,8 @@ class _LaneRun:
     if self.tables[tier] is None:
       lane = self.lanes[tier]
       self.tables[tier] = self.place.zeros(
-          table_shapes(self.model, self.params, lane, self.spec.how, *self.data), lane.slots,
-          self.params)
+          _table_shapes(self.model.config, lane, self.spec.how, _abstract(self.params),
+                        _abstract(self.data)), lane.slots, self.params)
     return self.tables[tier]
 
   def _free(self, tier: int) -> list[np.ndarray]:
@@ -671,6 +720,34 @@ class _LaneRun:
         self.live[above][d * lane.slots + target] = True
         self.owner[above][d * lane.slots + target] = self.owner[tier][d * below + chunk]
         self.live[tier][d * below + chunk] = False
+
+
+def _abstract(tree: PyTree) -> tuple[Any, tuple[jax.ShapeDtypeStruct, ...]]:
+  """`tree`'s structure and its leaves' shapes and dtypes (hashable: a key of `_table_shapes`)."""
+  leaves, structure = jax.tree.flatten(tree)
+  return structure, tuple(jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _table_shapes(model_config: ModelConfig, lane: Lane, how: Search, params: tuple,
+                  data: tuple) -> Slot:
+  """`table_shapes` of the parameters and data `_abstract` gives, traced once per key (a
+  trace costs more than a short call's search: every call of `translate` makes new tables)."""
+  shapes = [jax.tree.unflatten(structure, leaves) for structure, leaves in (params, data)]
+  return table_shapes(Transformer(model_config), shapes[0], lane, how, *shapes[1])
+
+
+def _tier_lanes(lane: Lane) -> list[Lane]:
+  """The lanes of `lane`'s tiers: tier t holds R / 2^t slots (at least `batching.MIN_ROWS`:
+  fewer sentences reach it, and its caches are 2^t times as long), in groups of G (at most
+  its slots)."""
+  lanes = []
+  for t, capacity in enumerate(tiers(lane.decode_len)):
+    rows = max(batching.MIN_ROWS, lane.slots >> t)
+    admit_rows = min(lane.admit_rows, rows)
+    lanes.append(dataclasses.replace(lane, capacity=capacity, slots=rows, admit_rows=admit_rows,
+                                     group=min(lane.group, admit_rows)))
+  return lanes
 
 
 def _placed_like(table: Slot, params: Any) -> Slot:
