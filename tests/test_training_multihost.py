@@ -142,8 +142,8 @@ if __name__ == "__main__":
 
 
 # ------------------------------------------------------- train.py: two hosts, one gs:// workdir
-MULTIHOST_RUN = {"train__num_train_steps": 16, "train__log_every_steps": 4,
-                 "checkpoint__save_every_steps": 4, "checkpoint__max_to_keep": 2}
+MULTIHOST_RUN = {"train__num_train_steps": 36, "train__log_every_steps": 4,
+                 "checkpoint__save_every_steps": 6, "checkpoint__max_to_keep": 2}
 
 
 def _two_trainers(workdir, tmp_path: Path, **overrides) -> list[subprocess.Popen]:
@@ -179,11 +179,16 @@ def _wait_for_commit(workdir, step: int, trainers: list[subprocess.Popen]) -> No
     time.sleep(0.05)
 
 
-def test_two_hosts_killed_in_a_gs_workdir_resume_bitwise(gcs, tmp_path):
+def test_two_hosts_in_a_gs_workdir_stopped_by_a_signal_then_killed_resume_bitwise(gcs, tmp_path):
   """Two processes (jax.distributed on 127.0.0.1) train into one gs:// workdir: process 0 holds
-  the lease and writes config, metrics and events, both write their checkpoint shards. Killed
-  with -9 after a checkpoint, then restarted, they end with the same parameters as a run that
-  was never killed."""
+  the lease and writes config, metrics and events, both write their checkpoint shards.
+  - SIGTERM reaches only process 1 (a scheduler that preempts one node): the processes agree at
+    the next all-gather (every 10 steps), both save that step and exit with 143 without a
+    traceback, and process 0 releases the lease.
+  - Restarted, both resume from that step; killed with -9 after a later checkpoint, they leave
+    the lease behind.
+  - Restarted again, process 0 takes the lease over, and they end with the same parameters and
+    metrics as a run that was never stopped."""
   import jax
   from conftest import GCS_BUCKET
 
@@ -191,44 +196,11 @@ def test_two_hosts_killed_in_a_gs_workdir_resume_bitwise(gcs, tmp_path):
   from flax_transformer.workdir import restore_params
 
   root = files.to_path(f"gs://{GCS_BUCKET}/multihost-{os.getpid()}")
-  straight, killed = root / "straight", root / "killed"
+  straight, workdir = root / "straight", root / "stopped"
   _finish(_two_trainers(straight, tmp_path))
-  trainers = _two_trainers(killed, tmp_path)
+  trainers = _two_trainers(workdir, tmp_path)
   try:
-    _wait_for_commit(killed, 8, trainers)
-    for t in trainers:
-      t.send_signal(signal.SIGKILL)
-  finally:
-    for t in trainers:
-      t.kill()
-      t.wait()
-  stopped = restore_params(str(killed))[1]
-  assert 8 <= stopped < 16
-  assert (killed / ".lock").exists()  # Left by the killed process 0.
-  errors = _finish(_two_trainers(killed, tmp_path))
-  assert f"Restored step {stopped}" in errors[0] and f"Restored step {stopped}" in errors[1]
-  assert "Took over the lease" in errors[0] and "lease" not in errors[1]
-  ours, theirs = (jax.tree.leaves(restore_params(str(w))[0]) for w in (killed, straight))
-  for a, b in zip(ours, theirs, strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
-           if json.loads(line)["name"] == "loss" and json.loads(line)["split"] == "train"]
-  assert sorted(set(steps)) == [4, 8, 12, 16]
-  assert not (killed / ".lock").exists()  # Released at the end.
-  shards = {p.name for p in (killed / "checkpoints" / "16" / "params").iterdir()}
-  assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # Each process wrote its own.
-
-
-def test_a_signal_to_one_host_stops_both_at_one_step_and_they_resume(tmp_path):
-  """SIGTERM reaches only process 1 (a scheduler that preempts one node): the processes agree
-  at the next all-gather (every 10 steps), both save the same step and exit with 143 without a
-  traceback, and a restart of both resumes from that step and finishes."""
-  workdir = tmp_path / "preempted"
-  run = {"train__num_train_steps": 40, "train__log_every_steps": 1,
-         "checkpoint__save_every_steps": 4}
-  trainers = _two_trainers(workdir, tmp_path, **run)
-  try:
-    _wait_for_commit(workdir, 4, trainers)
+    _wait_for_commit(workdir, 6, trainers)
     trainers[1].send_signal(signal.SIGTERM)
     errors = [t.communicate(timeout=240)[1] for t in trainers]
   finally:
@@ -242,12 +214,33 @@ def test_a_signal_to_one_host_stops_both_at_one_step_and_they_resume(tmp_path):
   # Process 0 saw no signal of its own: it learned of process 1's at the all-gather.
   assert name == "SIGTERM" and step in (10, 20, 30), stops
   assert not any("Traceback" in e for e in errors), "\n".join(e[-2000:] for e in errors)
-  checkpoint = workdir / "checkpoints" / str(step)
-  assert (checkpoint / "commit_success.txt").exists()
-  shards = {p.name for p in (checkpoint / "params").iterdir()}
+  assert (workdir / "checkpoints" / str(step) / "commit_success.txt").exists()
+  shards = {p.name for p in (workdir / "checkpoints" / str(step) / "params").iterdir()}
   assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards  # Each process saved its own.
-  resumed = _finish(_two_trainers(workdir, tmp_path, **run))
-  assert all(f"Restored step {step}" in e for e in resumed), resumed[0][-2000:]
-  from flax_transformer.workdir import restore_params
-
-  assert restore_params(str(workdir))[1] == 40
+  assert not (workdir / ".lock").exists()  # Released at the stop.
+  trainers = _two_trainers(workdir, tmp_path)
+  try:
+    _wait_for_commit(workdir, step + 6 - step % 6, trainers)  # The next periodic save.
+    for t in trainers:
+      t.send_signal(signal.SIGKILL)
+    errors = [t.communicate(timeout=60)[1] for t in trainers]
+  finally:
+    for t in trainers:
+      t.kill()
+      t.wait()
+  assert all(f"Restored step {step}" in e for e in errors), errors[0][-2000:]
+  killed = restore_params(str(workdir))[1]
+  assert step < killed < 36
+  assert (workdir / ".lock").exists()  # Left by the killed process 0.
+  errors = _finish(_two_trainers(workdir, tmp_path))
+  assert f"Restored step {killed}" in errors[0] and f"Restored step {killed}" in errors[1]
+  assert "Took over the lease" in errors[0] and "lease" not in errors[1]
+  ours, theirs = (jax.tree.leaves(restore_params(str(w))[0]) for w in (workdir, straight))
+  for a, b in zip(ours, theirs, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  logged = [{r["step"] for r in map(json.loads, (w / "metrics.jsonl").read_text().splitlines())
+             if r["name"] == "loss" and r["split"] == "train"} for w in (workdir, straight)]
+  assert logged[0] == logged[1] == set(range(4, 37, 4))
+  assert not (workdir / ".lock").exists()  # Released at the end.
+  shards = {p.name for p in (workdir / "checkpoints" / "36" / "params").iterdir()}
+  assert {"ocdbt.process_0", "ocdbt.process_1"} <= shards
