@@ -4,19 +4,22 @@ fixed shape per lane.
 
 The engine hands a sentence's hypotheses back when its slot completes (`engine.Result`); an
 `Aligner` then runs them with the sentence's source through `align`: rows [E, S] of sources
-and [E, n, L] of hypotheses (E the lane's admission rows, S its source bucket, L its output
-length, n the hypotheses a call takes; rows past the completed sentences are padding). A row's
+and [E, n, T] of hypotheses (E the lane's admission rows, S its source bucket, n the
+hypotheses a call takes, T the lane's cache tier that holds the sentence's longest one,
+`engine.tiers`: 16, 32, ..., L; rows past the completed sentences are padding). A row's
 attention depends on its own source and hypotheses and on those static shapes alone, never on
 the other rows, as a slot's search does: so a sentence's alignments are the same bytes
 whatever else completed with it, as its text and scores are (docs/design.md, "The engine").
+Most outputs are far shorter than L (Multi30k: 12-20 tokens of L = 59-115), and the tier
+spares the pass the positions after them.
 
 On a mesh (`engine.Run.mesh`) each of its D devices runs the 1-device program on E rows of its
 own (`jax.shard_map`), D x E sentences per call, and the attention comes back whole on every
 device (every process of a mesh reads all of it and hands back the same alignments); a row
 meets the shapes it meets on one device, so its bytes do not depend on D.
 
-Shape letters: E rows per device, S source bucket, L output length, n hypotheses per sentence,
-D devices.
+Shape letters: E rows per device, S source bucket, L output length, T <= L a tier of it, n
+hypotheses per sentence, D devices.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ _log = logging.getLogger(__name__)
 
 def align(model: Transformer, params: Any, inputs: Array, sequences: Array, *,
           ensemble: bool = False) -> Array:
-  """f32 [E, n, L, S]: the alignment layer's cross-attention of sequences int32 [E, n, L] as
-  translations of inputs int32 [E, S] (`bridge.hypothesis_alignments`; row l: the attention
-  of the step that emitted token l)."""
+  """f32 [E, n, T, S]: the alignment layer's cross-attention of sequences int32 [E, n, T] as
+  translations of inputs int32 [E, S] (`bridge.hypothesis_alignments`; row t: the attention
+  of the step that emitted token t)."""
   return bridge.hypothesis_alignments(model, {"params": params}, inputs, sequences,
                                       ensemble=ensemble)
 
@@ -73,7 +76,7 @@ class Aligner:
 
       aligner = Aligner(model_config, params, spec, requests, take=1)
       for results in engine.run(model_config, params, requests, spec):
-        attention = aligner(results)   # f32 [n, L, S] per result
+        attention = aligner(results)   # f32 [n, T, S] per result
   """
 
   def __init__(self, model_config: ModelConfig, params: Any, spec: engine.Run,
@@ -85,14 +88,16 @@ class Aligner:
     self.compiled: set[tuple[int, int, int]] = set()
 
   def __call__(self, results: Sequence[engine.Result]) -> list[np.ndarray]:
-    """f32 [n, L, S] per result, in the order of `results`: each sentence aligned in rows of
-    its lane's shape (S, E, L), with what else completed in the same lane or padding."""
+    """f32 [n, T, S] per result, in the order of `results`: each sentence aligned in rows of
+    its own shape (S, E, T: its lane's, and the tier of its longest hypothesis), with what
+    else completed in that shape or padding."""
     groups: dict[tuple[int, int, int], list[int]] = {}
     for position, result in enumerate(results):
       lane = engine.lane_for(len(self.requests[result.index].source), self.spec.settings,
                              self.spec.batch_tokens, self.model_config.max_len)
-      key = (lane.length, lane.admit_rows, result.sequences.shape[-1])
-      groups.setdefault(key, []).append(position)
+      longest = int(np.max(np.count_nonzero(result.sequences[:self.take], axis=-1)))  # EOS too
+      tier = next(c for c in engine.tiers(result.sequences.shape[-1]) if c >= longest)
+      groups.setdefault((lane.length, lane.admit_rows, tier), []).append(position)
     attention: list[np.ndarray] = [np.empty(0)] * len(results)
     for shape, positions in groups.items():
       per_call = shape[1] * self.devices
@@ -105,15 +110,15 @@ class Aligner:
 
   def _aligned(self, results: Sequence[engine.Result], shape: tuple[int, int, int]
                ) -> np.ndarray:
-    """One program call: f32 [D x E, n, L, S] for `results` (at most D x E) in its first rows
+    """One program call: f32 [D x E, n, T, S] for `results` (at most D x E) in its first rows
     (the rest padding), rows dealt to the devices E each in turn."""
-    length, rows, decode_len = shape
+    length, rows, tier = shape
     inputs = np.zeros((rows * self.devices, length), np.int32)  # [D x E, S]
-    sequences = np.zeros((rows * self.devices, self.take, decode_len), np.int32)
+    sequences = np.zeros((rows * self.devices, self.take, tier), np.int32)  # [D x E, n, T]
     for row, result in enumerate(results):
       source = self.requests[result.index].source
       inputs[row, :len(source)] = source
-      sequences[row] = result.sequences[:self.take]
+      sequences[row] = result.sequences[:self.take, :tier]  # Zeros after: none is cut.
     start = time.perf_counter()
     what = f"the engine's alignments of sources of {length} tokens ({rows} rows)"
     with (compilation_cache.compiling(what) if shape not in self.compiled
@@ -121,9 +126,9 @@ class Aligner:
       aligned = np.asarray(self.program(self.params, self._rows(inputs), self._rows(sequences)))
     if shape not in self.compiled:
       self.compiled.add(shape)
-      _log.info("Compiled the engine's alignments of sources of %d tokens (%d rows, output "
-                "length %d) in %.2f s (or loaded them from the persistent compilation cache).",
-                length, rows, decode_len, time.perf_counter() - start)
+      _log.info("Compiled the engine's alignments of sources of %d tokens (%d rows, outputs "
+                "of up to %d) in %.2f s (or loaded them from the persistent compilation cache).",
+                length, rows, tier, time.perf_counter() - start)
     return aligned
 
   def _rows(self, array: np.ndarray) -> Array:
