@@ -10,7 +10,9 @@
 * sentences come back as they finish, before the last one is admitted;
 * where a hypothesis is the batches', its word pairs are the batches' (the same
   teacher-forced attention, `serving.engine_alignments`, in programs of other shapes);
-* what runs in batches (constraints) gives the batches' bytes.
+* terminology constraints run in slots (each sentence's plain search in its lane, then the
+  constrained one in its lane of terms) with the batches' texts, and the same bytes alone, in
+  a file, shuffled and among other sentences with other terms.
 
 The searches' own references (brute force, CTranslate2, Hugging Face) check the steps the slots
 run (`decoding.slots` calls the searches' step functions): tests/test_decoding_slots.py
@@ -27,7 +29,7 @@ import pytest
 from flax_transformer import Translator
 from flax_transformer.config import DataConfig, parse_group
 from flax_transformer.data.pipeline import split_texts
-from flax_transformer.serving import engine
+from flax_transformer.serving import batching, engine
 
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
 
@@ -173,11 +175,44 @@ def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sou
   assert {tier for tier, _ in moved} >= {0, 1, 2}, moved
 
 
-def test_constraints_run_in_batches(translator, sources):
-  words = [text.split() for text in translator.translate(sources[8:16])]  # Other lines'.
-  options = {"constraints": [[w[-1]] if w else [] for w in words]}
-  assert (translator.translate_nbest(sources[:8], engine="slots", **options)
-          == translator.translate_nbest(sources[:8], **options))
+def test_terms_run_in_slots_the_same_bytes_whatever_else_is_in_flight(translator, sources,
+                                                                      monkeypatch):
+  """Each line's term is a word of another line's translation, at its start, middle or end;
+  one line's is a word of its own translation (its plain answer settles it), one has none.
+  Sources of one bucket, 8 slots per lane, tiers of one table: each lane's programs compile
+  once, for 8 slots."""
+  monkeypatch.setattr(engine, "FIRST_TIER", 64)
+  settings = {"batch_tokens": 128}
+  max_len = translator.model_config.max_len
+  bucket = lambda s: batching.bucket_length(len(translator.tokenizer.tokenize(s)) + 1, max_len)
+  sources = [s for s in sources if bucket(s) == 16][:12]
+  plain = translator.translate_nbest(sources, engine="slots", **settings)
+  owns = [row[0][0].split() for row in plain]
+  terms = []
+  for i, words in enumerate(owns[6:] + owns[:6]):  # Another line's first, middle or last word
+    at = words[(0, len(words) // 2, -1)[i % 3]]  # (or another of its words) that its own lacks.
+    terms.append([next(w for w in [at, *words] if w not in owns[i])])
+  terms[1], terms[2] = [owns[1][-1]], []
+  steps = list(translator.iter_nbest(sources, constraints=terms, engine="slots", **settings))
+  assert sum(step.unmet for step in steps) == 0
+  found = {int(i): row for step in steps for i, row in zip(step.indices, step.hypotheses,
+                                                           strict=True)}
+  in_file = [found[i] for i in range(len(sources))]
+  assert_same_texts(in_file, translator.translate_nbest(sources, constraints=terms, **settings))
+  for row, term in zip(in_file, terms, strict=True):
+    assert not term or term[0] in row[0][0].split(), (row, term)  # A whole word.
+  assert in_file[2] == plain[2] and in_file[1][0] == plain[1][0]  # Without terms; settled.
+  order = np.random.default_rng(1).permutation(len(sources))
+  shuffled = translator.translate_nbest([sources[i] for i in order], engine="slots",
+                                        constraints=[terms[i] for i in order], **settings)
+  assert [shuffled[list(order).index(i)] for i in range(len(sources))] == in_file
+  for i in (0, 4):  # Alone, and among the others with other terms.
+    assert translator.translate_nbest([sources[i]], engine="slots",
+                                      constraints=[terms[i]], **settings) == [in_file[i]]
+    others = [sources[j] for j in (5, i, 7, 8, i, 9)]
+    other_terms = [terms[6], terms[i], [], terms[3], terms[i], terms[10]]
+    assert translator.translate_nbest(others, engine="slots", constraints=other_terms,
+                                      **settings)[1::3] == [in_file[i]] * 2
 
 
 def test_alignments_in_slots_are_the_batches_word_pairs(translator, sources):

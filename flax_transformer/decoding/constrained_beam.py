@@ -15,6 +15,10 @@ Two rules make its answer one a translator can trust:
     `--constraints` stops at K finished hypotheses, so beams that jump to a term early, meet
     it and end at once can fill the K places while the natural translation has not reached
     the term yet (a sentence-final term then costs the whole translation).
+
+`search` is the batched search; its pieces (`settle`: the first rule on a plain answer, `start`,
+`step`, `answer`) are also the engine's slot machine (`decoding.slots.ConstrainedBeamSlots`),
+which takes the plain answer as data.
 """
 
 from __future__ import annotations

@@ -266,8 +266,10 @@ def holds_every_phrase(sequences: Array, phrases: Array, ordered: bool,
     window = lax.dynamic_slice_in_dim(padded, t, width + 1, axis=-1)  # [B, N, P + 1]
     return advance(window, phrases, met, ordered, word_continues)[0]
 
-  met = lax.fori_loop(0, length + 1, replay,
-                      jnp.zeros((batch, count, phrases.shape[1]), bool))
+  # None met: [B, N, C] made from the data, so that under shard_map it varies as they do.
+  none = (jnp.zeros_like(sequences[..., :1], bool)
+          & jnp.zeros_like(phrases[:, None, :, 0], bool))
+  met = lax.fori_loop(0, length + 1, replay, none)
   return all_met(met, phrases)
 
 

@@ -17,7 +17,7 @@ any requests of one spec share the slot tables, continuously; a sentence's lane,
 shape it meets, follows from the settings and its own source, and its sampling key from its
 line in its request, so each answer is `Translator.translate(..., engine="slots")` of the
 request alone, byte for byte, whatever else is in flight. What the engine does not run
-(constraints, alignments, a search function of its own: `Translator._in_slots`) is searched in
+(alignments, a search function of its own: `Translator._in_slots`) is searched in
 batches, below.
 
 **In batches** (a translator of `engine="batches"`, the default): a request (a `Job`) is planned
@@ -40,7 +40,7 @@ The language tokens are data of each sentence's row (`Translator.iter_nbest(lang
 a batch of several pairs is still one program of `translate`'s shape and each answer is its
 pair's alone.
 
-Requests with constraints or alignments (and, in batches, forbidden phrases) are searched
+Requests with alignments (and, in batches, constraints and forbidden phrases) are searched
 alone, in their turn, by `Translator.iter_nbest` as `translate` calls it. A search that raises
 fails the requests of its batch (on the engine: of its engine's round) only (their futures
 raise `BatchFailed`; the traceback is logged once) and the worker goes on; a request that
@@ -357,17 +357,17 @@ class Batcher:
 
   def _slot_call(self, job: Job, pair: tuple[str, str] | None) -> SlotCall | None:
     """The job prepared for the engine (`Translator.slot_call`), or None when it runs in
-    batches: the translator's engine is 'batches', or the job has constraints or alignments,
-    or what `Translator._in_slots` keeps in batches."""
-    if self.translator.settings.engine != "slots" or job.constraints is not None or (
-        job.alignments):
+    batches: the translator's engine is 'batches', or the job has alignments, or what
+    `Translator._in_slots` keeps in batches."""
+    if self.translator.settings.engine != "slots" or job.alignments:
       return None
     settings = dict(_search_settings(job, pair))
     if settings.get("engine", "slots") != "slots":
       return None
     languages = None if pair is None else [pair] * len(job.sentences)
     return self.translator.slot_call(list(job.sentences), job.n, target_prefix=job.target_prefix,
-                                     forbid=job.forbid, languages=languages, **settings)
+                                     constraints=job.constraints, forbid=job.forbid,
+                                     languages=languages, **settings)
 
   def _queue(self, request: _Request, pieces: list[_Piece], searched: int
              ) -> concurrent.futures.Future:
@@ -495,7 +495,7 @@ class Batcher:
     settings = {"method": options["method"]} if "method" in options else {}
     prefix = [""] if options.get("prefixed") else None
     call = self.translator.slot_call([""], target_prefix=prefix, **settings)
-    if call is None:  # Kept in batches (constraints, alignments, a search of its own).
+    if call is None:  # Kept in batches (alignments, a search of its own).
       self.translator.compile(progress=progress, **options)
       return
     engine = self._slots.engine(call.spec)
@@ -553,8 +553,11 @@ class Batcher:
       self._unqueue(request)
     for request, translated in done:
       for k, index in enumerate(translated.indices):
+        met = translated.constraints_met
         request.answers[index] = Sentence(translated.hypotheses[k][:request.job.n],
-                                          bool(request.call.cut[index]))
+                                          bool(request.call.cut[index]),
+                                          constraints_met=None if met is None
+                                          else met[k][:request.job.n])
       self._unqueue(request)
       with self._lock:
         if request.dropped:

@@ -17,6 +17,10 @@ sentences. Rows never mix in a search, and a lane's shapes depend on the setting
 (`lane_for`), never on what else is in flight: a sentence's hypotheses and scores are the same
 bytes alone, in any file, in any order, between any neighbours (docs/design.md, "The engine").
 
+A sentence with terms (terminology constraints) runs in two lanes, one after the other: its
+plain beam search in its lane, as any sentence's, then the constrained search from that answer
+in its lane of terms (`Lane.terms`, `decoding.slots.ConstrainedBeamSlots`; `Engine.add`).
+
 On a mesh (`Run.mesh`), each of its D devices holds R slots of every table and runs the
 programs of one device on them (`jax.shard_map`), admitting up to E sentences per call;
 `advance` stops on what the devices count together and hands every device's flags and
@@ -36,7 +40,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -62,12 +66,24 @@ GROUP_SLOTS = 8  # G: slots stepped (and sentences encoded) together, the progra
 @dataclasses.dataclass(frozen=True)
 class Request:
   """One sentence to translate: its source ids (ending with EOS), and optionally its forced
-  output start (ids, no EOS), its forbidden phrases (lists of ids) and its sampling line."""
+  output start (ids, no EOS), its forbidden phrases (lists of ids), its sampling line and its
+  terms (constraints: lists of ids; `Engine.add`)."""
 
   source: Sequence[int]
   prefix: Sequence[int] | None = None
   forbid: Sequence[Sequence[int]] | None = None
   line: int = 0
+  terms: Sequence[Sequence[int]] | None = None  # phrases every hypothesis must hold (ids)
+  # With terms: its plain answer (sequences int32 [K, L], scores float32 [K]), once searched.
+  plain: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class Terms(NamedTuple):
+  """A lane of terms' admission rows: each sentence's constraints and its plain answer."""
+
+  phrases: Array  # int32 [E, F, P]
+  sequences: Array  # int32 [E, K, L]: the plain beam search's hypotheses, best first
+  scores: Array  # float32 [E, K]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +108,8 @@ class Lane:
   prefixed: bool  # a target prefix per slot ([R, 1, L])
   phrases: tuple[int, int] | None  # (F, P) of the forbidden phrases per slot, or None
   sampled: bool  # a sampling key per slot
+  # (F, P) of the constraints per slot: the constrained search from its plain answer, or None
+  terms: tuple[int, int] | None = None
 
 
 @flax.struct.dataclass
@@ -104,6 +122,7 @@ class Slot:
   prefix: Array | None = None  # int32 [1, L]: the forced output start, zeros after
   forbid: Array | None = None  # int32 [1, F, P]
   key: Array | None = None  # uint32 [1, 2]: the sampling key's data
+  terms: Array | None = None  # int32 [1, F, P]: the constraints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +136,7 @@ class Search:
   forced_tokens: int = 0
   ensemble: bool = False
   steps: int = 1  # k: positions per loop iteration
+  ordered_constraints: bool = False  # constraint_order "ordered"
 
   @classmethod
   def of(cls, settings: SearchConfig, *, forced_tokens: int = 0, ensemble: bool = False,
@@ -130,12 +150,12 @@ class Search:
     if steps is None:
       steps = loop.default_steps_per_iteration(settings.method == "beam")
     return cls(machine, settings.max_len_a, settings.max_len_b, settings.min_length,
-               forced_tokens, ensemble, steps)
+               forced_tokens, ensemble, steps, settings.constraint_order == "ordered")
 
 
 def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_len: int, *,
              prefixed: bool = False, phrases: tuple[int, int] | None = None,
-             sampled: bool = False) -> Lane:
+             sampled: bool = False, terms: tuple[int, int] | None = None) -> Lane:
   """The lane of a sentence of `source_length` tokens: its bucket S, the output length L of
   that bucket (as `translate`'s batches), R = `batch_tokens` // S slots rounded down to a power
   of two, between `batching.MIN_ROWS` and `MAX_SLOTS`, E = min(R, `ADMIT_ROWS`) and G =
@@ -150,7 +170,7 @@ def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_
     raise ValueError(f"lane_for: {rows} slots and {admit_rows} admission rows are not groups of "
                      f"{group} (GROUP_SLOTS {GROUP_SLOTS} must be a power of two).")
   return Lane(length, decode_len, tiers(decode_len)[0], rows, admit_rows, group, prefixed,
-              phrases, sampled)
+              phrases, sampled, terms)
 
 
 def tiers(decode_len: int, first: int | None = None) -> tuple[int, ...]:
@@ -175,45 +195,64 @@ def _problem(model: Transformer, params: Any, slot: Slot, lane: Lane, how: Searc
       model, {"params": params}, slot.cross, max_decode_len=lane.decode_len,
       max_lengths=slot.caps, min_length=how.min_length, target_prefix=slot.prefix,
       ensemble=how.ensemble, forbid=slot.forbid, word_continues=word_continues,
-      forced_tokens=how.forced_tokens, shortlist=shortlist, columns=columns)
+      forced_tokens=how.forced_tokens, shortlist=shortlist, columns=columns,
+      constraints=slot.terms, ordered_constraints=how.ordered_constraints)
 
 
-def _machine(how: Search, length_penalty: Array) -> slots.BeamSlots | slots.SequentialSlots:
-  """The run's machine with the length penalty (data) in its ranking."""
-  machine = how.machine
-  if isinstance(machine, slots.BeamSlots):
+def _lane_machine(lane: Lane, how: Search) -> Any:
+  """The machine of `lane`'s slots: the run's, or in a lane of terms the constrained beam
+  search (`slots.ConstrainedBeamSlots`) of its beams and ranking."""
+  if lane.terms is None:
+    return how.machine
+  return slots.ConstrainedBeamSlots(how.machine.beams, how.machine.ranking)
+
+
+def _machine(how: Search, length_penalty: Array, lane: Lane) -> Any:
+  """`lane`'s machine with the length penalty (data) in its ranking."""
+  machine = _lane_machine(lane, how)
+  if isinstance(machine, slots.BeamSlots | slots.ConstrainedBeamSlots):
     machine = dataclasses.replace(machine, ranking=machine.ranking.replace(
         length_penalty=length_penalty))
   return machine
 
 
 def new_slots(model: Transformer, params: Any, inputs: Array, prefix: Array | None,
-              forbid: Array | None, lines: Array | None, seed_key: Array,
+              forbid: Array | None, lines: Array | None, terms: Terms | None, seed_key: Array,
               word_continues: Array | None, shortlist: Array | None, *, lane: Lane,
               how: Search) -> Slot:
   """The slots of inputs int32 [E, S] (leaves [E, 1, ...]): each row encoded, its length cap,
-  its prefix [E, L], phrases [E, F, P] and sampling key (lines uint32 [E]: fold_in(seed_key,
-  line)) as the lane has them, and its search machine's start."""
+  its prefix [E, L], phrases [E, F, P], sampling key (lines uint32 [E]: fold_in(seed_key,
+  line)) and terms (constraints and plain answer) as the lane has them, and its search
+  machine's start."""
 
   def one(inputs_row: Array, prefix_row: Array | None, forbid_row: Array | None,
-          line: Array | None) -> Slot:
+          line: Array | None, terms_row: Terms | None) -> Slot:
     sources = inputs_row[None]  # [1, S]
     cross = bridge.encode_sources(model, {"params": params}, sources, ensemble=how.ensemble)
     caps = bridge.output_length_caps(sources, how.max_len_a, how.max_len_b)  # [1]
     key = None if line is None else jax.random.key_data(jax.random.fold_in(seed_key, line))
     slot = Slot(None, cross, caps, None if prefix_row is None else prefix_row[None],
                 None if forbid_row is None else forbid_row[None],
-                None if key is None else key[None])
+                None if key is None else key[None],
+                None if terms_row is None else terms_row.phrases[None])
     problem = _problem(model, params, slot, lane, how, word_continues, shortlist)
-    state = how.machine.map_cache(how.machine.start(problem),
-                                  lambda cache: resize_cache(cache, lane.capacity))
+    machine = _lane_machine(lane, how)
+    if terms_row is None:
+      state = machine.start(problem)
+    else:  # From the plain answer, its ids as the problem's (shortlist indices, if any).
+      plain = terms_row.sequences[None]  # [1, K, L]
+      if shortlist is not None:
+        plain = bridge.shortlist_indices(plain, jnp.asarray(shortlist, jnp.int32))
+      state = machine.start(problem, plain, terms_row.scores[None])
+    state = machine.map_cache(state, lambda cache: resize_cache(cache, lane.capacity))
     return slot.replace(state=state)
 
-  return jax.vmap(one)(inputs, prefix, forbid, lines)
+  return jax.vmap(one)(inputs, prefix, forbid, lines, terms)
 
 
 def admit(model: Transformer, params: Any, table: Slot, targets: Array, inputs: Array,
-          prefix: Array | None, forbid: Array | None, lines: Array | None, seed_key: Array,
+          prefix: Array | None, forbid: Array | None, lines: Array | None,
+          terms: Terms | None, seed_key: Array,
           word_continues: Array | None, shortlist: Array | None, *, lane: Lane,
           how: Search) -> Slot:
   """The table with `new_slots` of inputs [E, S] written at slots targets int32 [E] (R: none,
@@ -224,8 +263,8 @@ def admit(model: Transformer, params: Any, table: Slot, targets: Array, inputs: 
 
   def one(i: Array, table: Slot) -> Slot:
     start = chunks.order[i] * group
-    rows = [None if x is None else jax.lax.dynamic_slice_in_dim(x, start, group)
-            for x in (targets, inputs, prefix, forbid, lines)]
+    rows = [jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, group), x)
+            for x in (targets, inputs, prefix, forbid, lines, terms)]
     entries = new_slots(model, params, *rows[1:], seed_key, word_continues, shortlist,
                         lane=lane, how=how)
     return jax.tree.map(lambda old, new: old.at[rows[0]].set(new, mode="drop"), table, entries)
@@ -255,7 +294,8 @@ def table_shapes(model: Transformer, params: Any, lane: Lane, how: Search,
   optional = [
       jax.ShapeDtypeStruct((rows, lane.decode_len), jnp.int32) if lane.prefixed else None,
       jax.ShapeDtypeStruct((rows, *lane.phrases), jnp.int32) if lane.phrases else None,
-      jax.ShapeDtypeStruct((rows,), jnp.uint32) if lane.sampled else None]
+      jax.ShapeDtypeStruct((rows,), jnp.uint32) if lane.sampled else None,
+      _terms_shapes(lane, rows, how.machine.beams)]
   return jax.eval_shape(
       functools.partial(new_slots, model, lane=lane, how=how), params,
       jax.ShapeDtypeStruct((rows, lane.length), jnp.int32), *optional, jax.random.key(0),
@@ -267,6 +307,15 @@ def empty_table(model: Transformer, params: Any, lane: Lane, how: Search,
   """A table of R free slots: zeros in `new_slots`' shapes."""
   shapes = table_shapes(model, params, lane, how, word_continues, shortlist)
   return jax.tree.map(lambda x: jnp.zeros((lane.slots, *x.shape[1:]), x.dtype), shapes)
+
+
+def _terms_shapes(lane: Lane, rows: int, beams: int) -> Terms | None:
+  """The shapes of a lane of terms' `Terms` of `rows` sentences (None: not such a lane)."""
+  if lane.terms is None:
+    return None
+  return Terms(jax.ShapeDtypeStruct((rows, *lane.terms), jnp.int32),
+               jax.ShapeDtypeStruct((rows, beams, lane.decode_len), jnp.int32),
+               jax.ShapeDtypeStruct((rows, beams), jnp.float32))
 
 
 def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free: Array,
@@ -285,7 +334,7 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   `jax.shard_map`), over all of them. Returns (the table, complete bool [R], full bool [R],
   sequences int32 [R, K, L], scores float32 [R, K]): every slot's ranked hypotheses, read
   where complete; a full slot moves to the next tier (`migrate`) before its lane steps again."""
-  machine = _machine(how, length_penalty)
+  machine = _machine(how, length_penalty, lane)
   columns = None
   if shortlist is not None:  # Gathered once per call, read by every step of every slot.
     columns = _columns(model, params, shortlist, how.ensemble)
@@ -345,7 +394,7 @@ def migrate(source: Slot, target: Slot, rows: Array, into: Array, *, lane: Lane,
   [E] of `source` written at its slots into int32 [E] (R: none), their caches grown to the
   target's capacity (zeros appended: the positions not written yet)."""
   moved = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), source)
-  state = how.machine.map_cache(
+  state = _lane_machine(lane, how).map_cache(
       moved.state, jax.vmap(lambda cache: resize_cache(cache, lane.capacity)))
   moved = moved.replace(state=state)
   return jax.tree.map(lambda old, new: old.at[into].set(new, mode="drop"), target, moved)
@@ -360,10 +409,11 @@ def _columns(model: Transformer, params: Any, shortlist: Array, ensemble: bool) 
 
 
 def _admit_keyed(model: Transformer, params: Any, table: Slot, targets: Array, inputs: Array,
-                 prefix: Array | None, forbid: Array | None, lines: Array | None, seed: Array,
-                 *data: Array | None, lane: Lane, how: Search) -> Slot:
+                 prefix: Array | None, forbid: Array | None, lines: Array | None,
+                 terms: Terms | None, seed: Array, *data: Array | None, lane: Lane,
+                 how: Search) -> Slot:
   """`admit` with the seed key as its data, uint32 [2] (placed as any array is)."""
-  return admit(model, params, table, targets, inputs, prefix, forbid, lines,
+  return admit(model, params, table, targets, inputs, prefix, forbid, lines, terms,
                jax.random.wrap_key_data(seed), *data, lane=lane, how=how)
 
 
@@ -394,7 +444,7 @@ def _programs(model_config: ModelConfig, mesh: Mesh | None = None) -> tuple[Any,
                    out_shardings=out_shardings)
 
   admit_fn, advance_fn, migrate_fn = functions
-  return (over(admit_fn, (whole, *[rows] * 6, whole, whole, whole), rows, split),
+  return (over(admit_fn, (whole, *[rows] * 7, whole, whole, whole), rows, split),
           over(advance_fn, (whole, rows, rows, rows, *[whole] * 5), rows,
                (split, *[replicated] * 4), axis=sharding.DATA_AXIS),
           over(migrate_fn, (rows,) * 4, rows, split))
@@ -451,11 +501,19 @@ class Engine:
     return lane_for(len(request.source), self.spec.settings, self.spec.batch_tokens,
                     self.model_config.max_len, prefixed=request.prefix is not None,
                     phrases=self.spec.phrases if request.forbid is not None else None,
-                    sampled=self.spec.settings.method == "sample")
+                    sampled=self.spec.settings.method == "sample",
+                    terms=self.spec.phrases if request.plain is not None else None)
 
   def add(self, request: Request, key: Any) -> Lane:
-    """Queues `request` in its lane; its `Result.index` will be `key`. Returns its lane."""
+    """Queues `request` in its lane; its `Result.index` will be `key`. Returns its lane.
+
+    A request with terms runs in two lanes, one after the other: its plain beam search in its
+    lane, as any sentence's; then, from that answer (`Request.plain`), the constrained search
+    in its lane of terms (`Lane.terms`, `slots.ConstrainedBeamSlots`: complete at once where
+    the plain best hypothesis holds every term), whose result is the request's."""
     lane = self.lane_of(request)
+    if request.terms is not None and request.plain is None:
+      key = _PlainFirst(key, request)
     self._lane_run(lane).queue.append((key, request))
     return lane
 
@@ -481,8 +539,21 @@ class Engine:
     for lane in sorted(self.lanes, key=_lane_order):
       if self.lanes[lane].busy:
         for results in self.lanes[lane].round(patient):
-          done.extend(results)
+          done.extend(self._answers(results))
     return done
+
+  def _answers(self, results: Sequence[Result]) -> list[Result]:
+    """`results` but the plain answers of requests with terms, each such request queued again
+    with its answer, in its lane of terms (`add`)."""
+    answers = []
+    for result in results:
+      if isinstance(result.index, _PlainFirst):
+        request = dataclasses.replace(result.index.request,
+                                      plain=(result.sequences, result.scores))
+        self.add(request, result.index.key)
+      else:
+        answers.append(result)
+    return answers
 
   def drop_idle(self) -> None:
     """Frees the tables of the lanes with no work (a later sentence makes them again)."""
@@ -499,8 +570,16 @@ class Engine:
     return self.lanes[lane]
 
 
-def _lane_order(lane: Lane) -> tuple[int, bool, bool]:
-  return lane.length, lane.prefixed, bool(lane.phrases)
+@dataclasses.dataclass(frozen=True)
+class _PlainFirst:
+  """The key of a request with terms in its plain lane: the caller's key and the request."""
+
+  key: Any
+  request: Request
+
+
+def _lane_order(lane: Lane) -> tuple[bool, int, bool, bool]:
+  return bool(lane.terms), lane.length, lane.prefixed, bool(lane.phrases)
 
 
 def run(model_config: ModelConfig, params: Any, requests: Sequence[Request], spec: Run
@@ -579,7 +658,10 @@ class _LaneRun:
     self.live = [np.zeros(devices * tier.slots, bool) for tier in self.lanes]
     # Callers' keys.
     self.owner = [np.full(devices * tier.slots, None, object) for tier in self.lanes]
-    self.data = (self.place.whole(spec.word_continues), self.place.whole(spec.shortlist))
+    # What a whole word is, where the lane reads it (a prefix, phrases, terms): a lane of plain
+    # sentences runs the programs it runs in a call without them.
+    words = spec.word_continues if lane.prefixed or lane.phrases or lane.terms else None
+    self.data = (self.place.whole(words), self.place.whole(spec.shortlist))
     self.seed = self.place.whole(jax.random.key_data(jax.random.key(spec.seed)))
     self.alpha = self.place.whole(np.float32(spec.length_penalty))
     self.compiled: set[int] = set()
@@ -657,12 +739,14 @@ class _LaneRun:
                     ) -> None:
     """One `admit` call: each device's (taken, slots) as `_admission`'s arrays, joined."""
     lane = self.lanes[0]
-    arrays = [_admission([request for _, request in taken], range(len(taken)), slots, lane)
+    arrays = [(*_admission([request for _, request in taken], range(len(taken)), slots, lane),
+               _terms_rows([request for _, request in taken], lane, self.spec.how.machine.beams))
               for taken, slots in given]
-    joined = [None if parts[0] is None else np.concatenate(parts)  # [D x E, ...]
+    joined = [jax.tree.map(lambda *parts: np.concatenate(parts), *parts)  # [D x E, ...]
               for parts in zip(*arrays, strict=True)]
     self.tables[0] = self.programs[0](
-        self.params, self._table(0), *map(self.place.rows, joined), self.seed, *self.data,
+        self.params, self._table(0), *(jax.tree.map(self.place.rows, x) for x in joined),
+        self.seed, *self.data,
         lane=lane, how=self.spec.how)
 
   def _advance(self, tier: int, want: Sequence[int], want_total: int, bounded: bool = False
@@ -769,6 +853,22 @@ def _dealt(room: Sequence[int], count: int) -> list[int]:
       if count and counts[d] < most:
         counts[d], count = counts[d] + 1, count - 1
   return counts
+
+
+def _terms_rows(requests: Sequence[Request], lane: Lane, beams: int) -> Terms | None:
+  """A lane of terms' admission rows for `requests` (`Terms`, E rows: theirs, then zeros); None
+  in another lane."""
+  if lane.terms is None:
+    return None
+  rows = lane.admit_rows
+  terms = Terms(np.zeros((rows, *lane.terms), np.int32),
+                np.zeros((rows, beams, lane.decode_len), np.int32),
+                np.full((rows, beams), -np.inf, np.float32))
+  for row, request in enumerate(requests):
+    for c, phrase in enumerate(request.terms):
+      terms.phrases[row, c, :len(phrase)] = phrase
+    terms.sequences[row], terms.scores[row] = request.plain
+  return terms
 
 
 def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarray,

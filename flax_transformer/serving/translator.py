@@ -254,6 +254,8 @@ class SlotCall:
   indices: np.ndarray  # int [r]: each request's position in the call's sentences
   cut: np.ndarray  # bool [n]: each sentence cut to the model's max_len
   take: int  # hypotheses per sentence
+  constraints: Sequence[Sequence[str]] | None = None  # [n]: each sentence's terms, if given
+  ordered: bool = False  # constraint_order "ordered"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -538,11 +540,11 @@ class Translator:
     call = self._prepare(sentences, n, first_index, params, target_prefix, constraints, forbid,
                          line_numbers, languages, settings)
     skip = frozenset(skip)
-    if plan is None and self._in_slots(call.options, call.constraint_ids):
+    if plan is None and self._in_slots(call.options):
       yield from self._slot_translated(call.params, sentences, call.token_ids, call.cut,
                                        call.numbers, call.options, call.prefix_ids,
                                        call.forbid_ids, call.shortlist, call.take, skip,
-                                       alignments)
+                                       alignments, (call.constraint_ids, constraints))
       return
     yield from self._batch_translated(sentences, call, plan, skip, alignments, constraints)
 
@@ -635,20 +637,16 @@ class Translator:
     return [[(self.tokenizer.detokenize(row[k]), float(row_scores[k])) for k in range(count)]
             for row, row_scores, count in zip(sequences, scores, found, strict=True)]
 
-  def _in_slots(self, options: TranslateConfig, constraint_ids: phrases.PhraseIds | None
-                ) -> bool:
+  def _in_slots(self, options: TranslateConfig) -> bool:
     """Whether a call with `options` runs on the engine's slots (`serving.engine`): asked for,
     and none of what still runs in batches (docs/design.md, "The engine")."""
     if options.engine != "slots":
       return False
-    batches_only = [why for why, applies in (
-        ("constraints", constraint_ids is not None),
-        ("a search function of its own", not isinstance(self.search_fn,
-                                                        programs.StoredPrograms)))
-        if applies]
-    if batches_only:
-      _log.info("Searching in batches, not slots: %s run in batches.", ", ".join(batches_only))
-    return not batches_only
+    if not isinstance(self.search_fn, programs.StoredPrograms):
+      _log.info("Searching in batches, not slots: a search function of its own runs in "
+                "batches.")
+      return False
+    return True
 
   def _slot_translated(self, params: Any, sentences: Sequence[str],
                        token_ids: Sequence[Sequence[int]], cut: np.ndarray,
@@ -656,12 +654,15 @@ class Translator:
                        prefix_ids: Sequence[Sequence[int]] | None,
                        forbid_ids: phrases.PhraseIds | None, shortlist: np.ndarray | None,
                        take: int, skip: frozenset[int] = frozenset(),
-                       alignments: bool = False) -> Iterator[Translated]:
+                       alignments: bool = False,
+                       terms: tuple[phrases.PhraseIds | None, Any] = (None, None)
+                       ) -> Iterator[Translated]:
     """`iter_nbest`'s translations through the engine's slot tables, yielded as sentences
     finish (`serving.engine`); those in `skip` are not searched. `alignments`: each round's
-    completed sentences aligned in their lanes' fixed shapes (`serving.engine_alignments`)."""
+    completed sentences aligned in their lanes' fixed shapes (`serving.engine_alignments`).
+    `terms`: the constraints' ids and texts (`_slot_call`)."""
     call = self._slot_call(token_ids, cut, numbers, options, prefix_ids, forbid_ids,
-                           shortlist, take, skip)
+                           shortlist, take, skip, terms)
     aligner = engine_alignments.Aligner(self.model_config, params, call.spec, call.requests,
                                         take, self.ensemble) if alignments else None
     for results in engine.run(self.model_config, params, call.requests, call.spec):
@@ -686,6 +687,7 @@ class Translator:
 
   def slot_call(self, sentences: Sequence[str], n: int | None = None, *,
                 params: Any = None, target_prefix: Sequence[str] | None = None,
+                constraints: Sequence[Sequence[str]] | None = None,
                 forbid: Sequence[Sequence[str]] | None = None,
                 languages: Sequence[tuple[str, str]] | None = None,
                 **settings: Any) -> SlotCall | None:
@@ -695,13 +697,13 @@ class Translator:
     spec, tokenized and checked as `iter_nbest` does (InputError on the same mistakes); None
     when the call does not run in slots (`_in_slots`). `slot_translated` turns results back."""
     sentences = texts.text_list(sentences, "sentences")
-    prepared = self._prepare(sentences, n, 0, params, target_prefix, None, forbid, None,
+    prepared = self._prepare(sentences, n, 0, params, target_prefix, constraints, forbid, None,
                              languages, settings)
-    if not self._in_slots(prepared.options, None):
+    if not self._in_slots(prepared.options):
       return None
     return self._slot_call(prepared.token_ids, prepared.cut, prepared.numbers, prepared.options,
                            prepared.prefix_ids, prepared.forbid_ids, prepared.shortlist,
-                           prepared.take)
+                           prepared.take, terms=(prepared.constraint_ids, constraints))
 
   def slot_translated(self, call: SlotCall, results: Sequence[engine.Result]) -> Translated:
     """The `Translated` of the results of `call`'s requests (`Result.index`: the request's
@@ -710,30 +712,42 @@ class Translator:
     hypotheses = [self._hypotheses(r.sequences[None], r.scores[None], call.take)[0]
                   for r in results]
     tokens = sum(int(np.sum(r.sequences[0] != PAD_ID)) for r in results)
-    return Translated(indices, hypotheses, tokens, int(call.cut[indices].sum()))
+    met = None
+    if call.constraints is not None:  # What the user reads: the words of each text.
+      met = [[words.holds_words(text, call.constraints[i], call.ordered) for text, _ in row]
+             for i, row in zip(indices, hypotheses, strict=True)]
+    return Translated(indices, hypotheses, tokens, int(call.cut[indices].sum()),
+                      constraints_met=met)
 
   def _slot_call(self, token_ids: Sequence[Sequence[int]], cut: np.ndarray,
                  numbers: np.ndarray, options: TranslateConfig,
                  prefix_ids: Sequence[Sequence[int]] | None,
                  forbid_ids: phrases.PhraseIds | None, shortlist: np.ndarray | None,
-                 take: int, skip: frozenset[int] = frozenset()) -> SlotCall:
-    """The engine's requests and spec of a prepared call (`_prepare`)."""
+                 take: int, skip: frozenset[int] = frozenset(),
+                 terms: tuple[phrases.PhraseIds | None, Any] = (None, None)) -> SlotCall:
+    """The engine's requests and spec of a prepared call (`_prepare`); `terms`: its
+    constraints' ids and the texts given (a sentence with none searches as without them)."""
     real = [i for i, ids in enumerate(token_ids) if ids and i not in skip]
-    forbid_rows = None if forbid_ids is None else forbid_ids.ids
+    forbid_rows, term_rows = (None if given is None else given.ids
+                              for given in (forbid_ids, terms[0]))
     requests = [engine.Request(token_ids[i], None if prefix_ids is None else prefix_ids[i],
                                forbid_rows[i] if forbid_rows and forbid_rows[i] else None,
-                               int(numbers[i]) % (1 << 32)) for i in real]
+                               int(numbers[i]) % (1 << 32),
+                               term_rows[i] if term_rows and term_rows[i] else None)
+                for i in real]
     search_settings = options.search
     how = engine.Search.of(search_settings, forced_tokens=self.forced_tokens,
                            ensemble=self.ensemble)
     spec = engine.Run(how, search_settings.length_penalty, options.seed, options.batch_tokens,
                       search_settings,
                       word_continues=(self.word_continues if prefix_ids is not None
-                                      or forbid_ids is not None else None),
+                                      or forbid_ids is not None or term_rows else None),
                       shortlist=shortlist,
                       phrases=(search_settings.max_constraints,
                                search_settings.max_constraint_pieces), mesh=self.mesh)
-    return SlotCall(spec, requests, np.asarray(real, np.int64), cut, take)
+    return SlotCall(spec, requests, np.asarray(real, np.int64), cut, take,
+                    None if terms[0] is None else terms[1],
+                    search_settings.constraint_order == "ordered")
 
   def _prefix_ids(self, target_prefix: Sequence[str] | None, sentences: Sequence[str],
                   token_ids: Sequence[Sequence[int]], options: TranslateConfig,
