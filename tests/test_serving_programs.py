@@ -18,7 +18,7 @@ from serving_fixtures import ONE_BUCKET_WORDS, sentences
 
 from flax_transformer import ModelConfig, Transformer
 from flax_transformer.config import TranslateConfig
-from flax_transformer.serving import programs
+from flax_transformer.serving import engine, programs
 from flax_transformer.serving import translator as translator_lib
 from flax_transformer.serving.batching import plan_batches, search_shapes
 from flax_transformer.serving.translator import Translator
@@ -62,14 +62,35 @@ def test_a_new_process_loads_the_stored_program_and_translates_alike(
   plain = _translator(tokenizer, search_fn=jitted, beam_size=3)
   assert plain.translate_nbest(texts, n=2) == translations
 
-  # A new process reads the file: it never exports (nor traces the search) again.
+  # The engine's programs (admit, advance per cache tier, migrate) are stored as well (the
+  # first process traces and exports each), and its slots give the batches' texts.
+  traced = []
+  for name in ("admit", "advance", "migrate"):
+    monkeypatch.setattr(engine, name, functools.partial(
+        lambda real, *a, **k: traced.append(real.__name__) or real(*a, **k),
+        getattr(engine, name)))
+  engine._programs.cache_clear()
+  slots = first.translate_nbest(texts, n=2, engine="slots")
+  assert set(traced) == {"admit", "advance", "migrate"}, traced
+  engine_files = set(os.listdir(stored_in)) - set(stored)
+  assert len(engine_files) == len(traced)
+  assert [[text for text, _ in row] for row in slots] == [
+      [text for text, _ in row] for row in translations]
+  assert max(abs(a - b) for x, y in zip(slots, translations, strict=True)
+             for (_, a), (_, b) in zip(x, y, strict=True)) < 1e-4
+
+  # A new process reads the files: it never exports (nor traces a search) again.
   exports = []
   real_export = programs.export.export
   monkeypatch.setattr(programs.export, "export",
                       lambda *a, **k: exports.append(1) or real_export(*a, **k))
+  engine._programs.cache_clear()
+  traced.clear()
   again = _translator(tokenizer, search_fn=_fresh(first), beam_size=3)
   assert again.translate_nbest(texts, n=2) == translations
-  assert exports == []
+  assert again.translate_nbest(texts, n=2, engine="slots") == slots
+  assert exports == [] and traced == []
+  assert set(os.listdir(stored_in)) == set(stored) | engine_files
 
   # A damaged file is exported again (and stored whole), with the same result.
   (stored_in / stored[0]).write_bytes(b"not a program")
@@ -79,7 +100,7 @@ def test_a_new_process_loads_the_stored_program_and_translates_alike(
 
   # Other settings are other programs, in other files.
   _translator(tokenizer, search_fn=_fresh(first), beam_size=2).translate(texts)
-  assert len(os.listdir(stored_in)) == 2 * len(shapes)
+  assert len(os.listdir(stored_in)) == 2 * len(shapes) + len(engine_files)
 
 
 def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monkeypatch):
@@ -176,9 +197,10 @@ def test_making_a_translator_asks_for_the_default_cache(tokenizer, monkeypatch):
 @pytest.mark.slow  # Compile-bound: the fast tier leaves it to CI.
 @pytest.mark.parametrize("method", ["greedy", "sample"])
 def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer, stored_in,
-                                                                       method):
+                                                                       monkeypatch, method):
   """Greedy decoding and sampling (a key per row, split over the mesh) through stored programs
-  over every local device (8 on a CPU, conftest.py) give what the plain jitted search gives."""
+  over every local device (8 on a CPU, conftest.py) give what the plain jitted search gives;
+  the engine's stored programs on the mesh give the batches' greedy texts, loaded alike."""
   from flax_transformer.runtime.sharding import local_mesh
 
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=32, dropout_rate=0.0,
@@ -198,6 +220,13 @@ def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer
   loaded = Translator(config, params, tokenizer, settings, mesh=mesh,
                       search_fn=_fresh(stored))
   assert loaded.translate(texts) == plain.translate(texts)
+  if method == "greedy":  # The engine's programs over the mesh (`jax.shard_map`) are stored too.
+    files = set(os.listdir(stored_in))
+    slots = stored.translate(texts, engine="slots")
+    assert slots == plain.translate(texts) and len(set(os.listdir(stored_in)) - files) >= 2
+    engine._programs.cache_clear()  # A new process: it loads them, and exports nothing.
+    monkeypatch.setattr(programs.export, "export", None)
+    assert loaded.translate(texts, engine="slots") == slots
 
 
 def test_one_program_per_shape_serves_every_length_penalty(tokenizer, stored_in):

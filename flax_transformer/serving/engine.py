@@ -50,9 +50,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flax_transformer.config import ModelConfig, SearchConfig
 from flax_transformer.decoding import bridge, loop, search, slots
+from flax_transformer.model import int8_kernel
 from flax_transformer.model.transformer import CrossAttentionCache, Transformer, resize_cache
 from flax_transformer.runtime import compilation_cache, sharding
-from flax_transformer.serving import batching
+from flax_transformer.serving import batching, programs
 
 Array = jax.Array
 PyTree = Any
@@ -418,9 +419,11 @@ def _admit_keyed(model: Transformer, params: Any, table: Slot, targets: Array, i
 
 
 @functools.cache
-def _programs(model_config: ModelConfig, mesh: Mesh | None = None) -> tuple[Any, Any, Any]:
-  """The jitted `admit` (`_admit_keyed`), `advance` and `migrate` of a model config (the table
-  written donated), shared by every run of it; `lane` and `how` are static.
+def _programs(model_config: ModelConfig, mesh: Mesh | None = None
+              ) -> tuple[programs.StoredPrograms, ...]:
+  """`admit` (`_admit_keyed`), `advance` and `migrate` of a model config, shared by every run
+  of it (`_stored`: exported once per machine, loaded by later processes, the table written
+  donated); `lane` and `how` are static.
 
   On a `mesh`, a table holds D x R slots split over its 'data' axis (D devices), and each
   device runs the 1-device program on its own R slots (`jax.shard_map`: the same shapes, so the
@@ -432,7 +435,7 @@ def _programs(model_config: ModelConfig, mesh: Mesh | None = None) -> tuple[Any,
   functions = (functools.partial(_admit_keyed, model), functools.partial(advance, model),
                migrate)
   if mesh is None:
-    return tuple(jax.jit(fn, static_argnames=static, donate_argnums=(1,)) for fn in functions)
+    return _stored(model_config, mesh, [jax.jit(fn, static_argnames=static) for fn in functions])
   rows, whole = PartitionSpec(sharding.DATA_AXIS), PartitionSpec()
   split, replicated = NamedSharding(mesh, rows), sharding.replicated(mesh)
 
@@ -440,14 +443,29 @@ def _programs(model_config: ModelConfig, mesh: Mesh | None = None) -> tuple[Any,
     def mapped(*arrays: Any, lane: Lane, how: Search) -> Any:
       body = functools.partial(fn, lane=lane, how=how, **keywords)
       return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(*arrays)
-    return jax.jit(mapped, static_argnames=static, donate_argnums=(1,),
-                   out_shardings=out_shardings)
+    return jax.jit(mapped, static_argnames=static, out_shardings=out_shardings)
 
   admit_fn, advance_fn, migrate_fn = functions
-  return (over(admit_fn, (whole, *[rows] * 7, whole, whole, whole), rows, split),
+  jits = (over(admit_fn, (whole, *[rows] * 7, whole, whole, whole), rows, split),
           over(advance_fn, (whole, rows, rows, rows, *[whole] * 5), rows,
                (split, *[replicated] * 4), axis=sharding.DATA_AXIS),
           over(migrate_fn, (rows,) * 4, rows, split))
+  return _stored(model_config, mesh, jits)
+
+
+def _stored(model_config: ModelConfig, mesh: Mesh | None, jitted: Sequence[Any]
+            ) -> tuple[programs.StoredPrograms, ...]:
+  """`_programs`' jitted admit, advance and migrate, each lane's and tier's program exported
+  once per machine and loaded by later processes, as the batches' search is
+  (`serving.programs`): a new process does not trace them again. Each donates the table it
+  writes (its second argument). An int8 search that may call oneDNN's kernel is compiled in
+  each process instead (`jax.export` does not keep that call)."""
+  on_disk = not (model_config.quantization == "int8" and int8_kernel.may_use_onednn())
+  names = ("admit", "advance", "migrate")
+  return tuple(programs.StoredPrograms(
+      fn, name=f"the engine's {names[i] if i < len(names) else f'program {i}'} of "
+      f"{model_config!r} on {mesh!r}", on_disk=on_disk, donate=(1,))
+      for i, fn in enumerate(jitted))
 
 
 @dataclasses.dataclass(frozen=True)
