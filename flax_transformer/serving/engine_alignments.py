@@ -3,22 +3,23 @@ hypotheses (`decoding.bridge.hypothesis_alignments`, one teacher-forced pass), i
 fixed shape per lane.
 
 The engine hands a sentence's hypotheses back when its slot completes (`engine.Result`); an
-`Aligner` then runs them with the sentence's source through `align`: rows [E, S] of sources
-and [E, n, T] of hypotheses (E the lane's admission rows, S its source bucket, n the
-hypotheses a call takes, T the lane's cache tier that holds the sentence's longest one,
-`engine.tiers`: 16, 32, ..., L; rows past the completed sentences are padding). A row's
-attention depends on its own source and hypotheses and on those static shapes alone, never on
-the other rows, as a slot's search does: so a sentence's alignments are the same bytes
-whatever else completed with it, as its text and scores are (docs/design.md, "The engine").
+`Aligner` then runs them with the sentence's source through `align`: rows [G, S] of sources
+and [G, n, T] of hypotheses (G the lane's group of slots, `Lane.group`, the rows the engine's
+programs step together; S its source bucket; n the hypotheses a call takes; T the lane's cache
+tier that holds the sentence's longest one, `engine.tiers`: 16, 32, ..., L; rows past the
+completed sentences are padding). A row's attention depends on its own source and hypotheses
+and on those static shapes alone (not on the token budget, as the search's bytes do not),
+never on the other rows: so a sentence's alignments are the same bytes whatever else
+completed with it, as its text and scores are (docs/design.md, "The engine").
 Most outputs are far shorter than L (Multi30k: 12-20 tokens of L = 59-115), and the tier
 spares the pass the positions after them.
 
-On a mesh (`engine.Run.mesh`) each of its D devices runs the 1-device program on E rows of its
-own (`jax.shard_map`), D x E sentences per call, and the attention comes back whole on every
+On a mesh (`engine.Run.mesh`) each of its D devices runs the 1-device program on G rows of its
+own (`jax.shard_map`), D x G sentences per call, and the attention comes back whole on every
 device (every process of a mesh reads all of it and hands back the same alignments); a row
 meets the shapes it meets on one device, so its bytes do not depend on D.
 
-Shape letters: E rows per device, S source bucket, L output length, T <= L a tier of it, n
+Shape letters: G rows per device, S source bucket, L output length, T <= L a tier of it, n
 hypotheses per sentence, D devices.
 """
 
@@ -48,8 +49,8 @@ _log = logging.getLogger(__name__)
 
 def align(model: Transformer, params: Any, inputs: Array, sequences: Array, *,
           ensemble: bool = False) -> Array:
-  """f32 [E, n, T, S]: the alignment layer's cross-attention of sequences int32 [E, n, T] as
-  translations of inputs int32 [E, S] (`bridge.hypothesis_alignments`; row t: the attention
+  """f32 [G, n, T, S]: the alignment layer's cross-attention of sequences int32 [G, n, T] as
+  translations of inputs int32 [G, S] (`bridge.hypothesis_alignments`; row t: the attention
   of the step that emitted token t)."""
   return bridge.hypothesis_alignments(model, {"params": params}, inputs, sequences,
                                       ensemble=ensemble)
@@ -59,8 +60,8 @@ def align(model: Transformer, params: Any, inputs: Array, sequences: Array, *,
 def program(model_config: ModelConfig, mesh: Mesh | None = None, ensemble: bool = False
             ) -> Callable[[Any, Array, Array], Array]:
   """The jitted `align` of a model config (params, inputs, sequences) -> attention, shared by
-  every call of it. On a `mesh`, the rows (D x E) are split over its 'data' axis, each device
-  runs the 1-device program on its E, and the attention comes back whole on every device."""
+  every call of it. On a `mesh`, the rows (D x G) are split over its 'data' axis, each device
+  runs the 1-device program on its G, and the attention comes back whole on every device."""
   fn = functools.partial(align, Transformer(model_config), ensemble=ensemble)
   if mesh is None:
     return jax.jit(fn)
@@ -72,7 +73,7 @@ def program(model_config: ModelConfig, mesh: Mesh | None = None, ensemble: bool 
 class Aligner:
   """The attention of the hypotheses of a run's completed sentences: `requests` (`Result.index`
   is a request's position there), `take` hypotheses each, grouped by lane shape and aligned
-  E x D at a time.
+  G x D at a time.
 
       aligner = Aligner(model_config, params, spec, requests, take=1)
       for results in engine.run(model_config, params, requests, spec):
@@ -89,7 +90,7 @@ class Aligner:
 
   def __call__(self, results: Sequence[engine.Result]) -> list[np.ndarray]:
     """f32 [n, T, S] per result, in the order of `results`: each sentence aligned in rows of
-    its own shape (S, E, T: its lane's, and the tier of its longest hypothesis), with what
+    its own shape (S, G, T: its lane's, and the tier of its longest hypothesis), with what
     else completed in that shape or padding."""
     groups: dict[tuple[int, int, int], list[int]] = {}
     for position, result in enumerate(results):
@@ -97,7 +98,7 @@ class Aligner:
                              self.spec.batch_tokens, self.model_config.max_len)
       longest = int(np.max(np.count_nonzero(result.sequences[:self.take], axis=-1)))  # EOS too
       tier = next(c for c in engine.tiers(result.sequences.shape[-1]) if c >= longest)
-      groups.setdefault((lane.length, lane.admit_rows, tier), []).append(position)
+      groups.setdefault((lane.length, lane.group, tier), []).append(position)
     attention: list[np.ndarray] = [np.empty(0)] * len(results)
     for shape, positions in groups.items():
       per_call = shape[1] * self.devices
@@ -110,11 +111,11 @@ class Aligner:
 
   def _aligned(self, results: Sequence[engine.Result], shape: tuple[int, int, int]
                ) -> np.ndarray:
-    """One program call: f32 [D x E, n, T, S] for `results` (at most D x E) in its first rows
-    (the rest padding), rows dealt to the devices E each in turn."""
+    """One program call: f32 [D x G, n, T, S] for `results` (at most D x G) in its first rows
+    (the rest padding), rows dealt to the devices G each in turn."""
     length, rows, tier = shape
-    inputs = np.zeros((rows * self.devices, length), np.int32)  # [D x E, S]
-    sequences = np.zeros((rows * self.devices, self.take, tier), np.int32)  # [D x E, n, T]
+    inputs = np.zeros((rows * self.devices, length), np.int32)  # [D x G, S]
+    sequences = np.zeros((rows * self.devices, self.take, tier), np.int32)  # [D x G, n, T]
     for row, result in enumerate(results):
       source = self.requests[result.index].source
       inputs[row, :len(source)] = source
