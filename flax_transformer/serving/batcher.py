@@ -16,9 +16,10 @@ one round at a time (admission into free slots, one bounded `advance` per lane, 
 any requests of one spec share the slot tables, continuously; a sentence's lane, and so every
 shape it meets, follows from the settings and its own source, and its sampling key from its
 line in its request, so each answer is `Translator.translate(..., engine="slots")` of the
-request alone, byte for byte, whatever else is in flight. What the engine does not run
-(alignments, a search function of its own: `Translator._in_slots`) is searched in
-batches, below.
+request alone, byte for byte, whatever else is in flight. A request with alignments is
+searched alone, in its turn (below: on this translator's engine, an engine run of its own, so
+its bytes are `translate`'s too); what the engine does not run (a search function of its own:
+`Translator._in_slots`) is searched in batches, below.
 
 **In batches** (a translator of `engine="batches"`, the default): a request (a `Job`) is planned
 as `translate` would plan its lines alone (`batching.plan_batches` with the translator's token
@@ -356,9 +357,9 @@ class Batcher:
     return token_counts, truncated
 
   def _slot_call(self, job: Job, pair: tuple[str, str] | None) -> SlotCall | None:
-    """The job prepared for the engine (`Translator.slot_call`), or None when it runs in
-    batches: the translator's engine is 'batches', or the job has alignments, or what
-    `Translator._in_slots` keeps in batches."""
+    """The job prepared for the long-lived engine (`Translator.slot_call`), or None when it
+    runs otherwise: the translator's engine is 'batches', the job has alignments (searched
+    alone, `_search_alone`), or `Translator._in_slots` keeps it in batches."""
     if self.translator.settings.engine != "slots" or job.alignments:
       return None
     settings = dict(_search_settings(job, pair))
