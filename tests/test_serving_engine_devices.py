@@ -8,10 +8,12 @@ programs on them, so a sentence's text, score, n-best and word alignments
 * in 2 processes of 2 devices each joined by jax.distributed, on one mesh over both (every
   process passes the same sentences and gets every translation and alignment).
 
-Scores are compared exactly: on XLA:CPU a device holding another number of slots (rows) rounds
-them apart in the last bits (on one device, batch_tokens 128, 1024 or 4096 instead of 256,
-other R per lane, changed 95, 252 and 261 of the 320 n-best scores of this model's 80 held-out
-sentences, never a text), so devices holding other shapes than one device's would fail here.
+Scores are compared exactly: on XLA:CPU a program of another number of rows rounds them apart
+in the last bits (on one device, tables stepped whole at batch_tokens 128, 1024 or 4096 instead
+of 256 changed 95, 252 and 261 of the 320 n-best scores of this model's 80 held-out sentences,
+never a text; the engine steps groups of G slots whatever R, so R does not move them:
+test_serving_engine_groups.py), so devices running other shapes than one device's would fail
+here.
 
 Run as a script, this file is a 2-process worker: `python test_serving_engine_devices.py
 WORKDIR SOURCES PORT PID OUT` (SOURCES: a JSON list of sentences).

@@ -369,17 +369,7 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
 
   def iteration(carry: tuple[Slot, Array]) -> tuple[Slot, Array]:
     table, iterations = carry
-    groups = _live_groups((live & ~flags(table)[0]).reshape(-1, lane.group))
-
-    def one(i: Array, state: PyTree) -> PyTree:
-      start = groups.order[i] * lane.group
-      group = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, lane.group),
-                           table.replace(state=state))  # [G, 1, ...]
-      return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0),
-                          state, jax.vmap(step)(group))
-
-    state = jax.lax.fori_loop(0, groups.count, one, table.state)
-    return table.replace(state=state), iterations + 1
+    return _step_groups(table, live & ~flags(table)[0], step, lane.group), iterations + 1
 
   table, _ = jax.lax.while_loop(keep_going, iteration, (table, jnp.zeros((), jnp.int32)))
   sequences, scores = jax.vmap(lambda slot: machine.result(problem_of(slot), slot.state))(table)
@@ -387,6 +377,23 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   if shortlist is not None:  # Indices into the shortlist -> vocabulary ids.
     sequences = bridge.full_ids(sequences, jnp.asarray(shortlist, jnp.int32))
   return (table, *flags(table), sequences, scores)
+
+
+def _step_groups(table: Slot, busy: Array, step: Any, group: int) -> Slot:
+  """`table` with `step` (a slot -> its next state) applied under `jax.vmap` to each group of
+  `group` slots that holds a `busy` slot (bool [R]), in a fori_loop over those groups: each one
+  dynamic-sliced out, stepped at its one shape [G, ...], its state written back in place; the
+  other groups are not touched."""
+  groups = _live_groups(busy.reshape(-1, group))
+
+  def one(i: Array, state: PyTree) -> PyTree:
+    start = groups.order[i] * group
+    sliced = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, group),
+                          table.replace(state=state))  # [G, 1, ...]
+    return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0),
+                        state, jax.vmap(step)(sliced))
+
+  return table.replace(state=jax.lax.fori_loop(0, groups.count, one, table.state))
 
 
 def migrate(source: Slot, target: Slot, rows: Array, into: Array, *, lane: Lane, how: Search
