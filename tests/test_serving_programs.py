@@ -6,6 +6,7 @@ leaves nothing for later calls to compile; a Translator turns the persistent cac
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import subprocess
 import sys
@@ -64,12 +65,13 @@ def test_a_new_process_loads_the_stored_program_and_translates_alike(
 
   # The engine's programs (admit, advance per cache tier, migrate) are stored as well (the
   # first process traces and exports each), and its slots give the batches' texts.
+  # The engine's programs of this test only (`_programs` caches them per model config).
+  monkeypatch.setattr(engine, "_programs", functools.cache(engine._programs.__wrapped__))
   traced = []
   for name in ("admit", "advance", "migrate"):
     monkeypatch.setattr(engine, name, functools.partial(
         lambda real, *a, **k: traced.append(real.__name__) or real(*a, **k),
         getattr(engine, name)))
-  engine._programs.cache_clear()
   slots = first.translate_nbest(texts, n=2, engine="slots")
   assert set(traced) == {"admit", "advance", "migrate"}, traced
   engine_files = set(os.listdir(stored_in)) - set(stored)
@@ -101,6 +103,16 @@ def test_a_new_process_loads_the_stored_program_and_translates_alike(
   # Other settings are other programs, in other files.
   _translator(tokenizer, search_fn=_fresh(first), beam_size=2).translate(texts)
   assert len(os.listdir(stored_in)) == 2 * len(shapes) + len(engine_files)
+
+  # Stored programs outlive jax.clear_caches() and `release` frees them (conftest calls both
+  # after each module: kept, many models' programs pass the kernel's vm.max_map_count).
+  client = jax.devices()[0].client
+  jax.clear_caches()
+  gc.collect()
+  kept = len(client.live_executables())
+  programs.release()
+  gc.collect()
+  assert len(client.live_executables()) <= kept - len(engine_files)
 
 
 def test_a_program_that_cannot_be_exported_is_jitted(tokenizer, stored_in, monkeypatch):
@@ -221,6 +233,7 @@ def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer
                       search_fn=_fresh(stored))
   assert loaded.translate(texts) == plain.translate(texts)
   if method == "greedy":  # The engine's programs over the mesh (`jax.shard_map`) are stored too.
+    monkeypatch.setattr(engine, "_programs", functools.cache(engine._programs.__wrapped__))
     files = set(os.listdir(stored_in))
     slots = stored.translate(texts, engine="slots")
     assert slots == plain.translate(texts) and len(set(os.listdir(stored_in)) - files) >= 2
