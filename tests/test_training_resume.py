@@ -321,26 +321,32 @@ def test_a_save_outliving_its_timeout_in_a_suspended_job_is_one_line_and_resumes
   if is_remote(root):
     pytest.skip("orbax's save timeout is the same on any storage: checked on local storage")
   workdir = root / "suspended"
-  # A save every step keeps one in flight nearly all the time; each suspension lasts 10 s, twice
-  # the timeout (which a first save on a loaded machine can take 1 s of), and they repeat until
-  # one finds a save in flight.
+  # A save every step keeps one in flight much of the time. Each suspension lands the moment a
+  # save's temporary folder shows (orbax writes there until its commit finishes, and the commit
+  # thread waits with the timeout), lasts 8 s, beyond the 5 s timeout, and they repeat until the
+  # job stops: on an idle machine a save can take a few ms, so a suspension at a random moment
+  # can miss every one of the 24 steps' saves.
   command = _command(workdir, shared, checkpoint__save_every_steps=1,
                      checkpoint__save_timeout_seconds=5)
   process = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
+  checkpoints = workdir / "checkpoints"
   try:
     _wait_for_step(workdir, 2, process)
     while not saved_steps(workdir):  # A first finished checkpoint (committed).
       assert process.poll() is None, process.communicate()[1][-3000:]
       time.sleep(0.05)
-    for _ in range(10):
+    deadline = time.monotonic() + 240
+    while process.poll() is None and time.monotonic() < deadline:
+      if not any(".orbax-checkpoint-tmp" in path.name for path in checkpoints.iterdir()):
+        time.sleep(0.001)
+        continue
       os.killpg(process.pid, signal.SIGSTOP)
-      time.sleep(10)
+      time.sleep(8)
       os.killpg(process.pid, signal.SIGCONT)
       try:
         process.wait(timeout=1)
-        break
       except subprocess.TimeoutExpired:
         continue
     _, stderr = process.communicate(timeout=120)
