@@ -5,6 +5,7 @@ XLA reads the flag once, when the CPU backend starts, so it must be set before J
 
 import atexit
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -346,6 +347,22 @@ def trained_workdir(tmp_path_factory):
                  search__beam_size=4, eval__translate=True)
 
   return built_once(tmp_path_factory, "trained", train) / "workdir"
+
+
+def held_out_sources(workdir: Path, translator: Any, bucket: int, count: int) -> list[str]:
+  """The first `count` held-out sources (WORKDIR's test split, then its eval split) whose
+  tokens with EOS fill source bucket `bucket` (`batching.bucket_length`): one engine lane."""
+  from flax_transformer.config import DataConfig, parse_group
+  from flax_transformer.data.pipeline import split_texts
+  from flax_transformer.serving import batching
+
+  data = parse_group(DataConfig, json.loads((workdir / "config.json").read_text())["data"])
+  found = [source for split in (data.test_split, data.eval_split)
+           for source, _ in split_texts(data, split)
+           if batching.bucket_length(len(translator.tokenizer.tokenize(source)) + 1,
+                                     translator.model_config.max_len) == bucket]
+  assert len(found) >= count, (bucket, len(found))
+  return found[:count]
 
 
 # ------------------------------------------------------------------ searches, by keyword

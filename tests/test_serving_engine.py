@@ -25,6 +25,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import held_out_sources
 
 from flax_transformer import Translator
 from flax_transformer.config import DataConfig, parse_group
@@ -45,6 +46,13 @@ def sources(trained_workdir) -> list[str]:
   data = parse_group(DataConfig, json.loads((trained_workdir / "config.json").read_text())["data"])
   return [s for split in (data.test_split, data.eval_split)
           for s, _ in split_texts(data, split)]
+
+
+@pytest.fixture(scope="module")
+def one_lane(trained_workdir, translator) -> list[str]:
+  """16 held-out sources of 32 tokens: one lane, so each of its programs compiles once (tests
+  that compile every tier or every option of a lane); their outputs are 9 to 30 tokens."""
+  return held_out_sources(trained_workdir, translator, 32, 16)
 
 
 def assert_same_texts(slots: list, batches: list, tolerance: float = 1e-4) -> None:
@@ -112,8 +120,8 @@ def test_a_sentence_is_the_same_bytes_whatever_else_is_in_flight(translator, sou
   assert plain == [hypotheses for hypotheses, _ in in_file]
 
 
-def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, sources, tmp_path):
-  sources = sources[:24]
+def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, one_lane, tmp_path):
+  sources = one_lane
   prefixes = [" ".join(s.split()[:1]) if i % 3 == 0 else "" for i, s in enumerate(sources)]
   batches = translator.translate_nbest(sources, target_prefix=prefixes)
   words = [row[0][0].split() for row in batches]
@@ -132,26 +140,26 @@ def test_prefix_forbid_and_a_shortlist_run_in_slots(translator, sources, tmp_pat
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
-def test_precisions_run_in_slots(trained_workdir, sources, precision):
+def test_precisions_run_in_slots(trained_workdir, one_lane, precision):
   served = Translator.from_workdir(trained_workdir, precision=precision)
-  sources = sources[:24]
+  sources = one_lane
   slots = served.translate_nbest(sources, engine="slots")
-  assert [served.translate_nbest([sources[i]], engine="slots")[0] for i in (3, 17)] == [
-      slots[3], slots[17]]
+  assert [served.translate_nbest([sources[i]], engine="slots")[0] for i in (3, 13)] == [
+      slots[3], slots[13]]
   batches = served.translate_nbest(sources)
   if precision == "int8":  # A last-bit difference can move an activation by one int8 step
     # (groups of 8 slots against the batches: 2.1e-3 at most; a wrong search: 0.05 and up).
     assert_same_texts(slots, batches, tolerance=5e-3)
   else:  # bfloat16 rounds programs of other shapes apart: near-ties may swap.
     agree = sum(a[0][0] == b[0][0] for a, b in zip(slots, batches, strict=True))
-    assert agree >= 22, agree
+    assert agree >= 14, agree
 
 
-def test_an_ensemble_runs_in_slots(trained_workdir, sources):
+def test_an_ensemble_runs_in_slots(trained_workdir, one_lane):
   checkpoints = [trained_workdir / "checkpoints" / step for step in ("300", "400")]
   ensemble = Translator.from_checkpoints([str(c) for c in checkpoints])
-  assert_same_texts(ensemble.translate_nbest(sources[:24], engine="slots"),
-                    ensemble.translate_nbest(sources[:24]))
+  assert_same_texts(ensemble.translate_nbest(one_lane, engine="slots"),
+                    ensemble.translate_nbest(one_lane))
 
 
 def test_sentences_come_back_as_they_finish(translator, sources, monkeypatch):
@@ -172,7 +180,7 @@ def test_sentences_come_back_as_they_finish(translator, sources, monkeypatch):
   assert max(count for _, count in yielded) <= 8
 
 
-def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sources,
+def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, one_lane,
                                                                  monkeypatch):
   monkeypatch.setattr(engine, "FIRST_TIER", 2)  # Tiers of 2, 4, 8, ... positions.
   moved = []
@@ -183,10 +191,9 @@ def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, sou
     return migrate(self, tier, rows)
 
   monkeypatch.setattr(engine._LaneRun, "_migrate", counted)
-  sources = sources[:24]  # Every tier's programs compile once per lane: fewer lanes, less time.
-  for method in ("beam", "greedy"):
-    assert_same_texts(translator.translate_nbest(sources, engine="slots", method=method),
-                      translator.translate_nbest(sources, method=method))
+  for method in ("beam", "greedy"):  # Every tier's programs compile once per lane: one lane.
+    assert_same_texts(translator.translate_nbest(one_lane, engine="slots", method=method),
+                      translator.translate_nbest(one_lane, method=method))
   assert {tier for tier, _ in moved} >= {0, 1, 2}, moved
 
 

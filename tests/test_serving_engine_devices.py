@@ -46,17 +46,9 @@ def one(trained_workdir):
 def sources(trained_workdir, one) -> list[str]:
   """The first 24 held-out test and eval sources of 32 tokens: one lane, its outputs 9 to 30
   tokens (some pass the first tier's 16 positions)."""
-  from flax_transformer.config import DataConfig, parse_group
-  from flax_transformer.data.pipeline import split_texts
-  from flax_transformer.serving import batching
+  from conftest import held_out_sources  # Not at the top: this file also runs as a worker.
 
-  data = parse_group(DataConfig, json.loads((trained_workdir / "config.json").read_text())["data"])
-  found = [source for split in (data.test_split, data.eval_split)
-           for source, _ in split_texts(data, split)
-           if batching.bucket_length(len(one.tokenizer.tokenize(source)) + 1,  # EOS
-                                     one.model_config.max_len) == 32]
-  assert len(found) >= 24
-  return found[:24]
+  return held_out_sources(trained_workdir, one, 32, 24)
 
 
 def aligned_nbest(translator, sentences: list[str], **settings) -> list[tuple]:

@@ -9,16 +9,13 @@ slots that hold a live sentence, each at its one shape, so on conftest's trained
 
 from __future__ import annotations
 
-import json
-
 import jax
 import numpy as np
 import pytest
+from conftest import held_out_sources
 
 from flax_transformer import Translator
-from flax_transformer.config import DataConfig, parse_group
-from flax_transformer.data.pipeline import split_texts
-from flax_transformer.serving import batching, engine
+from flax_transformer.serving import engine
 
 pytestmark = pytest.mark.slow  # A trained workdir (conftest's, built once per session).
 
@@ -31,13 +28,7 @@ def translator(trained_workdir) -> Translator:
 @pytest.fixture(scope="module")
 def sources(trained_workdir, translator) -> list[str]:
   """16 held-out sources of 32 tokens (one lane)."""
-  data = parse_group(DataConfig, json.loads((trained_workdir / "config.json").read_text())["data"])
-  found = [source for split in (data.test_split, data.eval_split)
-           for source, _ in split_texts(data, split)
-           if batching.bucket_length(len(translator.tokenizer.tokenize(source)) + 1,  # EOS
-                                     translator.model_config.max_len) == 32]
-  assert len(found) >= 16
-  return found[:16]
+  return held_out_sources(trained_workdir, translator, 32, 16)
 
 
 def test_a_sentences_bytes_do_not_depend_on_the_tables_size(translator, sources):
