@@ -849,14 +849,17 @@ def _table_shapes(model_config: ModelConfig, lane: Lane, how: Search, params: tu
 def _tier_lanes(lane: Lane) -> list[Lane]:
   """The lanes of `lane`'s tiers: tier t holds R / 2^t slots (at least `batching.MIN_ROWS`:
   fewer sentences reach it, and its caches are 2^t times as long), in groups of G (at most
-  its slots)."""
+  its slots). A lane of terms has one tier, its plain lane's last (L positions, its slots):
+  a constrained search runs from the source again and nearly always far past the first tiers
+  (it stops only once no alive beam can outrank its K-th finished hypothesis), so tiers there
+  would save little stepping and cost an advance and a migrate program each."""
   lanes = []
   for t, capacity in enumerate(tiers(lane.decode_len)):
     rows = max(batching.MIN_ROWS, lane.slots >> t)
     admit_rows = min(lane.admit_rows, rows)
     lanes.append(dataclasses.replace(lane, capacity=capacity, slots=rows, admit_rows=admit_rows,
                                      group=min(lane.group, admit_rows)))
-  return lanes
+  return lanes if lane.terms is None else lanes[-1:]
 
 
 def _placed_like(table: Slot, params: Any) -> Slot:
