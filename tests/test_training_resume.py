@@ -200,12 +200,14 @@ def test_a_run_with_workers_ends_without_shared_memory_left_behind(request, shar
   assert "resource_tracker" not in run.stderr, run.stderr[-3000:]
 
 
-@pytest.mark.parametrize("num_workers, signum", [
-    (0, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)])
-def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
-    num_workers, signum, request, shared):
-  """As `scancel`, Kubernetes and Ctrl-C do: the signal reaches every process of the group,
-  grain's worker processes included; the run still finishes its step, saves and resumes."""
+@pytest.mark.parametrize("num_workers, signals", [
+    (0, (signal.SIGTERM,)), (2, (signal.SIGINT, signal.SIGTERM))],
+    ids=["no_workers-term", "workers-int_then_term"])
+def test_stop_signals_to_the_process_group_save_and_resume_exactly(
+    num_workers, signals, request, shared):
+  """As `scancel`, Kubernetes and Ctrl-C do: each signal reaches every process of the group,
+  grain's worker processes included; the run still finishes its step, saves and resumes. With
+  workers, Ctrl-C stops the first run and SIGTERM the resumed one."""
   root, env, _ = shared
   if num_workers and is_remote(root):
     # The signal reaches the workers the same way whatever the storage, and the lease's part
@@ -213,29 +215,32 @@ def test_stop_signal_to_the_process_group_saves_and_resumes_exactly(
     # run with workers (about 7 minutes of CI's two cores).
     pytest.skip("grain workers: checked on local storage")
   if not num_workers and not is_remote(root):
-    # The trainer's own stop and resume: locally in the cases with workers (the same trainer,
+    # The trainer's own stop and resume: locally in the case with workers (the same trainer,
     # its workers stopped too), without workers on gs://.
     pytest.skip("a stop without workers: checked on gs://")
   reference = request.getfixturevalue(
       "straight_run_with_workers" if num_workers else "straight_run")
   reference = reference[0] if isinstance(reference, tuple) else reference
-  workdir = root / f"stopped_{num_workers}_{signal.Signals(signum).name}"
+  workdir = root / f"stopped_{num_workers}"
   overrides = WORKERS if num_workers else {}
-  command = _command(workdir, shared, **overrides)
-  process = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-  try:
-    _wait_for_step(workdir, 2, process)
-    os.killpg(process.pid, signum)  # The session's process group: the trainer and its workers.
-    _, stderr = process.communicate(timeout=120)
-  finally:
-    process.kill()
-  assert process.returncode == 128 + signum, stderr[-3000:]
-  assert "Traceback" not in stderr, stderr[-3000:]
-  assert LEAKED not in stderr, stderr[-3000:]
-  stopped_at = _params(workdir)[1]
-  assert 2 <= stopped_at < TOTAL_STEPS
+  stopped_at = 0
+  for signum in signals:
+    process = subprocess.Popen(_command(workdir, shared, **overrides),
+                               env={**os.environ, **env}, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+      _wait_for_step(workdir, stopped_at + 2, process)
+      os.killpg(process.pid, signum)  # The session's process group: trainer and workers.
+      _, stderr = process.communicate(timeout=120)
+    finally:
+      process.kill()
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert LEAKED not in stderr, stderr[-3000:]
+    if stopped_at:
+      assert f"Restored step {stopped_at}" in stderr
+    last, stopped_at = stopped_at, _params(workdir)[1]
+    assert last + 2 <= stopped_at < TOTAL_STEPS
   resumed = _train(workdir, shared, **overrides)
   assert f"Restored step {stopped_at}" in resumed.stderr
   assert LEAKED not in resumed.stderr, resumed.stderr[-3000:]
