@@ -77,15 +77,15 @@ def aligned_nbest(translator: Translator, sentences: list[str], **settings) -> l
 
 # Greedy decoding: test_outputs_longer_than_a_tier_move_up_and_keep_their_texts.
 @pytest.mark.parametrize("method", ["beam", "sample"])
-def test_slots_translate_what_batches_translate(translator, sources, method):
+def test_slots_translate_what_batches_translate(translator, sources, one_lane, method):
   """Beam search with the word pairs of each hypothesis: where a hypothesis is the batches'
   text, its pairs are the batches' (the same teacher-forced attention in programs of other
   shapes: a last-bit difference could flip a word's pick only at a near tie of two source
   words; none among these 80 x 4)."""
   settings = {"method": method, "temperature": 0.7} if method == "sample" else {"method": method}
-  if method == "sample":
-    slots = translator.translate_nbest(sources, engine="slots", **settings)
-    batches = translator.translate_nbest(sources, **settings)
+  if method == "sample":  # Each line's key: one lane's programs are enough.
+    slots = translator.translate_nbest(one_lane, engine="slots", **settings)
+    batches = translator.translate_nbest(one_lane, **settings)
   else:
     (slots, pairs), (batches, batch_pairs) = (
         zip(*aligned_nbest(translator, sources, **options, **settings), strict=True)
