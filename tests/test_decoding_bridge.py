@@ -167,14 +167,15 @@ def test_cached_beam_search_equals_a_search_that_recomputes_every_prefix(model_a
                                      dict(method="greedy", grow_cache=True, segment_length=3)],
                          ids=["beam_fixed_cache", "beam_growing_cache", "greedy_growing_cache"])
 def test_steps_per_iteration_changes_no_output_of_the_model(model_and_variables, options):
-  # L = 10 with EOS free from 4 tokens on: loops that stop early or run past L for k = 3, 8.
+  # L = 10 with EOS free from 4 tokens on: loops that stop early or run past L for k = 3, 8
+  # (k that divides L: test_decoding_loop's chains, for every method and finishing rule).
   # A fixed cache gives bit-identical scores. A growing one has capacities that depend on k
   # (multiples of it), and attention over a different number of empty positions may round
   # differently, so there the scores agree to float32 rounding.
   model, variables, inputs = model_and_variables
   results = [translate_ids(model, variables, inputs, beam_size=3, max_decode_len=10,
                            eos_id=EOS, min_length=4, return_all=True, steps_per_iteration=k,
-                           **options) for k in (None, 2, 3, 8)]  # None: 1 on a CPU.
+                           **options) for k in (None, 3, 8)]  # None: 1 on a CPU.
   tolerance = 1e-6 if options["grow_cache"] else 0.0
   for sequences, scores in results[1:]:
     np.testing.assert_array_equal(sequences, results[0][0])
