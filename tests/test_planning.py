@@ -67,12 +67,15 @@ def _flop_text(flops: float) -> str:
   raise AssertionError(flops)
 
 
-def test_the_tiny_default_config_compiles_for_v5e_2x2_and_prints_the_compilers_figures(
+def test_the_tiny_config_trains_and_decodes_on_v5e_2x2_with_the_compilers_figures(
     monkeypatch, capsys):
   """The train step that `train.py` jits, compiled for 4 v5e chips: the printed memory equals
-  `memory_analysis()` of that very compiled program, and the FLOPs its `cost_analysis()`."""
+  `memory_analysis()` of that very compiled program, and the FLOPs its `cost_analysis()`.
+  --decode: the jitted search every Translator calls, at (rows, length) of each bucket."""
   compiled_programs = _keep_compiled_train_steps(monkeypatch)
-  status = cli.main(["plan", f"--config={DEFAULT}", "--topology", "v5e:2x2"])
+  status = cli.main(["plan", f"--config={DEFAULT}", "--topology", "v5e:2x2", "--decode",
+                     "--config.model.max_len=16", "--config.data.max_length=16",
+                     "--config.data.eval_max_length=16", "--batch_tokens=256"])
   out, err = capsys.readouterr()
   assert status == 0, err
   (compiled,) = compiled_programs
@@ -94,7 +97,12 @@ def test_the_tiny_default_config_compiles_for_v5e_2x2_and_prints_the_compilers_f
   flops = compiled.cost_analysis()
   flops = (flops[0] if isinstance(flops, list) else flops)["flops"]  # Per chip.
   assert f"compiler {_flop_text(4 * flops)} per step ({_flop_text(flops)} per chip)" in out
-  assert "128 rows x 32 = 4,096 target tokens per step (1,024 per chip)" in out
+  assert "256 rows x 16 = 4,096 target tokens per step (1,024 per chip)" in out
+  assert "beam search [32 x 8] on v5e:2x2" in out and "beam search [16 x 16] on v5e:2x2" in out
+  assert out.count(": fits") == 3
+  # Output tokens: min(max_len_a * S + max_len_b + 1, max_len) = 16 for both buckets, beam 4.
+  assert "32 sentences x 8 source tokens per chip (translate --batch_tokens 256), beam 4, up " \
+         "to 16 output tokens: 2,048 per call (512 per chip)" in out
 
 
 def test_fsdp_gathers_weights_not_the_batchs_activations(monkeypatch, capsys):
@@ -158,20 +166,6 @@ def test_without_libtpu_the_error_names_the_extra(monkeypatch, capsys):
                       lambda name, *a: None if name == "libtpu" else real(name, *a))
   assert cli.main(["plan", f"--config={DEFAULT}", "--topology", "v5e:2x2"]) == 2
   assert 'pip install "flax-transformer[tpu]"' in capsys.readouterr().err
-
-
-def test_decode_compiles_translates_search_at_each_buckets_largest_batch(capsys):
-  """--decode: the jitted search every Translator calls, at (rows, length) of each bucket."""
-  status = cli.main(["plan", f"--config={DEFAULT}", "--topology", "v5e:2x2", "--decode",
-                     "--config.model.max_len=16", "--config.data.max_length=16",
-                     "--config.data.eval_max_length=16", "--batch_tokens=256"])
-  out = capsys.readouterr().out
-  assert status == 0, out
-  assert "beam search [32 x 8] on v5e:2x2" in out and "beam search [16 x 16] on v5e:2x2" in out
-  assert out.count(": fits") == 3
-  # Output tokens: min(max_len_a * S + max_len_b + 1, max_len) = 16 for both buckets, beam 4.
-  assert "32 sentences x 8 source tokens per chip (translate --batch_tokens 256), beam 4, up " \
-         "to 16 output tokens: 2,048 per call (512 per chip)" in out
 
 
 def test_topology_names_give_the_chips_of_each_family():
