@@ -152,7 +152,7 @@ def test_precisions_run_in_slots(trained_workdir, one_lane, precision):
     assert_same_texts(slots, batches, tolerance=5e-3)
   else:  # bfloat16 rounds programs of other shapes apart: near-ties may swap.
     agree = sum(a[0][0] == b[0][0] for a, b in zip(slots, batches, strict=True))
-    assert agree >= 14, agree
+    assert agree >= 15, agree  # 16 of 16 on the 2-core Intel Xeon VM.
 
 
 def test_an_ensemble_runs_in_slots(trained_workdir, one_lane):
