@@ -16,6 +16,8 @@ import re
 import select
 import signal
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -294,6 +296,27 @@ def test_a_signal_raises_stopped_once_and_the_handlers_come_back():
   assert (stop.value.name, stop.value.exit_code) == ("SIGTERM", 143)
   assert isinstance(stop.value, KeyboardInterrupt)  # Cleans up as Ctrl-C does.
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("when", ["in_the_block", "after_the_block"])
+def test_a_signal_once_the_command_is_done_ends_the_process_with_its_status(when):
+  # The signal comes as the block ends (here, on purpose) or after it, when the handlers are
+  # being swapped: the process ends with the command's status, no traceback, nothing printed.
+  script = textwrap.dedent(f"""
+      import os, signal, time
+      from flax_transformer.cli import stopping
+      with stopping.raising_on_signals(print, exit_after=True) as outcome:
+        outcome.status = 3
+        if {when == "in_the_block"}:
+          os.kill(os.getpid(), signal.SIGINT)
+          time.sleep(1)
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(1)
+      print("not reached")
+  """)
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+  assert (run.returncode, run.stdout, run.stderr) == (3, "", ""), run
 
 
 @pytest.mark.parametrize("stdin_is_a_terminal, output, said", [

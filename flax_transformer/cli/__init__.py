@@ -88,17 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
       kept = args.kept(args) if hasattr(args, "kept") else ""
     print(f"{where}: stopped by {stop.name}{kept}.", file=sys.stderr, flush=True)
 
-  with stopping.raising_on_signals(last_words):
+  # The process's own command: once it is done, a signal ends the process with its status.
+  with stopping.raising_on_signals(last_words, exit_after=argv is None) as outcome:
     try:
       args = _parse(argv)
-      status = _run(args)
+      outcome.status = _run(args)
     except stopping.Stopped as stop:
       last_words(stop)
       if argv is None:  # Nothing more to do: not even the interpreter's exit (XLA's threads
         log_output.exit_now(stop.exit_code)  # may still run a search, and crash at its end).
-      status = stop.exit_code
+      outcome.status = stop.exit_code
+  status = outcome.status
   if argv is None:
-    stopping.exiting_on_signals(status)
     distributed.leave(status)  # One of several processes: ends here.
   return status
 

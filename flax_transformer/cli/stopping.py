@@ -42,21 +42,39 @@ class Stopped(KeyboardInterrupt):
     return 128 + self.signum
 
 
+class Outcome:
+  """A command's exit status once it is known: from then on, a signal does not stop the command
+  (it is done) but ends the process at once with this status (`raising_on_signals(exit_after=
+  True)`), or is the caller's KeyboardInterrupt (otherwise)."""
+
+  def __init__(self) -> None:
+    self.status: int | None = None
+
+
 @contextlib.contextmanager
-def raising_on_signals(last_words: Callable[[Stopped], None]) -> Iterator[None]:
+def raising_on_signals(last_words: Callable[[Stopped], None], *,
+                       exit_after: bool = False) -> Iterator[Outcome]:
   """Within the block, the first SIGINT or SIGTERM raises `Stopped` in the main thread. Where
   Python cannot raise it (inside a finalizer, which only prints "Exception ignored"),
   `last_words(stop)` prints the stop's line and the process ends at once. A second signal ends
-  the process at once, as the first one's clean-up is under way. The previous handlers come back
-  after the block; outside the main thread, nothing changes."""
+  the process at once, as the first one's clean-up is under way.
+
+  The block sets the yielded `Outcome`'s status when the command is done. With `exit_after`, a
+  signal from then on, the block's exit included, ends the process at once with that status
+  (`exiting_on_signals`), and those handlers stay: there is no moment between the block and the
+  process's end where a signal would print a traceback. Otherwise the previous handlers come
+  back after the block. Outside the main thread, nothing changes."""
+  outcome = Outcome()
   if threading.current_thread() is not threading.main_thread():
-    yield
+    yield outcome
     return
   first: list[int] = []
 
   def handle(signum: int, frame: object) -> None:
     if first:
       os._exit(128 + first[0])
+    if exit_after and outcome.status is not None:  # Done: nothing left to stop.
+      log_output.exit_now(outcome.status)
     first.append(signum)
     raise Stopped(signum)
 
@@ -69,14 +87,17 @@ def raising_on_signals(last_words: Callable[[Stopped], None]) -> Iterator[None]:
   previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}
   previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
   try:
-    yield
+    yield outcome
   finally:
     # A hook installed within the block (workdir.checkpoints drops a failed restore's stray
     # reads for the rest of the process) wraps this one and stays; only this one is undone.
     if sys.unraisablehook is unraisable:
       sys.unraisablehook = previous_hook
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+    if exit_after and outcome.status is not None:
+      exiting_on_signals(outcome.status)
+    else:
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def exiting_on_signals(status: int) -> None:
