@@ -19,8 +19,10 @@ dot and one line says why, once per process.
 
 Which product runs is measured, not assumed, per product shape: the first product of a shape
 [R, C] x [C, F] traced on a machine times XLA's dot and oneDNN's two calls at R's bucket of
-16, 64 or 256 rows (a fraction of a second; `speeds`, kept in the cache folder per CPU model,
-kernel and jaxlib), and oneDNN's faster call runs where it beats XLA's dot by 25 % or more; a
+16, 64 or 256 rows (a fraction of a second, run then even inside the search's trace, and only
+where all three give the same bits; `speeds`, kept in the cache folder per CPU model, kernel
+and jaxlib), and oneDNN's call (the matmul primitive, or the gemm where it is 25 % faster than
+that alone) runs where it beats XLA's dot by 25 % or more; a
 product of weights under 256 KiB (a model under D 512) stays on XLA's dot unmeasured. A model
 has 3 or 4 [C, F] shapes. A CPU with AMX keeps XLA's dot unmeasured: on an Intel Xeon VM
 with AMX, products that oneDNN ran faster alone made the whole search slower (`_MARGIN`,
@@ -134,7 +136,10 @@ def product_for(rows: int, contracted: int, features: int) -> str:
   if setting == "auto" and (load().amx or contracted * features < _SMALLEST_PROBED):
     return "xla"  # XLA's dot is the faster on AMX (see `_MARGIN`); a tiny call costs its gain.
   measured = speeds(_row_bucket(rows), contracted, features)
-  fastest = max(VARIANTS, key=lambda name: measured[name])  # oneDNN's faster call here.
+  # oneDNN's call here: the matmul primitive, unless the gemm is _MARGIN times as fast alone
+  # (at NLLB's shape on AMD and Intel, the gemm, as fast alone, made the search 0.75x as fast).
+  fastest = ("onednn_gemm" if measured["onednn_gemm"] > _MARGIN * measured["onednn_matmul"]
+             else "onednn_matmul")
   if setting == "auto" and not measured[fastest] > _MARGIN * measured["xla"]:
     return "xla"
   return fastest
@@ -219,8 +224,9 @@ def _speeds_path() -> str:
 def speeds(rows: int, contracted: int, features: int) -> dict[str, float]:
   """GOP/s of XLA's dot and oneDNN's calls at [rows, contracted] x [contracted, features] on
   this machine: measured once per shape (a fraction of a second: the medians of 7 alternating
-  passes) and kept in `_speeds_path`'s file. Either product gives the same bits; this only
-  picks the faster."""
+  passes), eagerly even when called while a program is traced, and kept in `_speeds_path`'s
+  file. The products give the same bits (a oneDNN call that does not, on the probe's data, is
+  0 GOP/s: never chosen); this only picks the faster."""
   shape = (rows, contracted, features)
   if shape in _SPEEDS:
     return _SPEEDS[shape]
@@ -229,7 +235,10 @@ def speeds(rows: int, contracted: int, features: int) -> dict[str, float]:
   if isinstance(kept.get(key), dict) and set(names) <= kept[key].keys():
     _SPEEDS[shape] = {name: float(kept[key][name]) for name in names}
     return _SPEEDS[shape]
-  _SPEEDS[shape] = measured = _measure(rows, contracted, features)
+  # Measured now, eagerly, even while a search is being traced (where a jitted call would
+  # only be traced into the search's program, and the probe would time its tracing).
+  with jax.ensure_compile_time_eval():
+    _SPEEDS[shape] = measured = _measure(rows, contracted, features)
   _log.info("int8 products [%d, %d] x [%d, %d] on this machine: %s GOP/s (kept in %s).",
             rows, contracted, contracted, features,
             ", ".join(f"{name} {value:.0f}" for name, value in measured.items()), path)
@@ -271,16 +280,21 @@ def _measure(rows: int, contracted: int, features: int) -> dict[str, float]:
                              for name, variant in VARIANTS.items()}
   runs = {name: jax.jit(lambda x, ws, product=product: [product(x, w)[:, :8] for w in ws])
           for name, product in products.items()}
+  results = {name: np.asarray(run(x, weights)) for name, run in runs.items()}  # Compiled, warm.
+  for name in VARIANTS:  # The same bits as XLA's dot, or never chosen.
+    if not np.array_equal(results[name], results["xla"]):
+      _log.warning("oneDNN's %s differs from XLA's dot at [%d, %d] x [%d, %d]: not used.",
+                   name, rows, contracted, contracted, features)
+      del runs[name]
   times: dict[str, list[float]] = {name: [] for name in runs}
-  for run in runs.values():
-    jax.block_until_ready(run(x, weights))  # Compiled and warmed up.
   for _ in range(7):  # Rounds alternate the products: a noisy moment hits all.
     for name, run in runs.items():
       start = time.perf_counter()
       jax.block_until_ready(run(x, weights))
       times[name].append(time.perf_counter() - start)
   operations = 2 * rows * contracted * features * count
-  return {name: round(operations / statistics.median(t) / 1e9, 3) for name, t in times.items()}
+  return {name: round(operations / statistics.median(times[name]) / 1e9, 3) if name in runs
+          else 0.0 for name in products}
 
 
 def _cpu_model() -> str:
