@@ -2,8 +2,9 @@
 it can be had; XLA's own int8 dot elsewhere.
 
 Why: XLA:CPU (jaxlib 0.10) sends an s8 x s8 -> s32 dot to YNNPACK, which on AMD EPYC (Zen 4)
-runs a decode step's 16-row products at 100-175 GOP/s, where CTranslate2's int8 search, on
-oneDNN's VNNI kernels, is faster than ours (docs/performance.md, "Where the int8 gap is").
+runs a decode step's 16-row products at 100-175 GOP/s, where oneDNN's VNNI kernels, which
+CTranslate2 calls, run them at 220-316: at NLLB's shape our int8 search went from 0.43x
+CTranslate2's to about 1.0x (docs/performance.md, "The int8 product").
 Integer products are exact, so `matmul_int32` equals `jax.lax.dot_general(...,
 preferred_element_type=int32)` bit for bit, and a translation does not change with the path.
 
