@@ -200,6 +200,10 @@ def test_speeds_are_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {})
   assert set(int8_kernel.speeds(16, 512, 1024)) == set(measured)
   assert '"16x512x1024"' in kept.read_text()
+  # Another probe's files are not read (version 1's timed tracing, not products).
+  assert int8_kernel._speeds_path() == str(kept)
+  monkeypatch.setattr(int8_kernel, "_PROBE_VERSION", int8_kernel._PROBE_VERSION - 1)
+  assert int8_kernel._speeds_path() != str(kept)
 
 
 def test_a_bad_switch_is_one_line_naming_the_choices(monkeypatch):

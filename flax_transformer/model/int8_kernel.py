@@ -208,6 +208,9 @@ _MARGIN = 1.25
 _AVX512_CORE_AMX = 0xFEF  # dnnl_cpu_isa_avx512_core_amx: its bits are in every AMX ISA's.
 _SMALLEST_PROBED = 2**18  # Weights below 256 KiB (a model under D 512) stay on XLA's dot.
 _SPEEDS: dict[tuple[int, int, int], dict[str, float]] = {}  # This process's, by (R, C, F).
+# Kept measurements of an earlier probe are not read: version 1 timed the tracing of its products
+# where a search was being traced, so its files hold XLA's dot as the faster everywhere.
+_PROBE_VERSION = 2
 
 
 def _row_bucket(rows: int) -> int:
@@ -215,10 +218,11 @@ def _row_bucket(rows: int) -> int:
 
 
 def _speeds_path() -> str:
-  """Where this machine's measurements are kept: one file per CPU model, kernel and jaxlib."""
+  """Where this machine's measurements are kept: one file per CPU model, kernel, jaxlib and
+  probe (`_PROBE_VERSION`)."""
   digest = hashlib.sha256("\0".join([
       _cpu_model(), load().library or "", jaxlib.__version__, str(os.cpu_count()),
-      os.environ.get("XLA_FLAGS", "")]).encode()).hexdigest()[:16]
+      os.environ.get("XLA_FLAGS", ""), str(_PROBE_VERSION)]).encode()).hexdigest()[:16]
   return os.path.join(_cache_folder(), f"int8_speeds-{digest}.json")
 
 
