@@ -61,6 +61,60 @@ def test_the_product_equals_xla_dot_bit_for_bit(variant, rows, contracted, featu
 
 
 @needs_native
+@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize(("contracted", "features"), [(512, 2048), (1024, 1024), (4096, 512),
+                                                       (517, 77)])
+def test_weights_packed_once_multiply_as_xla_dot_bit_for_bit(rows, contracted, features):
+  rng = np.random.default_rng(rows * 7907 + contracted + features)
+  x, w = _random(rng, (2, rows, contracted)), _random(rng, (contracted, features))
+  packed = int8_kernel.pack(np.asarray(w))
+  assert packed.dtype == np.uint8 and packed.size >= contracted * features
+  product = jax.jit(lambda x, p: int8_kernel.packed_matmul_int32(x, p, features))
+  np.testing.assert_array_equal(np.asarray(product(x, packed)), np.asarray(_dot(x, w[None])))
+  high, low = jnp.full_like(x, 127), np.full_like(np.asarray(w), -127)
+  expected = np.full((2, rows, features), -127 * 127 * contracted, np.int64)
+  np.testing.assert_array_equal(
+      np.asarray(product(high, int8_kernel.pack(low)), np.int64), expected)
+  under_vmap = jax.vmap(lambda x: int8_kernel.packed_matmul_int32(x, packed, features))
+  np.testing.assert_array_equal(np.asarray(under_vmap(x)), np.asarray(_dot(x, w[None])))
+
+
+@needs_native
+def test_a_model_with_packed_kernels_gives_the_same_logits_bit_for_bit(monkeypatch):
+  import flax.linen as nn
+
+  from flax_transformer.model import precision
+  from flax_transformer.model.config import ModelConfig
+  from flax_transformer.model.transformer import Transformer
+  config = ModelConfig.small(300, emb_dim=64, num_heads=2, mlp_dim=128, num_encoder_layers=1,
+                             num_decoder_layers=1, tie_output_projection=False)
+  rng = np.random.default_rng(6)
+  source = jnp.asarray(rng.integers(3, 300, (3, 9)), jnp.int32)
+  target = jnp.asarray(rng.integers(3, 300, (3, 7)), jnp.int32)
+  trained = nn.meta.unbox(Transformer(config).init(jax.random.key(0), source, target))["params"]
+  served = precision.precision_config(config, "int8")
+  logits = {}
+  for setting in ("xla", "onednn_matmul"):
+    monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", setting)
+    params = precision.convert_params(trained, served)
+    flat = {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    packed = {path for path in flat if path.endswith("['kernel_packed']")}
+    if setting == "xla":
+      assert not packed
+      layers = {path for path in flat if path.endswith("['kernel']")
+                and "output_projection" not in path}
+    else:  # Every layer's projection, not the output projection (a shortlist takes its columns).
+      assert {path.replace("kernel_packed", "kernel") for path in packed} == layers
+      assert len(layers) == 16 and not (layers & flat)
+      assert "['decoder']['output_projection']['kernel']" in flat
+      again = precision.convert_params(params, served)  # Converted params stay as they are.
+      assert jax.tree.structure(again) == jax.tree.structure(params)
+    apply = jax.jit(lambda params: Transformer(served).apply({"params": params}, source, target))
+    logits[setting] = np.asarray(apply(params))
+  np.testing.assert_array_equal(logits["onednn_matmul"], logits["xla"])
+
+
+@needs_native
 def test_batch_axes_under_vmap_and_the_product_inside_a_loop():
   rng = np.random.default_rng(3)
   x, w = _random(rng, (3, 5, 96)), _random(rng, (3, 96, 40))
@@ -277,3 +331,20 @@ def test_an_int8_search_that_may_call_onednn_is_never_stored(trained_workdir, mo
     translator = Translator.from_workdir(trained_workdir, precision="int8")
     assert translator.search_fn.on_disk == stored, setting
   assert Translator.from_workdir(trained_workdir).search_fn.on_disk  # float32: always stored.
+
+
+@needs_native
+def test_a_translation_with_packed_kernels_is_the_same_bytes(trained_workdir, monkeypatch):
+  # The trained model's layers are packed for oneDNN (onednn_matmul) or not (xla): the n-best
+  # lists, scores and alignments are the same bytes.
+  from flax_transformer.serving.translator import Translator
+  lines = ["a b c d e f", "q w e r t y u i o p", "z", "m n b v c x z l k j h g f"]
+  results = {}
+  for setting in ("xla", "onednn_matmul"):
+    monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", setting)
+    translator = Translator.from_workdir(trained_workdir, precision="int8")
+    packed = [path for path, _ in jax.tree_util.tree_leaves_with_path(translator.params)
+              if "kernel_packed" in jax.tree_util.keystr(path)]
+    assert bool(packed) == (setting != "xla")
+    results[setting] = repr(translator.translate_nbest(lines, n=2))
+  assert results["onednn_matmul"] == results["xla"]

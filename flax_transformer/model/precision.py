@@ -22,7 +22,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from flax_transformer.model import int8_kernel
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.quantization import quantize
 from flax_transformer.model.transformer import Transformer
@@ -49,7 +51,9 @@ def convert_params(params: Any, config: ModelConfig, *, leading_axes: int = 0) -
   bfloat16: every floating leaf cast to `config.param_dtype`. int8: each projection's kernel
   quantized per output channel (`kernel` int8 and `kernel_scale`), each embedding table per
   token (`embedding` [V, D] -> `embedding_kernel` int8 [D, V] and `embedding_scale` [V]); the
-  rest as it is. Which axes a kernel contracts comes from the int8 model's own parameters
+  rest as it is. In a CPU process, a layer's kernel whose product runs on oneDNN is packed into
+  oneDNN's layout (`kernel_packed`, `model.int8_kernel.packs`; not the output projection, whose
+  columns a vocabulary shortlist takes, nor an ensemble's stacked kernels). Which axes a kernel contracts comes from the int8 model's own parameters
   (`kernel_scale` has the output axes), so every layer is cut along its own inputs.
   `leading_axes`: axes in front of every leaf (1 for an ensemble's models axis). Parameters
   already converted are returned as they are.
@@ -60,23 +64,31 @@ def convert_params(params: Any, config: ModelConfig, *, leading_axes: int = 0) -
         lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   target = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
-  return _quantized(params, nn.meta.unbox(target)["params"], leading_axes)
+  return _quantized(params, nn.meta.unbox(target)["params"], leading_axes, packable=True)
 
 
-def _quantized(params: Any, target: Any, leading: int) -> Any:
-  """`params` with the int8 leaves that `target` (the int8 model's parameter shapes) has."""
+def _quantized(params: Any, target: Any, leading: int, packable: bool) -> Any:
+  """`params` with the int8 leaves that `target` (the int8 model's parameter shapes) has, the
+  kernels of `packable` layers packed where `int8_kernel.packs` says so."""
   node = dict(params)
-  if "kernel_scale" in target and node["kernel"].dtype != jnp.int8:
+  if "kernel_scale" in target and "kernel" in node:
     contracted = target["kernel"].ndim - target["kernel_scale"].ndim
-    node["kernel"], node["kernel_scale"] = _quantize(
-        node["kernel"], axes=tuple(range(leading, leading + contracted)))
+    if node["kernel"].dtype != jnp.int8:
+      node["kernel"], node["kernel_scale"] = _quantize(
+          node["kernel"], axes=tuple(range(leading, leading + contracted)))
+    shape = node["kernel"].shape
+    size, features = int(np.prod(shape[:contracted])), int(np.prod(shape[contracted:]))
+    if packable and leading == 0 and int8_kernel.packs(size, features):
+      kernel = np.asarray(node.pop("kernel")).reshape(size, features)
+      node["kernel_packed"] = jnp.asarray(int8_kernel.pack(kernel))
   if "embedding_scale" in target and "embedding" in node:
     table = node.pop("embedding")  # [..., V, D]: one scale per token.
     kernel, node["embedding_scale"] = _quantize(table, axes=(table.ndim - 1,))
     node["embedding_kernel"] = jnp.swapaxes(kernel, -1, -2)  # [..., D, V]
   for name, child in target.items():
-    if isinstance(child, dict):
-      node[name] = _quantized(node[name], child, leading)
+    if isinstance(child, dict):  # The output projection is not packed (module docstring).
+      node[name] = _quantized(node[name], child, leading,
+                              packable and name != "output_projection")
   return node
 
 

@@ -72,7 +72,9 @@ class Int8DenseGeneral(nn.Module):
 
   Parameters: `kernel` int8 [*contracted, *features] and `kernel_scale` float32 [*features]
   (`model.precision.convert_params` writes them from a trained kernel), and `bias` [*features]
-  as in `nn.DenseGeneral`.
+  as in `nn.DenseGeneral`. In a CPU process whose product runs on oneDNN, `convert_params`
+  writes `kernel_packed` (uint8 [P], `int8_kernel.pack`) in the kernel's place: the same
+  weights in oneDNN's own layout, multiplied without repacking.
   """
 
   features: int | tuple[int, ...]
@@ -90,13 +92,23 @@ class Int8DenseGeneral(nn.Module):
     if sorted(a % x.ndim for a in axes) != list(range(x.ndim - contracted, x.ndim)):
       raise ValueError(f"Int8DenseGeneral contracts trailing axes only, got axis={self.axis}.")
     names = self.kernel_axes or (None,) * (contracted + len(features))
+    rows = x.shape[:x.ndim - contracted]
+    if self.has_variable("params", "kernel_packed"):  # oneDNN's layout (`int8_kernel.pack`).
+      packed = self.get_variable("params", "kernel_packed")  # uint8 [P]
+      kernel_scale = self.get_variable("params", "kernel_scale")  # [*features]
+      x_q, x_scale = quantize(x.reshape(int(np.prod(rows)), -1), axes=(1,))  # int8 [R, C], [R]
+      accumulated = int8_kernel.packed_matmul_int32(x_q, packed, int(np.prod(features)))
+      y = (accumulated.astype(jnp.float32) * x_scale[:, None]
+           * kernel_scale.reshape(-1)[None, :]).reshape(rows + features)  # [..., *features]
+      if self.use_bias:
+        y = y + self.get_variable("params", "bias")
+      return y.astype(self.dtype)
     kernel = self.param(
         "kernel", nn.with_logical_partitioning(nn.initializers.zeros, names),
         x.shape[x.ndim - contracted:] + features, jnp.int8)
     kernel_scale = self.param(
         "kernel_scale", nn.with_logical_partitioning(nn.initializers.ones, names[contracted:]),
         features, jnp.float32)
-    rows = x.shape[:x.ndim - contracted]
     y = int8_matmul(x.reshape(int(np.prod(rows)), -1),
                     kernel.reshape(-1, int(np.prod(features))),
                     kernel_scale.reshape(-1))  # [R, F]
