@@ -53,8 +53,9 @@ def convert_params(params: Any, config: ModelConfig, *, leading_axes: int = 0) -
   token (`embedding` [V, D] -> `embedding_kernel` int8 [D, V] and `embedding_scale` [V]); the
   rest as it is. In a CPU process, a layer's kernel whose product runs on oneDNN is packed into
   oneDNN's layout (`kernel_packed`, `model.int8_kernel.packs`; not the output projection, whose
-  columns a vocabulary shortlist takes, nor an ensemble's stacked kernels). Which axes a kernel contracts comes from the int8 model's own parameters
-  (`kernel_scale` has the output axes), so every layer is cut along its own inputs.
+  columns a vocabulary shortlist takes, nor an ensemble's stacked kernels). Which axes a kernel
+  contracts comes from the int8 model's own parameters (`kernel_scale` has the output axes), so
+  every layer is cut along its own inputs.
   `leading_axes`: axes in front of every leaf (1 for an ensemble's models axis). Parameters
   already converted are returned as they are.
   """
