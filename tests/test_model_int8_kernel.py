@@ -240,6 +240,11 @@ def test_a_shape_first_met_while_a_search_is_traced_is_measured_by_running_its_p
 def test_speeds_are_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
   monkeypatch.setenv("FLAX_TRANSFORMER_NATIVE_CACHE", str(tmp_path))
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {})
+  monkeypatch.setattr(int8_kernel, "_quiet", lambda: False)  # Under load: not kept.
+  assert set(int8_kernel.speeds(16, 512, 1024)) == {"xla", "onednn_matmul", "onednn_gemm"}
+  assert not list(tmp_path.glob("int8_speeds-*.json"))
+  monkeypatch.setattr(int8_kernel, "_SPEEDS", {})
+  monkeypatch.setattr(int8_kernel, "_quiet", lambda: True)
   measured = int8_kernel.speeds(16, 512, 1024)
   assert set(measured) == {"xla", "onednn_matmul", "onednn_gemm"}
   assert all(value > 1 for value in measured.values()), measured  # GOP/s of real products.
@@ -252,6 +257,7 @@ def test_speeds_are_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
   monkeypatch.undo()
   monkeypatch.setenv("FLAX_TRANSFORMER_NATIVE_CACHE", str(tmp_path))
   monkeypatch.setattr(int8_kernel, "_SPEEDS", {})
+  monkeypatch.setattr(int8_kernel, "_quiet", lambda: True)
   assert set(int8_kernel.speeds(16, 512, 1024)) == set(measured)
   assert '"16x512x1024"' in kept.read_text()
   # Another probe's files are not read (version 1's timed tracing, not products).

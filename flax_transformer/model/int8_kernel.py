@@ -281,7 +281,8 @@ def speeds(rows: int, contracted: int, features: int) -> dict[str, float]:
   """GOP/s of XLA's dot and oneDNN's calls at [rows, contracted] x [contracted, features] on
   this machine: measured once per shape (a fraction of a second: the medians of 7 alternating
   passes), eagerly even when called while a program is traced, and kept in `_speeds_path`'s
-  file. The products give the same bits (a oneDNN call that does not, on the probe's data, is
+  file if the machine was quiet (`_quiet`; else measured again by the next process). The
+  products give the same bits (a oneDNN call that does not, on the probe's data, is
   0 GOP/s: never chosen); this only picks the faster."""
   shape = (rows, contracted, features)
   if shape in _SPEEDS:
@@ -293,11 +294,15 @@ def speeds(rows: int, contracted: int, features: int) -> dict[str, float]:
     return _SPEEDS[shape]
   # Measured now, eagerly, even while a search is being traced (where a jitted call would
   # only be traced into the search's program, and the probe would time its tracing).
+  quiet = _quiet()  # Before the probe's own load.
   with jax.ensure_compile_time_eval():
     _SPEEDS[shape] = measured = _measure(rows, contracted, features)
-  _log.info("int8 products [%d, %d] x [%d, %d] on this machine: %s GOP/s (kept in %s).",
+  _log.info("int8 products [%d, %d] x [%d, %d] on this machine: %s GOP/s (%s).",
             rows, contracted, contracted, features,
-            ", ".join(f"{name} {value:.0f}" for name, value in measured.items()), path)
+            ", ".join(f"{name} {value:.0f}" for name, value in measured.items()),
+            f"kept in {path}" if quiet else "measured under load: for this process only")
+  if not quiet:
+    return measured
   kept = _read_speeds(path)  # Another process may have added shapes meanwhile.
   kept.update({key: measured, "cpu": _cpu_model()})
   try:
@@ -306,6 +311,17 @@ def speeds(rows: int, contracted: int, features: int) -> dict[str, float]:
   except OSError as error:
     _log.info("Could not keep the int8 measurements in %s (%s).", path, error)
   return measured
+
+
+def _quiet() -> bool:
+  """Whether this machine is quiet enough for the probe's figures to be kept for later
+  processes: a 1-minute load average of at most its core count. Under load, oneDNN's OpenMP
+  threads lose more than XLA's (on a 2-core VM at a load of 5, a product 1.8x XLA's dot alone
+  measured 1.05x), and a choice kept from such a moment would hold on the quiet machine too."""
+  try:
+    return os.getloadavg()[0] <= (os.cpu_count() or 1)
+  except OSError:  # No load average on this system: kept.
+    return True
 
 
 def choices() -> dict[str, str]:
