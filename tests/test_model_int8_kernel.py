@@ -214,6 +214,9 @@ def test_auto_takes_onednn_per_shape_only_where_it_measured_faster(monkeypatch):
   assert int8_kernel.product_for(16, 1024, 4096) == "xla"
   monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", "onednn")
   assert int8_kernel.product_for(16, 1024, 4096) == "onednn_matmul"
+  assert int8_kernel.packs(1024, 4096)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)  # A job of several processes: unpacked.
+  assert not int8_kernel.packs(1024, 4096)
 
 
 @needs_native
