@@ -178,8 +178,9 @@ def packs(contracted: int, features: int) -> bool:
   """Whether int8 weights [contracted, features] are packed once for oneDNN when a model is
   loaded (`pack`; `model.precision.convert_params`): in a CPU job of one process, where the
   product of a decode step's rows (`ROW_BUCKETS`' first) runs on oneDNN's matmul primitive
-  (`product_for`: the setting, or "auto"'s measurement). Packed weights run on oneDNN at every row count: packed,
-  its product was 1.3-2.3x its unpacked one from 16 to 256 rows on AMD EPYC Zen 4."""
+  (`product_for`: the setting, or "auto"'s measurement). Packed weights run on oneDNN at
+  every row count: packed, its product was 1.3-2.3x its unpacked one from 16 to 256 rows on
+  AMD EPYC Zen 4."""
   if jax.default_backend() != "cpu" or jax.process_count() > 1:
     return False  # Several processes: the kernels are global arrays, not this process's bytes.
   return product_for(ROW_BUCKETS[0], contracted, features) == "onednn_matmul"
