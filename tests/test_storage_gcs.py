@@ -311,6 +311,42 @@ def test_a_workdir_copied_into_a_bucket_by_hand_is_named_not_deleted(random_work
   assert files.to_path(f"{copy}/checkpoints/0/params").exists()
 
 
+def test_a_deletion_cut_short_past_max_to_keep_is_cleared_not_taken_for_a_copy(random_workdirs):
+  """kill -9 while orbax drops a step past max_to_keep leaves it without its commit marker (among
+  the first objects deleted), older than committed steps. Readers read the newest committed
+  step; a writer keeping as few steps clears it as orbax does; one that would keep it refuses,
+  naming it, since that is what a copy by hand looks like."""
+  import fsspec
+  import orbax.checkpoint as ocp
+
+  local = random_workdirs[0]
+  params, _ = workdir_lib.restore_params(local)
+  bucket = f"gs://{GCS_BUCKET}/pruned-{uuid.uuid4().hex[:8]}"
+  for step in (6, 10, 12):
+    workdir_lib.save_params(bucket, step, params)
+  filesystem = fsspec.filesystem("gs")
+  objects = sorted(filesystem.find(f"{bucket}/checkpoints/6".removeprefix("gs://")))
+  cut = objects[:len(objects) // 3]  # gcsfs deletes a listing in its order.
+  assert any(o.endswith("6/commit_success.txt") for o in cut), objects
+  filesystem.rm(cut)
+
+  assert workdir_lib.restore_params(bucket)[1] == 12
+  assert workdir_lib.saved_steps(bucket) == [10, 12]
+  handlers = {workdir_lib.PARAMS_ITEM: workdir_lib.standard_handler()}
+  with pytest.raises(workdir_lib.UnreadableCheckpointError, match=r"\(steps \[6\]\)"):
+    workdir_lib.checkpoint_manager(bucket, handlers, max_to_keep=3)
+  assert files.to_path(f"{bucket}/checkpoints/6/params").exists()  # Left alone.
+  manager = workdir_lib.checkpoint_manager(bucket, handlers, max_to_keep=2)
+  try:
+    manager.save(13, args=ocp.args.Composite(**{
+        workdir_lib.PARAMS_ITEM: ocp.args.StandardSave(params)}), force=True)
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+  assert workdir_lib.saved_steps(bucket) == [12, 13]
+  assert not files.to_path(f"{bucket}/checkpoints/6").exists()
+
+
 def test_train_py_into_a_missing_bucket_is_one_line_before_anything_compiles(gcs, tmp_path):
   from conftest import run_train_py
 

@@ -90,7 +90,7 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
   `save_timeout_seconds`: the wall time an async save may take (orbax's default, 1200 s, if
   None); past it the next save or wait raises TimeoutError.
   """
-  check_commit_markers(workdir)
+  check_commit_markers(workdir, max_to_keep=max_to_keep, read_only=read_only)
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
       save_interval_steps=0 if read_only else 1, enable_async_checkpointing=async_save,
@@ -104,12 +104,20 @@ def checkpoint_manager(workdir: str | os.PathLike, item_handlers: dict[str, Any]
                                item_handlers=item_handlers)
 
 
-def check_commit_markers(workdir: str | os.PathLike) -> None:
+def check_commit_markers(workdir: str | os.PathLike, *, max_to_keep: int | None = None,
+                         read_only: bool = False) -> None:
   """In a bucket, orbax takes a step folder without commit_success.txt for an unfinished save,
-  never lists it, and deletes it when it saves that step again or cleans up (orbax issue 394).
-  A workdir copied into a bucket without the markers (an older orbax wrote none on a local disk,
-  where a rename commits) would silently lose its checkpoints. A save cut short leaves one such
-  step, the newest; several, or one older than a committed step, are a copy.
+  never lists it, and deletes it when a writer opens the folder or saves that step again (orbax
+  issue 394). A workdir copied into a bucket without the markers (an older orbax wrote none on a
+  local disk, where a rename commits) would silently lose its checkpoints.
+
+  Orbax's own faults leave such steps too, and those are cleared as orbax does:
+  - a save cut short leaves one, newer than every committed step;
+  - a deletion cut short (kill -9 while orbax drops the steps past `max_to_keep`: its marker is
+    among the first objects deleted) leaves steps with at least `max_to_keep` committed steps
+    newer than them, which a writer keeping `max_to_keep` would delete anyway.
+  A reader deletes nothing, so there only several unmarked steps newer than every committed one
+  are a copy; a writer also refuses an older unmarked step that its `max_to_keep` would keep.
 
   Raises:
     UnreadableCheckpointError: naming the steps and how to mark them, before orbax opens them.
@@ -118,14 +126,22 @@ def check_commit_markers(workdir: str | os.PathLike) -> None:
     return
   directory = files.to_path(workdir) / CHECKPOINT_DIR
   steps = [p for p in (directory.iterdir() if directory.is_dir() else ()) if p.name.isdigit()]
-  marked = {p.name: (p / _COMMIT_MARKER).exists() for p in steps}
-  unmarked = sorted(int(name) for name, done in marked.items() if not done)
-  committed = [int(name) for name, done in marked.items() if done]
-  if len(unmarked) > 1 or (unmarked and committed and unmarked[0] < max(committed)):
+  marked = {int(p.name): (p / _COMMIT_MARKER).exists() for p in steps}
+  committed = sorted(step for step, done in marked.items() if done)
+  unmarked = sorted(step for step, done in marked.items() if not done)
+  newest = committed[-1] if committed else -1
+  copied = [step for step in unmarked if step > newest]
+  if len(copied) == 1:
+    copied = []  # A save cut short.
+  if not read_only:
+    kept = max_to_keep or len(committed) + 1  # None keeps every step.
+    copied += [step for step in unmarked
+               if step < newest and sum(c > step for c in committed) < kept]
+  if copied:
     raise UnreadableCheckpointError(
-        f"{directory} holds checkpoints without orbax's commit markers (steps {unmarked}), as a "
-        "workdir copied into a bucket by hand may: orbax would take them for unfinished saves "
-        "and delete them, so nothing was read or written. Write an empty "
+        f"{directory} holds checkpoints without orbax's commit markers (steps {sorted(copied)}), "
+        "as a workdir copied into a bucket by hand may: orbax would take them for unfinished "
+        "saves and delete them, so nothing was read or written. Write an empty "
         f"{_COMMIT_MARKER} into each of those step folders and into each folder inside them "
         "(params/, train_state/, data_iter/), then rerun.")
 
