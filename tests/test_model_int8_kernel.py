@@ -80,38 +80,52 @@ def test_weights_packed_once_multiply_as_xla_dot_bit_for_bit(rows, contracted, f
 
 
 @needs_native
-def test_a_model_with_packed_kernels_gives_the_same_logits_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("tied", [False, True], ids=["output_projection", "tied_table"])
+def test_a_model_with_packed_kernels_gives_the_same_logits_bit_for_bit(monkeypatch, tied):
   import flax.linen as nn
 
   from flax_transformer.model import precision
   from flax_transformer.model.config import ModelConfig
   from flax_transformer.model.transformer import Transformer
   config = ModelConfig.small(300, emb_dim=64, num_heads=2, mlp_dim=128, num_encoder_layers=1,
-                             num_decoder_layers=1, tie_output_projection=False)
+                             num_decoder_layers=1, tie_output_projection=tied)
   rng = np.random.default_rng(6)
   source = jnp.asarray(rng.integers(3, 300, (3, 9)), jnp.int32)
   target = jnp.asarray(rng.integers(3, 300, (3, 7)), jnp.int32)
   trained = nn.meta.unbox(Transformer(config).init(jax.random.key(0), source, target))["params"]
   served = precision.precision_config(config, "int8")
-  logits = {}
+  model = Transformer(served)
+  ids = jnp.asarray(np.sort(rng.choice(300, 40, replace=False)), jnp.int32)  # A shortlist.
+  logits, shortlisted = {}, {}
   for setting in ("xla", "onednn_matmul"):
     monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", setting)
     params = precision.convert_params(trained, served)
     flat = {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
-    packed = {path for path in flat if path.endswith("['kernel_packed']")}
+    packed = {path for path in flat if path.endswith("_packed']")}
     if setting == "xla":
       assert not packed
       layers = {path for path in flat if path.endswith("['kernel']")
                 and "output_projection" not in path}
-    else:  # Every layer's projection, not the output projection (a shortlist takes its columns).
-      assert {path.replace("kernel_packed", "kernel") for path in packed} == layers
+    else:  # Every layer's kernel in its place; the output projection's beside its kernel.
+      output = ("['embedder']['embedding_packed']" if tied
+                else "['decoder']['output_projection']['kernel_packed']")
+      assert output in packed
+      assert {path.replace("kernel_packed", "kernel") for path in packed - {output}} == layers
       assert len(layers) == 16 and not (layers & flat)
-      assert "['decoder']['output_projection']['kernel']" in flat
+      assert output.replace("_packed", "_kernel" if tied else "") in flat
       again = precision.convert_params(params, served)  # Converted params stay as they are.
       assert jax.tree.structure(again) == jax.tree.structure(params)
-    apply = jax.jit(lambda params: Transformer(served).apply({"params": params}, source, target))
+    apply = jax.jit(lambda params: model.apply({"params": params}, source, target))
     logits[setting] = np.asarray(apply(params))
+
+    def on_shortlist(params):
+      shortlist = model.apply({"params": params}, ids, method=Transformer.shortlist_output)
+      encoded = model.apply({"params": params}, source, method=Transformer.encode)
+      return shortlist.kernel, encoded
+    shortlisted[setting] = jax.jit(on_shortlist)(params)
   np.testing.assert_array_equal(logits["onednn_matmul"], logits["xla"])
+  for a, b in zip(*map(jax.tree.leaves, shortlisted.values()), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # Its columns: the plain kernel.
 
 
 @needs_native

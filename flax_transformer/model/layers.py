@@ -123,7 +123,8 @@ class Embedder(nn.Module):
 
   `quantized` (serving in int8, `model.quantization`): the table is int8, stored as the logits'
   kernel `embedding_kernel` [D, V] with one scale per token `embedding_scale` [V]; the logits
-  are a w8a8 product and a lookup dequantizes the token's column.
+  are a w8a8 product and a lookup dequantizes the token's column. The logits read
+  `embedding_packed` instead where `model.precision.convert_params` packed the table for oneDNN.
   """
 
   vocab_size: int
@@ -173,8 +174,11 @@ class Embedder(nn.Module):
     """[B, T, D] -> [B, T, V], the output projection tied to this table (no scaling, no bias)."""
     if self.quantized:
       rows = x.shape[:-1]
-      logits = quantization.int8_matmul(x.reshape(-1, self.emb_dim), self.kernel,
-                                        self.kernel_scale)  # [B*T, V]
+      packed = self.has_variable("params", "embedding_packed")  # `int8_kernel.pack`'s layout
+      logits = quantization.int8_matmul(
+          x.reshape(-1, self.emb_dim),
+          self.get_variable("params", "embedding_packed") if packed else self.kernel,
+          self.kernel_scale, packed_features=self.vocab_size if packed else None)  # [B*T, V]
       return logits.reshape(*rows, self.vocab_size)
     return jnp.einsum("btd,vd->btv", x, self.table.astype(self.dtype))
 

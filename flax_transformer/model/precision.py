@@ -52,8 +52,10 @@ def convert_params(params: Any, config: ModelConfig, *, leading_axes: int = 0) -
   quantized per output channel (`kernel` int8 and `kernel_scale`), each embedding table per
   token (`embedding` [V, D] -> `embedding_kernel` int8 [D, V] and `embedding_scale` [V]); the
   rest as it is. In a CPU process, a layer's kernel whose product runs on oneDNN is packed into
-  oneDNN's layout (`kernel_packed`, `model.int8_kernel.packs`; not the output projection, whose
-  columns a vocabulary shortlist takes, nor an ensemble's stacked kernels). Which axes a kernel
+  oneDNN's layout (`kernel_packed`, `model.int8_kernel.packs`; not an ensemble's stacked
+  kernels). The output projection's packed weights (`kernel_packed`, or the tied table's
+  `embedding_packed`) sit beside its plain kernel, whose columns a vocabulary shortlist gathers
+  and whose embedding lookups read: that projection's int8 bytes are held twice. Which axes a kernel
   contracts comes from the int8 model's own parameters (`kernel_scale` has the output axes), so
   every layer is cut along its own inputs.
   `leading_axes`: axes in front of every leaf (1 for an ensemble's models axis). Parameters
@@ -65,12 +67,23 @@ def convert_params(params: Any, config: ModelConfig, *, leading_axes: int = 0) -
         lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   target = jax.eval_shape(Transformer(config).init, jax.random.key(0), tokens, tokens)
-  return _quantized(params, nn.meta.unbox(target)["params"], leading_axes, packable=True)
+  converted = _quantized(params, nn.meta.unbox(target)["params"], leading_axes, packable=True)
+  if config.tie_output_projection and leading_axes == 0:
+    # The tied output projection reads the decoder's table: packed beside it (lookups and a
+    # shortlist's columns read the plain kernel).
+    name = "embedder" if config.share_embeddings else "target_embedder"
+    table = converted[name] = dict(converted[name])
+    kernel = table["embedding_kernel"]  # int8 [D, V]
+    if "embedding_packed" not in table and int8_kernel.packs(*kernel.shape):
+      table["embedding_packed"] = jnp.asarray(int8_kernel.pack(np.asarray(kernel)))
+  return converted
 
 
-def _quantized(params: Any, target: Any, leading: int, packable: bool) -> Any:
+def _quantized(params: Any, target: Any, leading: int, packable: bool,
+               keep_kernel: bool = False) -> Any:
   """`params` with the int8 leaves that `target` (the int8 model's parameter shapes) has, the
-  kernels of `packable` layers packed where `int8_kernel.packs` says so."""
+  kernels of `packable` layers packed where `int8_kernel.packs` says so (in the kernel's place,
+  or beside it with `keep_kernel`)."""
   node = dict(params)
   if "kernel_scale" in target and "kernel" in node:
     contracted = target["kernel"].ndim - target["kernel_scale"].ndim
@@ -79,17 +92,18 @@ def _quantized(params: Any, target: Any, leading: int, packable: bool) -> Any:
           node["kernel"], axes=tuple(range(leading, leading + contracted)))
     shape = node["kernel"].shape
     size, features = int(np.prod(shape[:contracted])), int(np.prod(shape[contracted:]))
-    if packable and leading == 0 and int8_kernel.packs(size, features):
-      kernel = np.asarray(node.pop("kernel")).reshape(size, features)
-      node["kernel_packed"] = jnp.asarray(int8_kernel.pack(kernel))
+    if (packable and leading == 0 and "kernel_packed" not in node
+        and int8_kernel.packs(size, features)):
+      kernel = np.asarray(node["kernel"] if keep_kernel else node.pop("kernel"))
+      node["kernel_packed"] = jnp.asarray(int8_kernel.pack(kernel.reshape(size, features)))
   if "embedding_scale" in target and "embedding" in node:
     table = node.pop("embedding")  # [..., V, D]: one scale per token.
     kernel, node["embedding_scale"] = _quantize(table, axes=(table.ndim - 1,))
     node["embedding_kernel"] = jnp.swapaxes(kernel, -1, -2)  # [..., D, V]
   for name, child in target.items():
-    if isinstance(child, dict):  # The output projection is not packed (module docstring).
-      node[name] = _quantized(node[name], child, leading,
-                              packable and name != "output_projection")
+    if isinstance(child, dict):  # The output projection keeps its kernel for a shortlist.
+      node[name] = _quantized(node[name], child, leading, packable,
+                              keep_kernel=name == "output_projection")
   return node
 
 

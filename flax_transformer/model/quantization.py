@@ -53,14 +53,19 @@ def quantize(x: Array, axes: Sequence[int]) -> tuple[Array, Array]:
   return q, jnp.squeeze(scale, tuple(axes))
 
 
-def int8_matmul(x: Array, kernel: Array, kernel_scale: Array) -> Array:
+def int8_matmul(x: Array, kernel: Array, kernel_scale: Array, *,
+                packed_features: int | None = None) -> Array:
   """w8a8: x float [R, C] times the int8 weight kernel [C, F] (scales [F]) -> float32 [R, F].
 
   x is quantized per row (`quantize`); the product runs int8 x int8 -> int32 (oneDNN's kernel or
-  XLA's dot, `model.int8_kernel`: the same bits) and is scaled back.
+  XLA's dot, `model.int8_kernel`: the same bits) and is scaled back. With `packed_features` F,
+  `kernel` is the same weights packed into oneDNN's layout (uint8 [P], `int8_kernel.pack`).
   """
   x_q, x_scale = quantize(x, axes=(1,))  # int8 [R, C], [R]
-  accumulated = int8_kernel.matmul_int32(x_q, kernel)  # int32 [R, F], exact
+  if packed_features is None:
+    accumulated = int8_kernel.matmul_int32(x_q, kernel)  # int32 [R, F], exact
+  else:
+    accumulated = int8_kernel.packed_matmul_int32(x_q, kernel, packed_features)  # the same bits
   return accumulated.astype(jnp.float32) * x_scale[:, None] * kernel_scale[None, :]
 
 
@@ -73,8 +78,9 @@ class Int8DenseGeneral(nn.Module):
   Parameters: `kernel` int8 [*contracted, *features] and `kernel_scale` float32 [*features]
   (`model.precision.convert_params` writes them from a trained kernel), and `bias` [*features]
   as in `nn.DenseGeneral`. In a CPU process whose product runs on oneDNN, `convert_params`
-  writes `kernel_packed` (uint8 [P], `int8_kernel.pack`) in the kernel's place: the same
-  weights in oneDNN's own layout, multiplied without repacking.
+  writes `kernel_packed` (uint8 [P], `int8_kernel.pack`) in the kernel's place (beside it in the
+  output projection, whose columns a vocabulary shortlist gathers): the same weights in oneDNN's
+  own layout, multiplied without repacking.
   """
 
   features: int | tuple[int, ...]
@@ -94,12 +100,11 @@ class Int8DenseGeneral(nn.Module):
     names = self.kernel_axes or (None,) * (contracted + len(features))
     rows = x.shape[:x.ndim - contracted]
     if self.has_variable("params", "kernel_packed"):  # oneDNN's layout (`int8_kernel.pack`).
-      packed = self.get_variable("params", "kernel_packed")  # uint8 [P]
-      kernel_scale = self.get_variable("params", "kernel_scale")  # [*features]
-      x_q, x_scale = quantize(x.reshape(int(np.prod(rows)), -1), axes=(1,))  # int8 [R, C], [R]
-      accumulated = int8_kernel.packed_matmul_int32(x_q, packed, int(np.prod(features)))
-      y = (accumulated.astype(jnp.float32) * x_scale[:, None]
-           * kernel_scale.reshape(-1)[None, :]).reshape(rows + features)  # [..., *features]
+      y = int8_matmul(x.reshape(int(np.prod(rows)), -1),
+                      self.get_variable("params", "kernel_packed"),  # uint8 [P]
+                      self.get_variable("params", "kernel_scale").reshape(-1),
+                      packed_features=int(np.prod(features)))  # [R, F]
+      y = y.reshape(rows + features)
       if self.use_bias:
         y = y + self.get_variable("params", "bias")
       return y.astype(self.dtype)
