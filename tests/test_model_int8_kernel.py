@@ -371,3 +371,23 @@ def test_a_translation_with_packed_kernels_is_the_same_bytes(trained_workdir, mo
     assert bool(packed) == (setting != "xla")
     results[setting] = repr(translator.translate_nbest(lines, n=2))
   assert results["onednn_matmul"] == results["xla"]
+
+
+@needs_native
+def test_packed_params_are_the_same_bytes_in_every_process(trained_workdir):
+  # A bulk job's manifest holds its params' fingerprint (`bulk.jobs.params_fingerprint`), and a
+  # resumed job refuses other params: the packed kernels' padding must not be whatever memory
+  # the buffer got (it was: every process fingerprinted the same checkpoint otherwise).
+  script = ("from flax_transformer import Translator\n"
+            "from flax_transformer.bulk import jobs\n"
+            "import sys\n"
+            "translator = Translator.from_workdir(sys.argv[1], precision='int8')\n"
+            "print(sum('packed' in str(p) for p, _ in __import__('jax').tree_util"
+            ".tree_leaves_with_path(translator.params)), jobs.params_fingerprint("
+            "translator.params))\n")
+  env = {**os.environ, "FLAX_TRANSFORMER_INT8_KERNEL": "onednn_matmul"}
+  printed = [subprocess.run([sys.executable, "-c", script, str(trained_workdir)], env=env,
+                            capture_output=True, text=True, check=True).stdout.split()
+             for _ in range(2)]
+  assert int(printed[0][0]) > 0, printed  # Packed leaves were fingerprinted.
+  assert printed[0] == printed[1], printed

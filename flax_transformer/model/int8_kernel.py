@@ -197,7 +197,7 @@ def pack(kernel: np.ndarray) -> np.ndarray:
   contracted, features = kernel.shape
   handle = _handle(native.library)
   size = handle.FtInt8PackedSize(contracted, features)
-  packed = np.empty(max(size, 0), np.uint8)
+  packed = np.zeros(max(size, 0), np.uint8)  # oneDNN leaves its padding unwritten.
   if size < 0 or handle.FtInt8Pack(kernel.ctypes.data, contracted, features,
                                    packed.ctypes.data) != 0:
     raise Int8KernelError(f"oneDNN could not pack int8 weights [{contracted}, {features}].")
