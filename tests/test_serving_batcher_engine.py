@@ -184,6 +184,34 @@ def test_threads_get_their_bytes_and_a_bad_request_fails_alone(translator, lines
     assert [s.hypotheses for s in answer] == _alone(translator, job), job
 
 
+def test_requests_of_ever_new_settings_keep_at_most_max_programs_others_on_the_engine(
+    translator, lines):
+  """On the engine, --max_programs bounds each of its admit, advance and migrate stores: each
+  sampling top_k is a search of its own, and a server bounded to one besides its own answers
+  every top_k as translate does, keeps its own settings' programs and the last other's, and
+  counts them; a top_k whose programs were dropped answers alike again."""
+  from flax_transformer.serving import engine
+
+  engine._programs.cache_clear()  # Stores of this test's own: the bound stays with them.
+  try:
+    batcher = Batcher(translator, max_programs=1)
+    batcher.start()
+    asks = [(("method", "sample"), ("top_k", k), ("seed", 3)) for k in (1, 2, 3, 1)]
+    answers = [batcher.submit(Job(lines[:1], settings=ask)).result(60) for ask in asks]
+    stores = engine.stored_programs(translator.model_config, translator.mesh)
+    others = [sorted(dict(key[0])["how"].machine.top_k for key in store._programs
+                     if dict(key[0])["how"].machine.method == "sample") for store in stores]
+    counted = batcher.programs
+    assert batcher.close(10)
+  finally:
+    engine._programs.cache_clear()
+  assert others[:2] == [[1], [1]]  # admit, advance: the last top_k's (one lane, one tier).
+  assert counted == sum(len(store._programs) for store in stores) >= 2
+  for ask, answer in zip(asks, answers, strict=True):
+    assert [s.hypotheses for s in answer] == translator.translate_nbest(lines[:1], 1,
+                                                                        **dict(ask)), ask
+
+
 def test_close_drains_what_is_queued_and_takes_no_more(translator, lines):
   """Jobs queued before the worker starts, then close at once: each is answered with its own
   call's bytes (no waiting for more), one whose client went away is not searched and leaves

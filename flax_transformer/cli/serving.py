@@ -149,7 +149,9 @@ def add_commands(commands) -> None:
   serve.add_argument("--max_programs", type=int, default=64,
                      help="The most compiled search programs kept for requests whose settings "
                      "differ from the server's own (one per set of search settings and batch "
-                     "shape; the server's own are always kept): beyond, the least recently used "
+                     "shape; on the engine, per store of its admit, advance and migrate "
+                     "programs, one per search and lane or tier; the server's own are always "
+                     "kept): beyond, the least recently used "
                      "is dropped and compiled again when asked (default 64). Each sampling "
                      "top_k or temperature is a program: unbounded, memory would grow without "
                      "end.")

@@ -99,6 +99,28 @@ def warm_kinds(method: str, kinds: Sequence[str] = ("settings",)
   return [options[kind] for kind in WARM_KINDS if kind in kinds and kind in options]
 
 
+def _engine_stores(translator: Translator) -> tuple[programs.StoredPrograms, ...]:
+  """The engine's program stores of `translator`'s model and mesh (`engine.stored_programs`)."""
+  return engine_lib.stored_programs(translator.model_config, translator.mesh)
+
+
+def _bound_programs(translator: Translator, max_programs: int) -> None:
+  """Bounds each store of compiled search programs of `translator` to the programs of its own
+  settings (each method's: what the warm-up compiles) and at most `max_programs` others: the
+  batches' search (one program per settings and batch shape) and, on the engine, each of its
+  admit, advance and migrate stores (one program per search and lane or tier)."""
+  own = translator.settings.search
+  if isinstance(translator.search_fn, programs.StoredPrograms):
+    kept = [own.replace(length_penalty=0.0, method=method)  # As the search takes them.
+            for method in METHODS]
+    translator.search_fn.bound(max_programs, lambda static: static.get("settings") in kept)
+  if translator.settings.engine == "slots":
+    hows = [engine_lib.Search.of(own.replace(method=method), forced_tokens=translator.forced_tokens,
+                                 ensemble=translator.ensemble) for method in METHODS]
+    for store in _engine_stores(translator):
+      store.bound(max_programs, lambda static: static.get("how") in hows)
+
+
 def check_batching_mode(mode: str) -> None:
   """InputError, one line, for a batching mode other than "exact" (serve's --batching)."""
   if mode == "fill":
@@ -230,11 +252,12 @@ class Batcher:
       allowed; None: no limit). A beam's memory grows with its size (cache, logits [rows x beam,
       vocabulary]): one request of an unbounded server could exhaust the process's memory.
     max_programs: the most compiled search programs kept for settings other than the
-      translator's own (each set of static search settings and batch shape is one; the own
-      settings' are always kept): beyond, the least recently used is dropped, and compiled or
-      loaded again when asked (`serving.programs`). None: every one is kept. Each value of
-      sampling's `top_k` or `temperature` is a program of its own, so without a bound a client
-      could grow the server's memory without end.
+      translator's own (in batches, each set of static search settings and batch shape is
+      one; on the engine, each search's lane or tier in each of its admit, advance and migrate
+      stores, bounded each; the own settings' are always kept): beyond, the least recently
+      used is dropped, and compiled or loaded again when asked (`serving.programs`). None:
+      every one is kept. Each value of sampling's `top_k` or `temperature` is a program of its
+      own, so without a bound a client could grow the server's memory without end.
     batching_mode: "exact", the batches' one mode ("fill" is gone: `check_batching_mode`).
     observe: called with a `BatchReport` after each search, before its requests are answered,
       in the worker thread.
@@ -252,10 +275,8 @@ class Batcher:
       raise InputError(f"max_beam_size must be >= 1, got {max_beam_size}.")
     if max_programs is not None and max_programs < 1:
       raise InputError(f"max_programs must be >= 1, got {max_programs}.")
-    if max_programs is not None and isinstance(translator.search_fn, programs.StoredPrograms):
-      own = translator.settings.search.replace(length_penalty=0.0)  # As the search takes it.
-      kept = [own.replace(method=method) for method in METHODS]  # What the warm-up compiles.
-      translator.search_fn.bound(max_programs, lambda static: static.get("settings") in kept)
+    if max_programs is not None:
+      _bound_programs(translator, max_programs)
     self.translator = translator
     self.max_wait = max_wait_ms / 1000
     self.max_queue = max_queue
@@ -282,9 +303,13 @@ class Batcher:
 
   @property
   def programs(self) -> int:
-    """Compiled search programs in memory (0 for a search that does not store programs)."""
+    """Compiled search programs in memory: the batches' search (0 for a search that does not
+    store programs) and, on the engine, its admit, advance and migrate programs."""
     search = self.translator.search_fn
-    return search.count if isinstance(search, programs.StoredPrograms) else 0
+    count = search.count if isinstance(search, programs.StoredPrograms) else 0
+    if self.translator.settings.engine == "slots":
+      count += sum(store.count for store in _engine_stores(self.translator))
+    return count
 
   def start(self, warmup: bool | Sequence[str] = False, progress: bool = False) -> None:
     """Starts the worker thread; with `warmup` (True: the server's settings; or kinds of

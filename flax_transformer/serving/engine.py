@@ -460,6 +460,14 @@ def _programs(model_config: ModelConfig, mesh: Mesh | None = None
   return _stored(model_config, mesh, jits)
 
 
+def stored_programs(model_config: ModelConfig, mesh: Mesh | None = None
+                    ) -> tuple[programs.StoredPrograms, ...]:
+  """The stores of a model config's admit, advance and migrate programs on `mesh`, shared by
+  every engine of it in this process (`StoredPrograms.bound` bounds them: the HTTP server's
+  --max_programs)."""
+  return _programs(model_config, mesh)
+
+
 def _stored(model_config: ModelConfig, mesh: Mesh | None, jitted: Sequence[Any]
             ) -> tuple[programs.StoredPrograms, ...]:
   """`_programs`' jitted admit, advance and migrate, each lane's and tier's program exported
@@ -926,4 +934,4 @@ def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarr
 
 __all__ = ["ADMIT_ROWS", "MAX_SLOTS", "Engine", "Lane", "Request", "Result", "Run", "Search",
            "Slot", "admit", "advance", "empty_table", "lane_for", "migrate", "new_slots", "run",
-           "tiers"]
+           "stored_programs", "tiers"]
