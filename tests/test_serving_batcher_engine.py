@@ -114,8 +114,8 @@ def _on_event(event: str, duration: float, **kwargs) -> None:
 jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
-def test_32_http_clients_in_random_order_get_their_own_calls_bytes(translator, lines):
-  """32 clients on a socket, each posting one request at once (random lines, settings, n):
+def test_128_http_clients_in_random_order_get_their_own_calls_bytes(translator, lines):
+  """128 clients on a socket, each posting one request at once (random lines, settings, n):
   every answer is its lines' `translate_nbest` alone, text and score, byte for byte; requests
   shared the engine's rounds (several in flight at once)."""
   reports: list[BatchReport] = []
@@ -123,7 +123,7 @@ def test_32_http_clients_in_random_order_get_their_own_calls_bytes(translator, l
   batcher.start()
   assert batcher.ready.wait(60)
   address, thread, server = _serve_http(batcher)
-  jobs = _jobs(lines, 32, seed=1)
+  jobs = _jobs(lines, 128, seed=1)
   barrier = threading.Barrier(len(jobs))
 
   def client(job: Job) -> httpx.Response:
@@ -210,6 +210,49 @@ def test_requests_of_ever_new_settings_keep_at_most_max_programs_others_on_the_e
   for ask, answer in zip(asks, answers, strict=True):
     assert [s.hypotheses for s in answer] == translator.translate_nbest(lines[:1], 1,
                                                                         **dict(ask)), ask
+
+
+def test_a_failing_lane_fails_its_requests_alone(translator, lines, monkeypatch):
+  """A lane whose round raises (the lane of 16-token sources, as if its tables had exhausted
+  the memory) fails the requests with a sentence in it (BatchFailed: 500), and those alone:
+  requests whose sentences are in another lane get their own call's bytes, in the same rounds
+  and after; once the fault is gone, that lane serves again on new tables."""
+  from flax_transformer.serving import engine
+  from flax_transformer.serving.batcher import BatchFailed
+
+  long_lines = [line for line in sentences(60, seed=9, max_words=14)
+                if 8 <= len(translator.tokenizer.tokenize(line)) <= 14][:3]
+  assert len(long_lines) == 3  # Sources of 9-15 tokens with EOS: the 16-token bucket.
+  round_ = engine._LaneRun.round
+
+  def failing(self, patient):
+    if self.lanes[0].length == 16:
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory for the lane's tables")
+    return round_(self, patient)
+
+  monkeypatch.setattr(engine._LaneRun, "round", failing)
+  batcher = Batcher(translator)
+  jobs = [Job(tuple(lines[:2])), Job((long_lines[0],)), Job((lines[2], long_lines[1]), n=2)]
+  futures = [batcher.submit(job) for job in jobs]  # Queued together: one engine round.
+  batcher.start()
+  short, *lost = [_outcome(future) for future in futures]
+  after = _outcome(batcher.submit(Job(tuple(lines[3:5]))))
+  assert [s.hypotheses for s in short] == _alone(translator, jobs[0])
+  assert [s.hypotheses for s in after] == translator.translate_nbest(lines[3:5], 1)
+  for error in lost:
+    assert isinstance(error, BatchFailed) and "RESOURCE_EXHAUSTED" in str(error), error
+  monkeypatch.undo()
+  healed = _outcome(batcher.submit(Job(tuple(long_lines))))
+  assert batcher.close(10)
+  assert [s.hypotheses for s in healed] == translator.translate_nbest(long_lines, 1)
+
+
+def _outcome(future: concurrent.futures.Future) -> object:
+  """A job's answer, or the error it failed with."""
+  try:
+    return future.result(60)
+  except Exception as error:
+    return error
 
 
 def test_close_drains_what_is_queued_and_takes_no_more(translator, lines):

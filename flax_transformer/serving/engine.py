@@ -528,6 +528,8 @@ class Engine:
   def __init__(self, model_config: ModelConfig, params: Any, spec: Run):
     self.model_config, self.params, self.spec = model_config, params, spec
     self.lanes: dict[Lane, _LaneRun] = {}
+    # (caller's key, error) of each sentence of a lane whose round raised (`step`), until taken.
+    self.failed: list[tuple[Any, BaseException]] = []
 
   def lane_of(self, request: Request) -> Lane:
     """The lane `request` runs in (`lane_for` of its source and the run's settings)."""
@@ -567,13 +569,28 @@ class Engine:
     a time, as `run` does); otherwise every call is bounded by `Run.max_iterations` and every
     tier above the one advanced that holds sentences advances too (a server's round: under
     steady arrivals the first tier is never empty, and the sentences that moved up must not
-    wait for it). Returns the results that completed, in completion order."""
+    wait for it). Returns the results that completed, in completion order.
+
+    A lane whose round raises fails alone: its sentences (queued or in a slot of any tier) go
+    to `failed` with the error, its tables are dropped (a program may have donated them away),
+    and the other lanes go on; a later sentence of that lane gets new tables."""
     done: list[Result] = []
     for lane in sorted(self.lanes, key=_lane_order):
-      if self.lanes[lane].busy:
-        for results in self.lanes[lane].round(patient):
+      run = self.lanes.get(lane)
+      if run is None or not run.busy:
+        continue
+      try:
+        for results in run.round(patient):
           done.extend(self._answers(results))
+      except Exception as error:  # The lane's sentences carry it to the caller.
+        self.failed.extend((_caller_key(key), error) for key in run.sentence_keys())
+        del self.lanes[lane]
     return done
+
+  def take_failed(self) -> list[tuple[Any, BaseException]]:
+    """The (caller's key, error) of the sentences whose lane failed since the last call."""
+    failed, self.failed = self.failed, []
+    return failed
 
   def _answers(self, results: Sequence[Result]) -> list[Result]:
     """`results` but the plain answers of requests with terms, each such request queued again
@@ -611,6 +628,11 @@ class _PlainFirst:
   request: Request
 
 
+def _caller_key(key: Any) -> Any:
+  """The caller's key of a lane's key (a request with terms carries it in its plain lane)."""
+  return key.key if isinstance(key, _PlainFirst) else key
+
+
 def _lane_order(lane: Lane) -> tuple[bool, int, bool, bool]:
   return bool(lane.terms), lane.length, lane.prefixed, bool(lane.phrases)
 
@@ -629,6 +651,8 @@ def run(model_config: ModelConfig, params: Any, requests: Sequence[Request], spe
       engine.add(requests[index], index)
     while engine.busy:
       results = engine.step(patient=True)
+      if engine.failed:  # One call: its lane's error is the call's.
+        raise engine.take_failed()[0][1]
       if results:
         yield results
     engine.drop_idle()
@@ -706,6 +730,11 @@ class _LaneRun:
   @property
   def in_flight(self) -> int:
     return len(self.queue) + sum(int(live.sum()) for live in self.live)
+
+  def sentence_keys(self) -> list[Any]:
+    """The keys of the sentences queued or in a slot of any tier."""
+    return [key for key, _ in self.queue] + [
+        key for owner, live in zip(self.owner, self.live, strict=True) for key in owner[live]]
 
   def round(self, patient: bool) -> Iterator[list[Result]]:
     """Admits what fits, then one `advance` call (module docstring) and its migrations."""

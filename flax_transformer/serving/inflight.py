@@ -104,8 +104,10 @@ class InFlight:
   def step(self) -> tuple[list[tuple[Hashable, Translated]],
                           list[tuple[Hashable, BaseException]], StepReport]:
     """One round of every engine with work: (the requests whose last sentence completed, with
-    their translations; the requests of an engine whose round raised, with the error: that
-    engine is dropped, its tables possibly donated away; what the round did)."""
+    their translations; the failed requests, with the error: those with a sentence in a lane
+    whose round raised (`Engine.step`: the other lanes go on), or all of an engine that raised
+    outside its lanes (that engine is dropped); what the round did). A failed request's other
+    sentences still complete in their lanes, and are not answered."""
     done, failed = [], []
     sentences = tokens = in_flight = 0
     for key in [k for k, owners in self.owners.items() if owners]:
@@ -119,9 +121,18 @@ class InFlight:
         failed.extend((owner, error) for owner in owners)
         del self.engines[key], self.owners[key]
         continue
+      lost = engine.take_failed()
+      for (owner_key, _), error in lost:
+        if owners.pop(owner_key, None) is not None:  # Once per request.
+          failed.append((owner_key, error))
+      if lost:
+        _log.error("A lane of the engine failed; its requests are answered 500, the other "
+                   "lanes go on: %r", lost[0][1], exc_info=lost[0][1])
       sentences += len(results)
       for result in results:
-        owner = owners[result.index[0]]
+        owner = owners.get(result.index[0])
+        if owner is None:  # Its request failed in another lane.
+          continue
         owner.results.append(dataclasses.replace(result, index=result.index[1]))
         owner.left -= 1
         tokens += int(np.sum(result.sequences[0] != PAD_ID))
