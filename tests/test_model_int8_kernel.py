@@ -359,35 +359,40 @@ def test_an_int8_search_that_may_call_onednn_is_never_stored(trained_workdir, mo
 @needs_native
 def test_a_translation_with_packed_kernels_is_the_same_bytes(trained_workdir, monkeypatch):
   # The trained model's layers are packed for oneDNN (onednn_matmul) or not (xla): the n-best
-  # lists, scores and alignments are the same bytes.
+  # lists, scores and alignments are the same bytes, and a bulk job's params fingerprint is
+  # the same (a job started with one resumes with the other, or on another CPU).
   from flax_transformer.serving.translator import Translator
+  from flax_transformer.workdir import open_workdir
   lines = ["a b c d e f", "q w e r t y u i o p", "z", "m n b v c x z l k j h g f"]
-  results = {}
+  results, fingerprints = {}, {}
   for setting in ("xla", "onednn_matmul"):
     monkeypatch.setenv("FLAX_TRANSFORMER_INT8_KERNEL", setting)
-    translator = Translator.from_workdir(trained_workdir, precision="int8")
+    opened = open_workdir(trained_workdir)
+    translator = Translator.restore(opened, opened.translate_config(precision="int8"),
+                                    fingerprint=True)
     packed = [path for path, _ in jax.tree_util.tree_leaves_with_path(translator.params)
               if "kernel_packed" in jax.tree_util.keystr(path)]
     assert bool(packed) == (setting != "xla")
     results[setting] = repr(translator.translate_nbest(lines, n=2))
+    fingerprints[setting] = translator.trained_sha256
   assert results["onednn_matmul"] == results["xla"]
+  assert fingerprints["onednn_matmul"] == fingerprints["xla"] == Translator.restore(
+      opened, opened.translate_config(), fingerprint=True).trained_sha256  # float32's too.
 
 
 @needs_native
 def test_packed_params_are_the_same_bytes_in_every_process(trained_workdir):
-  # A bulk job's manifest holds its params' fingerprint (`bulk.jobs.params_fingerprint`), and a
-  # resumed job refuses other params: the packed kernels' padding must not be whatever memory
-  # the buffer got (it was: every process fingerprinted the same checkpoint otherwise).
+  # Packing is a function of the kernel: its padding is not whatever memory the buffer got (it
+  # was, and a bulk job's params fingerprint then changed between its runs).
   script = ("from flax_transformer import Translator\n"
-            "from flax_transformer.bulk import jobs\n"
-            "import sys\n"
+            "import hashlib, sys, jax, numpy as np\n"
             "translator = Translator.from_workdir(sys.argv[1], precision='int8')\n"
-            "print(sum('packed' in str(p) for p, _ in __import__('jax').tree_util"
-            ".tree_leaves_with_path(translator.params)), jobs.params_fingerprint("
-            "translator.params))\n")
+            "packed = [np.asarray(x).tobytes() for p, x in jax.tree_util"
+            ".tree_leaves_with_path(translator.params) if 'packed' in str(p)]\n"
+            "print(len(packed), hashlib.sha256(b''.join(packed)).hexdigest())\n")
   env = {**os.environ, "FLAX_TRANSFORMER_INT8_KERNEL": "onednn_matmul"}
   printed = [subprocess.run([sys.executable, "-c", script, str(trained_workdir)], env=env,
                             capture_output=True, text=True, check=True).stdout.split()
              for _ in range(2)]
-  assert int(printed[0][0]) > 0, printed  # Packed leaves were fingerprinted.
+  assert int(printed[0][0]) > 0, printed  # Packed leaves were compared.
   assert printed[0] == printed[1], printed

@@ -179,9 +179,9 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
       "command": command, "settings": job_settings,
       "checkpoint": jobs.checkpoint_identity(opened, checkpoint.step, checkpoint.paths)},
       extra_outputs=extra_outputs)
-  task = _warm(make_task(restored := translator(opened, settings, checkpoint)), warmup)
-  return jobs.run_file_job(job, task, params_sha256=jobs.params_fingerprint(restored.params),
-                           processes=mine)
+  restored = translator(opened, settings, checkpoint, fingerprint=True)
+  task = _warm(make_task(restored), warmup)
+  return jobs.run_file_job(job, task, params_sha256=restored.trained_sha256, processes=mine)
 
 
 def check_phrase_files(opened: Workdir, settings: TranslateConfig, input: str, *,

@@ -333,19 +333,6 @@ def kept_chunks(output: str) -> tuple[int, int] | None:
   return sum(job.chunk_path(c).exists() for c in range(job.num_chunks)), job.num_chunks
 
 
-def params_fingerprint(params: Any) -> str:
-  """SHA-256 of every parameter's path, dtype, shape and bytes."""
-  import jax
-  import numpy as np
-
-  digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    array = np.asarray(leaf)
-    digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
-    digest.update(np.ascontiguousarray(array).tobytes())
-  return digest.hexdigest()
-
-
 # ------------------------------------------------------------------------------------- the run
 def run_file_job(job: FileJob, task: ChunkTask, *, params_sha256: str,
                  processes: Processes | None = None) -> JobResult:

@@ -62,16 +62,16 @@ def restore_point(opened: Workdir, checkpoint: Checkpoint, previous: int | None 
 
 
 def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint,
-               warmup: bool = False) -> Any:
+               warmup: bool = False, fingerprint: bool = False) -> Any:
   """The command's `Translator` of `checkpoint` (chosen by `restore_point`) over this
   process's devices; `warmup`: its searches compiled first (`Translator.compile`, a progress
-  bar)."""
+  bar); `fingerprint`: with the trained params' fingerprint (`Translator.trained_sha256`)."""
   from flax_transformer.runtime import sharding
   from flax_transformer.serving.translator import Translator
 
   restored = Translator.restore(opened, settings, checkpoint.step,
                                 checkpoint=checkpoint.paths or None,
-                                mesh=sharding.local_mesh())
+                                mesh=sharding.local_mesh(), fingerprint=fingerprint)
   if warmup:
     restored.compile()
   return restored

@@ -298,6 +298,9 @@ class Translator:
       that a new process does not trace them again (`serving.programs`).
     score_fn: scoring, `(params, inputs, targets)` -> log p [B]; default: `score_batch` of the
       model, jitted once per model config and mesh.
+    trained_sha256: the params' `workdir.params_fingerprint` as trained, before the conversion
+      to the serving precision (`restore(..., fingerprint=True)`; what a bulk job's manifest
+      names), or None.
 
   Making one turns on the persistent compilation cache (the CLI's folder, under the same
   switch: FLAX_TRANSFORMER_COMPILATION_CACHE, '' for off) unless the process chose one.
@@ -314,6 +317,7 @@ class Translator:
       default=None, kw_only=True, repr=False)
   score_fn: Callable[[Any, Array, Array], Array] | None = dataclasses.field(
       default=None, kw_only=True, repr=False)
+  trained_sha256: str | None = dataclasses.field(default=None, kw_only=True, repr=False)
   # Each vocab_shortlist file's padded ids, read once (a cache: no call's result depends on it).
   _shortlists: dict[str, np.ndarray] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
@@ -392,10 +396,11 @@ class Translator:
   def restore(cls, opened: workdir_lib.Workdir, settings: TranslateConfig,
               step: int | None = None, *,
               checkpoint: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-              mesh: Mesh | None = None) -> Translator:
+              mesh: Mesh | None = None, fingerprint: bool = False) -> Translator:
     """A Translator of an opened workdir with resolved `settings`: restores only the params
     (`step`, default the latest, or the `checkpoint` folder; several folders: an ensemble,
-    `from_checkpoints`), replicated on `mesh`."""
+    `from_checkpoints`), replicated on `mesh`. `fingerprint`: `trained_sha256` holds the
+    restored params' `workdir.params_fingerprint` (as trained, before any conversion)."""
     paths = ([] if checkpoint is None else [checkpoint]
              if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint))
     ensemble = len(paths) > 1
@@ -405,10 +410,11 @@ class Translator:
     else:
       params, step = workdir_lib.restore_params(opened.path, step,
                                                 checkpoint=paths[0] if paths else None)
+    trained_sha256 = workdir_lib.params_fingerprint(params) if fingerprint else None
     if mesh is not None:
       params = jax.device_put(params, sharding.replicated(mesh))
     return cls(opened.model_config, params, opened.tokenizer, settings, step=step, mesh=mesh,
-               ensemble=ensemble)
+               ensemble=ensemble, trained_sha256=trained_sha256)
 
   @classmethod
   def from_checkpoints(cls, checkpoints: Sequence[str | os.PathLike], *,

@@ -13,6 +13,7 @@ training alike.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import os
 import re
@@ -176,6 +177,19 @@ def saved_steps(workdir: str | os.PathLike) -> list[int]:
       return sorted(manager.all_steps())
     finally:
       manager.close()
+
+
+def params_fingerprint(params: Any) -> str:
+  """SHA-256 of every parameter's path, dtype, shape and bytes: a checkpoint's params as
+  trained (what a bulk job's manifest names: `Translator.restore(..., fingerprint=True)`,
+  taken before the params are converted to the serving precision, whose int8 kernels are
+  packed in the CPU's own layout where they run on oneDNN)."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    array = np.asarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
+    digest.update(np.ascontiguousarray(array).tobytes())
+  return digest.hexdigest()
 
 
 def restore_params(
