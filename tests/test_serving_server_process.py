@@ -61,13 +61,16 @@ def serving(workdir: Path, *flags: str) -> Iterator[tuple[subprocess.Popen, str]
       process.wait()
 
 
-def test_sigterm_under_load_answers_every_request_and_exits_0(trained_workdir):
+@pytest.mark.parametrize("engine", ["batches", "slots"])
+def test_sigterm_under_load_answers_every_request_and_exits_0(trained_workdir, engine):
+  """On either engine: on the slots, the signal finds sentences in the tables' slots and in the
+  lanes' queues, and each is answered with `translate --engine slots`' bytes."""
   rng = random.Random(3)
   lines = [synthetic.sample_pair(rng)[0] for _ in range(REQUESTS)]
-  translator = Translator.from_workdir(trained_workdir, batch_tokens=512)
+  translator = Translator.from_workdir(trained_workdir, batch_tokens=512, engine=engine)
   expected = translator.translate(lines)
   with serving(trained_workdir, "--max_batch_tokens", "512", "--drain_seconds", "60",
-               "--max_beam_size", "5") as (process, address):
+               "--max_beam_size", "5", "--engine", engine) as (process, address):
     # The command's limit reaches the batcher: a huge beam is a 400, not a search.
     huge = httpx.post(f"{address}/v1/translate", json={"sentences": [lines[0]], "beam_size": 10**6},
                       timeout=60)
