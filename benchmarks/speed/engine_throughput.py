@@ -4,11 +4,12 @@ then timed `--repeats` times in rotating order; BLEU against the references, so 
 configuration that translated differently shows.
 
 Configurations: `batches` (the default, --batch_tokens 4096), `batches:N` (--batch_tokens N),
-`slots` (engine="slots", --batch_tokens 4096), `slots:N`, and `slots[:N]@T`: the engine with
-its first cache tier at T positions (`serving.engine.FIRST_TIER`, 16 by default) during that
-configuration's calls. Each configuration's first call (its programs compiled, or loaded from
-the persistent compilation cache: FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported
-as `first_call_s`.
+`slots` (engine="slots", --batch_tokens 4096), `slots:N`, and the engine's constants set for a
+configuration's calls: `slots[:N]@T`, its first cache tier at T positions
+(`serving.engine.FIRST_TIER`, 16 by default), and `slots[:N][@T]/gG`, G slots stepped together
+(`serving.engine.GROUP_SLOTS`, 8 by default; e.g. `slots:512/g32`). Each configuration's first
+call (its programs compiled, or loaded from the persistent compilation cache:
+FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
 
   python benchmarks/speed/engine_throughput.py --workdir W \\
       --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import statistics
 import sys
 import time
@@ -39,34 +41,38 @@ def read(path: str, lines: int | None) -> list[str]:
   return text.splitlines()[:lines]
 
 
+CONFIG = re.compile(r"(batches|slots)(?::(\d+))?(?:@(\d+))?(?:/g(\d+))?")
+
+
+def parse_config(config: str) -> tuple[str, int | None, int | None, int | None]:
+  """`engine[:N][@T][/gG]` -> (engine, N, T, G), None where not given; T and G for slots only."""
+  match = CONFIG.fullmatch(config)
+  if not match or (match[1] == "batches" and (match[3] or match[4])):
+    raise SystemExit(f"--configs: {config!r} is not batches[:N] or slots[:N][@T][/gG].")
+  return match[1], *(None if group is None else int(group) for group in match.groups()[1:])
+
+
 def settings_of(config: str, flags: dict[str, object]) -> dict[str, object]:
-  """`batches`, `batches:N`, `slots`, `slots:N` (and `@T`, `first_tier`) -> Translator
-  settings."""
-  engine, _, tokens = config.partition("@")[0].partition(":")
-  if engine not in ("batches", "slots") or ("@" in config and engine != "slots"):
-    raise SystemExit(f"--configs: {config!r} is not batches[:N] or slots[:N][@T].")
-  return {**flags, "engine": engine, **({"batch_tokens": int(tokens)} if tokens else {})}
-
-
-def first_tier(config: str) -> int | None:
-  """T of a `slots[:N]@T` configuration, else None (the engine's default)."""
-  return int(config.partition("@")[2]) if "@" in config else None
+  """A configuration's Translator settings (its engine and budget over `flags`)."""
+  engine, tokens, _, _ = parse_config(config)
+  return {**flags, "engine": engine, **({"batch_tokens": tokens} if tokens else {})}
 
 
 def translate(translator, sources: list[str], config: str, flags: dict[str, object]
               ) -> tuple[list[str], float]:
-  """`translator.translate` of `sources` in `config` (its first tier set for the call), and
-  its seconds."""
+  """`translator.translate` of `sources` in `config` (the engine's first tier and group set
+  for the call), and its seconds."""
   from flax_transformer.serving import engine
 
-  default, tier = engine.FIRST_TIER, first_tier(config)
-  engine.FIRST_TIER = tier or default
+  _, _, tier, group = parse_config(config)
+  defaults = engine.FIRST_TIER, engine.GROUP_SLOTS
+  engine.FIRST_TIER, engine.GROUP_SLOTS = tier or defaults[0], group or defaults[1]
   try:
     start = time.perf_counter()
     translated = translator.translate(sources, **settings_of(config, flags))
     return translated, time.perf_counter() - start
   finally:
-    engine.FIRST_TIER = default
+    engine.FIRST_TIER, engine.GROUP_SLOTS = defaults
 
 
 def parse_flags(pairs: list[str]) -> dict[str, object]:
