@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import random
 import threading
 import time
@@ -245,6 +246,50 @@ def test_a_failing_lane_fails_its_requests_alone(translator, lines, monkeypatch)
   healed = _outcome(batcher.submit(Job(tuple(long_lines))))
   assert batcher.close(10)
   assert [s.hypotheses for s in healed] == translator.translate_nbest(long_lines, 1)
+
+
+def test_a_failed_requests_sentences_in_other_lanes_leave_them(translator, lines, monkeypatch):
+  """When a lane fails, the failed requests' sentences in the other lanes are taken out
+  (`Engine.cancel`): not searched further, never answered, their slots free; the requests that
+  share those lanes go on to their own call's bytes. One loop iteration per round here, so the
+  failed request's short sentence is still in its slot when its long one's lane fails."""
+  from flax_transformer.serving import engine
+  from flax_transformer.serving.inflight import InFlight
+
+  long_line = next(line for line in sentences(60, seed=9, max_words=14)
+                   if 8 <= len(translator.tokenizer.tokenize(line)) <= 14)
+  round_, cancel = engine._LaneRun.round, engine.Engine.cancel
+  cancelled = []
+
+  def failing(self, patient):
+    if self.lanes[0].length == 16:
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory for the lane's tables")
+    return round_(self, patient)
+
+  def counted(self, dropped):
+    cancelled.append(cancel(self, dropped))
+    return cancelled[-1]
+
+  monkeypatch.setattr(engine._LaneRun, "round", failing)
+  monkeypatch.setattr(engine.Engine, "cancel", counted)
+  slots = InFlight(translator)
+  calls = {}
+  for key, chosen in [("kept", lines[:3]), ("failed", [lines[3], long_line])]:
+    call = translator.slot_call(chosen, 1)
+    calls[key] = dataclasses.replace(call, spec=dataclasses.replace(call.spec, max_iterations=1))
+    slots.add(calls[key], key)
+  done, failed, _ = slots.step()
+  assert [key for key, _ in failed] == ["failed"] and cancelled == [1], (failed, cancelled)
+  (plain,) = slots.engines.values()
+  held = [key for run in plain.lanes.values() for key in run.sentence_keys()]
+  assert held and all(owner == "kept" for owner, _ in held), held
+  while slots.busy:
+    more, lost, _ = slots.step()
+    done += more
+    assert not lost
+  assert [key for key, _ in done] == ["kept"] and plain.in_flight == 0
+  ((_, kept),) = done
+  assert kept.hypotheses == translator.translate_nbest(lines[:3], 1)
 
 
 def _outcome(future: concurrent.futures.Future) -> object:

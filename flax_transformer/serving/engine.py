@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import flax.struct
@@ -587,6 +587,13 @@ class Engine:
         del self.lanes[lane]
     return done
 
+  def cancel(self, dropped: Callable[[Any], bool]) -> int:
+    """Takes the sentences whose caller's key `dropped` names out of every lane (queued, or in
+    a slot of any tier, which is freed: rows never mix, so the other slots' bytes stay);
+    their results never come. Returns how many were taken out."""
+    return sum(run.cancel(lambda key: dropped(_caller_key(key)))
+               for run in self.lanes.values())
+
   def take_failed(self) -> list[tuple[Any, BaseException]]:
     """The (caller's key, error) of the sentences whose lane failed since the last call."""
     failed, self.failed = self.failed, []
@@ -735,6 +742,20 @@ class _LaneRun:
     """The keys of the sentences queued or in a slot of any tier."""
     return [key for key, _ in self.queue] + [
         key for owner, live in zip(self.owner, self.live, strict=True) for key in owner[live]]
+
+  def cancel(self, dropped: Callable[[Any], bool]) -> int:
+    """Drops the queued sentences and frees the slots whose key `dropped` names (`Engine.cancel`):
+    a freed slot is free for the next admission or migration, as a completed one is."""
+    kept = [item for item in self.queue if not dropped(item[0])]
+    count = len(self.queue) - len(kept)
+    self.queue.clear()
+    self.queue.extend(kept)
+    for owner, live in zip(self.owner, self.live, strict=True):
+      for i in np.flatnonzero(live):
+        if dropped(owner[i]):
+          live[i], owner[i] = False, None
+          count += 1
+    return count
 
   def round(self, patient: bool) -> Iterator[list[Result]]:
     """Admits what fits, then one `advance` call (module docstring) and its migrations."""

@@ -107,7 +107,7 @@ class InFlight:
     their translations; the failed requests, with the error: those with a sentence in a lane
     whose round raised (`Engine.step`: the other lanes go on), or all of an engine that raised
     outside its lanes (that engine is dropped); what the round did). A failed request's other
-    sentences still complete in their lanes, and are not answered."""
+    sentences leave their lanes (`Engine.cancel`): they are not searched further."""
     done, failed = [], []
     sentences = tokens = in_flight = 0
     for key in [k for k, owners in self.owners.items() if owners]:
@@ -128,6 +128,9 @@ class InFlight:
       if lost:
         _log.error("A lane of the engine failed; its requests are answered 500, the other "
                    "lanes go on: %r", lost[0][1], exc_info=lost[0][1])
+        gone = {owner_key for (owner_key, _), _ in lost}
+        # Their sentences in the other lanes: (request's key, position) keys.
+        engine.cancel(lambda caller, gone=gone: caller[0] in gone)
       sentences += len(results)
       for result in results:
         owner = owners.get(result.index[0])
