@@ -316,6 +316,9 @@ class SearchConfig:
     return dataclasses.replace(self, **changes)
 
 
+SLOT_GROUPS = (0, 8, 16, 32)  # `TranslateConfig.slot_group`'s values (0: the backend's).
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TranslateConfig:
   """The serving settings of `Translator` and the CLI: the search group plus the fields only
@@ -344,6 +347,12 @@ class TranslateConfig:
       "sentence's slot refilled as soon as it is done (continuous batching; a sentence's "
       "output then never depends on the other sentences, nor on the number of devices). "
       "What still runs in batches: docs/design.md, \"The engine\".")
+  slot_group: int = checked_field(
+      0, (lambda v: v in SLOT_GROUPS, f"one of {', '.join(map(str, SLOT_GROUPS))}"),
+      "engine slots: slots stepped together (G; each group steps at G x beam rows). Larger "
+      "groups translate a file faster and a lone sentence slower, and change a score's last "
+      "bits: a translation's bytes are those of its group size. 0: the backend's (8 on a "
+      "CPU, 32 on a GPU).")
   vocab_shortlist: str = checked_field(
       "", doc="A text file in the target language: the search writes only the pieces the "
       "vocabulary makes of it (and the special and language tokens), exactly as the full "

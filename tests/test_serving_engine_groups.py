@@ -2,7 +2,8 @@
 slots that hold a live sentence, each at its one shape, so on conftest's trained model
 
 * a sentence's hypotheses and scores are the same bytes whatever the table's size R (the
-  settings' `batch_tokens`; before groups, another R moved most scores' last bits on XLA:CPU);
+  settings' `batch_tokens`; before groups, another R moved most scores' last bits on XLA:CPU),
+  at the CPU's G and at the settings' `slot_group`;
 * a group with no live slot is left as it was by an `advance` call (not stepped, not copied
   over), while the live group's sentences move on.
 """
@@ -31,14 +32,23 @@ def sources(trained_workdir, translator) -> list[str]:
   return held_out_sources(trained_workdir, translator, 32, 16)
 
 
-def test_a_sentences_bytes_do_not_depend_on_the_tables_size(translator, sources):
-  for tokens, slots in ((256, 8), (1024, 32)):
-    call = translator.slot_call(sources[:1], engine="slots", batch_tokens=tokens)
+@pytest.mark.parametrize("slot_group, group, small_table", [(0, 8, 8), (16, 16, 16)])
+def test_a_sentences_bytes_do_not_depend_on_the_tables_size(translator, sources, slot_group,
+                                                            group, small_table):
+  """At G = 8 (the CPU's, `slot_group` 0) and 16, the sources of 32 tokens: 256 tokens make a
+  table of 256 / 32 = 8 slots (at least G: 16 at G = 16), 1024 tokens one of 32, and the bytes
+  are the same."""
+  for tokens, slots in ((256, small_table), (1024, 32)):
+    call = translator.slot_call(sources[:1], engine="slots", batch_tokens=tokens,
+                                slot_group=slot_group)
     lane = engine.Engine(translator.model_config, translator.params, call.spec).lane_of(
         call.requests[0])
-    assert (lane.slots, lane.group) == (slots, 8)
-  small = translator.translate_nbest(sources, engine="slots", batch_tokens=256)
-  assert translator.translate_nbest(sources, engine="slots", batch_tokens=1024) == small
+    assert (lane.slots, lane.group) == (slots, group)
+    assert {tier.group for tier in engine._tier_lanes(lane)} == {group}
+  small = translator.translate_nbest(sources, engine="slots", batch_tokens=256,
+                                     slot_group=slot_group)
+  assert translator.translate_nbest(sources, engine="slots", batch_tokens=1024,
+                                    slot_group=slot_group) == small
   assert {len(row) for row in small} == {4}  # The n-best of beam 4, scores compared exactly.
 
 

@@ -4,10 +4,10 @@ then timed `--repeats` times in rotating order; BLEU against the references, so 
 configuration that translated differently shows.
 
 Configurations: `batches` (the default, --batch_tokens 4096), `batches:N` (--batch_tokens N),
-`slots` (engine="slots", --batch_tokens 4096), `slots:N`, and the engine's constants set for a
-configuration's calls: `slots[:N]@T`, its first cache tier at T positions
-(`serving.engine.FIRST_TIER`, 16 by default), and `slots[:N][@T]/gG`, G slots stepped together
-(`serving.engine.GROUP_SLOTS`, 8 by default; e.g. `slots:512/g32`). Each configuration's first
+`slots` (engine="slots", --batch_tokens 4096), `slots:N`, `slots[:N]@T`, the engine's first
+cache tier at T positions for the configuration's calls (`serving.engine.FIRST_TIER`, 16 by
+default), and `slots[:N][@T]/gG`, G slots stepped together (--slot_group G; the backend's
+by default, 8 on a CPU; e.g. `slots:512/g32`). Each configuration's first
 call (its programs compiled, or loaded from the persistent compilation cache:
 FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
 
@@ -17,7 +17,10 @@ FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
       --configs batches batches:512 slots [--flags method=greedy ...] [--repeats 3]
 
 One JSON line per configuration: best and median seconds, sentences/s, BLEU, the lines that
-differ from the first configuration's.
+differ from the first configuration's. `--lone N` adds each configuration's latency of one
+sentence alone: the first N lines, one `translate` call each (warm, the configurations taking
+turns line by line), their p50 and p90 in ms (`lone_p50_ms`, `lone_p90_ms`), and how many of
+those lines alone translate otherwise than in the file (`lone_unlike_file`: 0 on the engine).
 """
 
 from __future__ import annotations
@@ -53,26 +56,26 @@ def parse_config(config: str) -> tuple[str, int | None, int | None, int | None]:
 
 
 def settings_of(config: str, flags: dict[str, object]) -> dict[str, object]:
-  """A configuration's Translator settings (its engine and budget over `flags`)."""
-  engine, tokens, _, _ = parse_config(config)
-  return {**flags, "engine": engine, **({"batch_tokens": tokens} if tokens else {})}
+  """A configuration's Translator settings (its engine, budget and group over `flags`)."""
+  engine, tokens, _, group = parse_config(config)
+  return {**flags, "engine": engine, **({"batch_tokens": tokens} if tokens else {}),
+          **({"slot_group": group} if group else {})}
 
 
 def translate(translator, sources: list[str], config: str, flags: dict[str, object]
               ) -> tuple[list[str], float]:
-  """`translator.translate` of `sources` in `config` (the engine's first tier and group set
-  for the call), and its seconds."""
+  """`translator.translate` of `sources` in `config` (the engine's first tier set for the
+  call), and its seconds."""
   from flax_transformer.serving import engine
 
-  _, _, tier, group = parse_config(config)
-  defaults = engine.FIRST_TIER, engine.GROUP_SLOTS
-  engine.FIRST_TIER, engine.GROUP_SLOTS = tier or defaults[0], group or defaults[1]
+  default = engine.FIRST_TIER
+  engine.FIRST_TIER = parse_config(config)[2] or default
   try:
     start = time.perf_counter()
     translated = translator.translate(sources, **settings_of(config, flags))
     return translated, time.perf_counter() - start
   finally:
-    engine.FIRST_TIER, engine.GROUP_SLOTS = defaults
+    engine.FIRST_TIER = default
 
 
 def parse_flags(pairs: list[str]) -> dict[str, object]:
@@ -99,6 +102,8 @@ def main() -> None:
   parser.add_argument("--configs", nargs="+", default=["batches", "batches:512", "slots"])
   parser.add_argument("--flags", nargs="*", default=[])
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--lone", type=int, default=0,
+                      help="also time this many lines one call each (the latency of one sentence)")
   args = parser.parse_args()
 
   import sacrebleu
@@ -118,6 +123,13 @@ def main() -> None:
       translated, seconds = translate(translator, sources, config, flags)
       times[config].append(seconds)
       assert translated == outputs[config], f"{config}: another run translated differently"
+  lone = {config: [] for config in args.configs}
+  lone_unlike = dict.fromkeys(args.configs, 0)  # Lines whose text alone is not their file's.
+  for index, line in enumerate(sources[:args.lone]):
+    for config in args.configs:
+      (translated,), seconds = translate(translator, [line], config, flags)
+      lone[config].append(seconds * 1e3)
+      lone_unlike[config] += translated != outputs[config][index]
   first = outputs[args.configs[0]]
   for config in args.configs:
     best, median = min(times[config]), statistics.median(times[config])
@@ -128,8 +140,16 @@ def main() -> None:
         "first_call_s": round(first_calls[config], 3), "best_s": round(best, 3),
         "median_s": round(median, 3), "sentences_per_s": round(len(sources) / median, 1),
         "bleu": bleu,
-        "lines_unlike_first": sum(a != b for a, b in zip(outputs[config], first, strict=True))}),
-        flush=True)
+        "lines_unlike_first": sum(a != b for a, b in zip(outputs[config], first, strict=True)),
+        **({**_percentiles(lone[config]), "lone_unlike_file": lone_unlike[config]}
+           if lone[config] else {})}), flush=True)
+
+
+def _percentiles(milliseconds: list[float]) -> dict[str, float]:
+  """p50 and p90 (nearest rank) of the lone calls' milliseconds."""
+  ranked = sorted(milliseconds)
+  rank = lambda q: ranked[min(len(ranked) - 1, int(q * len(ranked)))]
+  return {"lone_p50_ms": round(statistics.median(ranked), 1), "lone_p90_ms": round(rank(0.9), 1)}
 
 
 if __name__ == "__main__":

@@ -71,8 +71,8 @@ _SETTING_SECTIONS = {
     "source_lang": "options", "target_lang": "options",
     "constraint_order": "phrases", "max_constraints": "phrases",
     "max_constraint_pieces": "phrases",
-    "batch_tokens": "model", "precision": "model", "engine": "model", "grow_cache": "model",
-    "vocab_shortlist": "model",
+    "batch_tokens": "model", "precision": "model", "engine": "model", "slot_group": "model",
+    "grow_cache": "model", "vocab_shortlist": "model",
 }
 
 

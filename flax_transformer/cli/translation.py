@@ -112,7 +112,8 @@ def _measured(scores: dict, args: argparse.Namespace) -> str:
   if given("vocab_shortlist"):
     parts.append(f"shortlist {given('vocab_shortlist')}")
   if given("engine") not in (None, "batches"):
-    parts.append(f"engine {given('engine')}")
+    group = given("slot_group")
+    parts.append(f"engine {given('engine')}" + (f" (groups of {group})" if group else ""))
   return ", ".join(parts) + ":"
 
 

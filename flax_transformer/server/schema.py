@@ -21,11 +21,12 @@ from flax_transformer.config import TranslateConfig
 from flax_transformer.errors import Error, InputError
 from flax_transformer.serving import texts as serving_texts
 
-# The settings the server fixes for every request: its device batches, precision and engine,
-# the cache rule and the phrase arrays' capacity (shapes of its compiled programs), and the
-# languages (a request's own `source_lang`/`target_lang` fields, checked against the model's).
-SERVER_SETTINGS = ("batch_tokens", "precision", "engine", "grow_cache", "max_constraints",
-                   "max_constraint_pieces", "source_lang", "target_lang")
+# The settings the server fixes for every request: its device batches, precision, engine and
+# the engine's group, the cache rule and the phrase arrays' capacity (shapes of its compiled
+# programs), and the languages (a request's own `source_lang`/`target_lang` fields, checked
+# against the model's).
+SERVER_SETTINGS = ("batch_tokens", "precision", "engine", "slot_group", "grow_cache",
+                   "max_constraints", "max_constraint_pieces", "source_lang", "target_lang")
 RETRY_AFTER_SECONDS = 1
 
 

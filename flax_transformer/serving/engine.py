@@ -61,7 +61,18 @@ _log = logging.getLogger(__name__)
 MAX_SLOTS = 128  # Most slots of a lane (lane_for).
 ADMIT_ROWS = 32  # Most sentences one admit call encodes.
 FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (`tiers`).
-GROUP_SLOTS = 8  # G: slots stepped (and sentences encoded) together, the programs' row count.
+# G by backend, where the settings' `slot_group` is 0: slots stepped (and sentences encoded)
+# together, the programs' row count. A larger G runs a full table in fewer, larger matmuls and a
+# lone sentence in more rows. Measured on a 2-core AMD EPYC (docs/performance.md, "The engine's
+# group"): G = 8, 16, 32 translate a file at 1.04, 1.20, 1.29x the best batches and one sentence
+# alone in 0.9, 1.4, 1.7x their time; 8 keeps the server's lone sentence as fast as the batches'.
+# On a GPU a group's rows cost about the same from 32 to 128 (not measured here: no device).
+GROUP_SLOTS = {"cpu": 8, "gpu": 32, "tpu": 32}
+
+
+def group_slots(slot_group: int, platform: str) -> int:
+  """G of the settings' `slot_group` (8, 16 or 32; 0: `GROUP_SLOTS` of `platform`)."""
+  return slot_group or GROUP_SLOTS.get(platform, GROUP_SLOTS["gpu"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,21 +166,21 @@ class Search:
 
 
 def lane_for(source_length: int, settings: SearchConfig, batch_tokens: int, max_len: int, *,
-             prefixed: bool = False, phrases: tuple[int, int] | None = None,
+             group: int, prefixed: bool = False, phrases: tuple[int, int] | None = None,
              sampled: bool = False, terms: tuple[int, int] | None = None) -> Lane:
   """The lane of a sentence of `source_length` tokens: its bucket S, the output length L of
   that bucket (as `translate`'s batches), R = `batch_tokens` // S slots rounded down to a power
-  of two, between `batching.MIN_ROWS` and `MAX_SLOTS`, E = min(R, `ADMIT_ROWS`) and G =
-  min(R, `GROUP_SLOTS`)."""
+  of two, between max(`batching.MIN_ROWS`, G) and `MAX_SLOTS`, E = min(R, `ADMIT_ROWS`) and G =
+  `group` (`group_slots`: 8, 16 or 32, whatever R, so that no shape a sentence meets depends
+  on `batch_tokens`)."""
   length = batching.bucket_length(source_length, max_len)
   rows = 1 << (max(1, batch_tokens // length).bit_length() - 1)
-  rows = min(max(rows, batching.MIN_ROWS), MAX_SLOTS)
+  rows = min(max(rows, batching.MIN_ROWS, group), MAX_SLOTS)
   decode_len = batching.decode_length(settings, length, max_len)
   admit_rows = min(rows, ADMIT_ROWS)
-  group = min(admit_rows, GROUP_SLOTS)
   if rows % group or admit_rows % group:
     raise ValueError(f"lane_for: {rows} slots and {admit_rows} admission rows are not groups of "
-                     f"{group} (GROUP_SLOTS {GROUP_SLOTS} must be a power of two).")
+                     f"{group} (a power of two, at most {ADMIT_ROWS}).")
   return Lane(length, decode_len, tiers(decode_len)[0], rows, admit_rows, group, prefixed,
               phrases, sampled, terms)
 
@@ -500,6 +511,7 @@ class Run:
   # Where the tables live: R slots of each on every device of its 'data' axis (`_programs`);
   # None: one device.
   mesh: Mesh | None = None
+  group: int = GROUP_SLOTS["cpu"]  # G (`lane_for`): the settings' slot_group (`group_slots`)
 
 
 class Engine:
@@ -534,7 +546,8 @@ class Engine:
   def lane_of(self, request: Request) -> Lane:
     """The lane `request` runs in (`lane_for` of its source and the run's settings)."""
     return lane_for(len(request.source), self.spec.settings, self.spec.batch_tokens,
-                    self.model_config.max_len, prefixed=request.prefix is not None,
+                    self.model_config.max_len, group=self.spec.group,
+                    prefixed=request.prefix is not None,
                     phrases=self.spec.phrases if request.forbid is not None else None,
                     sampled=self.spec.settings.method == "sample",
                     terms=self.spec.phrases if request.plain is not None else None)
@@ -905,18 +918,17 @@ def _table_shapes(model_config: ModelConfig, lane: Lane, how: Search, params: tu
 
 
 def _tier_lanes(lane: Lane) -> list[Lane]:
-  """The lanes of `lane`'s tiers: tier t holds R / 2^t slots (at least `batching.MIN_ROWS`:
-  fewer sentences reach it, and its caches are 2^t times as long), in groups of G (at most
-  its slots). A lane of terms has one tier, its plain lane's last (L positions, its slots):
-  a constrained search runs from the source again and nearly always far past the first tiers
-  (it stops only once no alive beam can outrank its K-th finished hypothesis), so tiers there
-  would save little stepping and cost an advance and a migrate program each."""
+  """The lanes of `lane`'s tiers: tier t holds R / 2^t slots (at least `batching.MIN_ROWS` and
+  G: fewer sentences reach it, and its caches are 2^t times as long), in groups of G. A lane
+  of terms has one tier, its plain lane's last (L positions, its slots): a constrained search
+  runs from the source again and nearly always far past the first tiers (it stops only once
+  no alive beam can outrank its K-th finished hypothesis), so tiers there would save little
+  stepping and cost an advance and a migrate program each."""
   lanes = []
   for t, capacity in enumerate(tiers(lane.decode_len)):
-    rows = max(batching.MIN_ROWS, lane.slots >> t)
-    admit_rows = min(lane.admit_rows, rows)
-    lanes.append(dataclasses.replace(lane, capacity=capacity, slots=rows, admit_rows=admit_rows,
-                                     group=min(lane.group, admit_rows)))
+    rows = max(batching.MIN_ROWS, lane.group, lane.slots >> t)
+    lanes.append(dataclasses.replace(lane, capacity=capacity, slots=rows,
+                                     admit_rows=min(lane.admit_rows, rows)))
   return lanes if lane.terms is None else lanes[-1:]
 
 

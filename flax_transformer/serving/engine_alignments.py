@@ -95,7 +95,8 @@ class Aligner:
     groups: dict[tuple[int, int, int], list[int]] = {}
     for position, result in enumerate(results):
       lane = engine.lane_for(len(self.requests[result.index].source), self.spec.settings,
-                             self.spec.batch_tokens, self.model_config.max_len)
+                             self.spec.batch_tokens, self.model_config.max_len,
+                             group=self.spec.group)
       longest = int(np.max(np.count_nonzero(result.sequences[:self.take], axis=-1)))  # EOS too
       tier = next(c for c in engine.tiers(result.sequences.shape[-1]) if c >= longest)
       groups.setdefault((lane.length, lane.group, tier), []).append(position)

@@ -436,6 +436,12 @@ class Translator:
                        mesh=mesh)
 
   @property
+  def platform(self) -> str:
+    """The platform of the devices that search ("cpu", "gpu", "tpu")."""
+    devices = jax.devices() if self.mesh is None else self.mesh.devices.flat
+    return next(iter(devices)).platform
+
+  @property
   def num_devices(self) -> int:
     """Device batches per step: the size of the mesh's 'data' axis, or 1."""
     return 1 if self.mesh is None else self.mesh.shape[sharding.DATA_AXIS]
@@ -750,7 +756,8 @@ class Translator:
                                       or forbid_ids is not None or term_rows else None),
                       shortlist=shortlist,
                       phrases=(search_settings.max_constraints,
-                               search_settings.max_constraint_pieces), mesh=self.mesh)
+                               search_settings.max_constraint_pieces), mesh=self.mesh,
+                      group=engine.group_slots(options.slot_group, self.platform))
     return SlotCall(spec, requests, np.asarray(real, np.int64), cut, take,
                     None if terms[0] is None else terms[1],
                     search_settings.constraint_order == "ordered")
