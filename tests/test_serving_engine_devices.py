@@ -4,7 +4,8 @@ programs on them, so a sentence's text, score, n-best and word alignments
 (`serving.engine_alignments`: one device's program per device too) are the same bytes
 
 * on 1 device and on 8 devices of one process, in a file and alone (beam search with its
-  n-best, sampling with per-line keys), slots moving up tiers on several devices;
+  n-best, sampling with per-line keys), slots moving up tiers on several devices, and through
+  the server's batcher (`serving.batcher`: requests sharing the 8 devices' tables);
 * in 2 processes of 2 devices each joined by jax.distributed, on one mesh over both (every
   process passes the same sentences and gets every translation and alignment).
 
@@ -21,6 +22,7 @@ WORKDIR SOURCES PORT PID OUT` (SOURCES: a JSON list of sentences).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -72,6 +74,7 @@ def test_one_and_eight_devices_give_the_same_bytes(trained_workdir, one, sources
   from flax_transformer import Translator
   from flax_transformer.runtime import sharding
   from flax_transformer.serving import engine
+  from flax_transformer.serving.batcher import Batcher, Job
 
   dealt, moved = [], []
   deal, migrate = engine._dealt, engine._LaneRun._migrate
@@ -79,7 +82,8 @@ def test_one_and_eight_devices_give_the_same_bytes(trained_workdir, one, sources
                       or dealt[-1])
   monkeypatch.setattr(engine._LaneRun, "_migrate", lambda self, tier, rows: moved.append(
       sorted({int(row) // self.lanes[tier].slots for row in rows})) or migrate(self, tier, rows))
-  eight = Translator.from_workdir(trained_workdir, mesh=sharding.local_mesh())
+  eight = Translator.from_workdir(trained_workdir, mesh=sharding.local_mesh(), engine="slots",
+                                  **SETTINGS)
   assert eight.num_devices == 8
   assert aligned_nbest(eight, sources, **SETTINGS) == one_device
   assert {len(row) for row, _ in one_device} == {4}  # The n-best of beam 4.
@@ -93,6 +97,15 @@ def test_one_and_eight_devices_give_the_same_bytes(trained_workdir, one, sources
   assert eight.translate_nbest(sources[:16], engine="slots", **sampled) == expected
   alone = next(iter(eight.iter_nbest([sources[9]], first_index=9, engine="slots", **sampled)))
   assert alone.hypotheses == expected[9:10]
+  # The server's batcher on the 8 devices' engine: requests of 1-5 sentences queued together
+  # share its tables, and each gets one device's bytes.
+  batcher = Batcher(eight)
+  spans = list(itertools.pairwise([0, 1, 4, 9, 11, 16, 20, 24]))
+  futures = [batcher.submit(Job(tuple(sources[a:b]), n=4)) for a, b in spans]
+  batcher.start()
+  for (a, b), future in zip(spans, futures, strict=True):
+    assert [s.hypotheses for s in future.result(120)] == [row for row, _ in one_device[a:b]]
+  assert batcher.close(60)
 
 
 def test_two_processes_give_the_bytes_of_one_device(trained_workdir, sources, one_device,

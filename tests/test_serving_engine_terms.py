@@ -44,7 +44,7 @@ def test_a_lane_of_terms_has_one_tier_and_the_batches_texts(translator, monkeypa
   advanced.clear()
   slots = translator.translate_nbest(sources, engine="slots", constraints=terms)
   rows = engine.lane_for(16, translator.settings.search, translator.settings.batch_tokens,
-                         max_len, group=engine.GROUP_SLOTS["cpu"]).slots
+                         max_len, group=engine.group_slots(0, translator.platform)).slots
   assert {(True, decode_len, max(batching.MIN_ROWS, rows // 2))} == {
       key for key in advanced if key[0]}, advanced  # One tier: the plain lane's last.
   assert {(False, 16, rows), (False, decode_len, rows // 2)} == {
