@@ -22,10 +22,11 @@ gets the same cap per sentence). One JSON line per (system, clients), then a sum
       [--clients 1 8 32 128] [--servers exact slots] [--precision float32] [--skip_anchor] \\
       [--client aiohttp] [--rounds 3]
 
-Servers, side by side in one run (both processes up, each level run on one then the other):
+Servers, side by side in one run (every process up, each level run on one after the other):
 `exact`, the batcher merging requests into translate's batches (serve's default, --engine
-batches), and `slots`, the batcher on the engine's slots (serve --engine slots, continuous
-batching). The summary gives slots over exact at each level.
+batches), `slots`, the batcher on the engine's slots (serve --engine slots, continuous
+batching), and `slots32`, the same in groups of 32 slots (--slot_group 32). The summary gives
+each slots server over exact at each level.
 
 On a shared machine the speed drifts: `--rounds N` alternates bulk and the servers' levels N
 times and the summary compares their medians.
@@ -55,7 +56,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"beam_size": 4, "length_normalization": "fairseq", "length_penalty": 1.0}
-SERVERS = {"exact": "batches", "slots": "slots"}  # --servers -> serve's --engine.
+# --servers -> serve's flags: its engine and, for slots32, its group (--slot_group).
+SERVERS = {"exact": ["--engine", "batches"], "slots": ["--engine", "slots"],
+           "slots32": ["--engine", "slots", "--slot_group", "32"]}
 
 
 def read_lines(path: str) -> list[str]:
@@ -218,7 +221,8 @@ def main() -> None:
   parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128])
   parser.add_argument("--servers", nargs="+", default=["exact", "slots"],
                       choices=tuple(SERVERS), help="exact: requests merged into translate's "
-                      "batches (--engine batches); slots: the engine's slots (--engine slots).")
+                      "batches (--engine batches); slots: the engine's slots (--engine slots); "
+                      "slots32: in groups of 32 (--slot_group 32).")
   parser.add_argument("--max_wait_ms", type=float, default=5.0)
   parser.add_argument("--batch_tokens", type=int, default=4096)
   parser.add_argument("--precision", default="float32")
@@ -247,7 +251,7 @@ def main() -> None:
   flags = [f"--{k}={v}" for k, v in SETTINGS.items()]
   servers = {name: start([sys.executable, "-m", "flax_transformer.cli", "serve",
                           "--workdir", args.workdir, "--port", "0", "--warmup",
-                          "--engine", SERVERS[name], "--max_wait_ms", str(args.max_wait_ms),
+                          *SERVERS[name], "--max_wait_ms", str(args.max_wait_ms),
                           "--batch_tokens", str(args.batch_tokens), "--max_queue", "100000",
                           "--precision", args.precision, *flags])
              for name in args.servers}
@@ -292,9 +296,11 @@ def main() -> None:
   median = {key: statistics.median(values) for key, values in by.items()}
   summary = {}
   for clients in args.clients:
-    exact, slots = (median.get((f"serve ({name})", clients)) for name in ("exact", "slots"))
-    if exact and slots:
-      summary[f"slots_over_exact_at_{clients}"] = round(slots / exact, 2)
+    exact = median.get(("serve (exact)", clients))
+    for name in ("slots", "slots32"):
+      slots = median.get((f"serve ({name})", clients))
+      if exact and slots:
+        summary[f"{name}_over_exact_at_{clients}"] = round(slots / exact, 2)
     for name in args.servers:
       ours = median.get((f"serve ({name})", clients))
       if ours and not args.skip_bulk:
