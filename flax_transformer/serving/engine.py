@@ -64,9 +64,9 @@ FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (
 # G by backend, where the settings' `slot_group` is 0: slots stepped (and sentences encoded)
 # together, the programs' row count. A larger G runs a full table in fewer, larger matmuls and a
 # lone sentence in more rows. Measured on a 2-core AMD EPYC (docs/performance.md, "The engine's
-# group"): G = 8, 16, 32 translate a file at 1.04, 1.20, 1.29x the best batches and one sentence
-# alone in 0.9, 1.4, 1.7x their time; 8 keeps the server's lone sentence as fast as the batches'.
-# On a GPU a group's rows cost about the same from 32 to 128 (not measured here: no device).
+# group"): G = 8, 16, 32 translate a file at 1.06, 1.21, 1.37x the best batches and one sentence
+# alone in 0.9, 1.4, 2.1x their time; 8 keeps the server's lone sentence as fast as the batches'.
+# On a GPU, 128 rows are expected to cost about what 32 cost (not measured: no device was lent).
 GROUP_SLOTS = {"cpu": 8, "gpu": 32, "tpu": 32}
 
 
