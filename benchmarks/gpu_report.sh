@@ -189,6 +189,16 @@ item_bulk() {
     --dtype bfloat16 --ct2_device cuda --ct2_compute_type float16 --batch_tokens 8192
 }
 
+item_engine() {
+  # Issue 86 on the GPU: the engine's slots (G = 8, 16, 32; the GPU's default is 32) against the
+  # batches, bfloat16, the seed-0 workdir on test2016, with one sentence's latency alone.
+  python3 benchmarks/speed/engine_throughput.py --workdir /tmp/m30k_seed0 \
+    --src "$GPU/data/multi30k/test_2016_flickr.en.gz" \
+    --ref "$GPU/data/multi30k/test_2016_flickr.de.gz" \
+    --configs batches batches:1024 slots/g8 slots/g16 slots/g32 slots:1024/g32 \
+    --precision bfloat16 --repeats 2 --lone 20
+}
+
 item_mfu() {
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
   python3 benchmarks/speed/train_throughput.py --sizes=big,base --dtype=bfloat16 --length=128 \
@@ -217,7 +227,7 @@ sbs() {
 item_sbs_f32() { sbs float32; }
 item_sbs_bf16() { sbs bfloat16; }
 
-declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [issue43]=520 [issue63]=560 [issue63_select]=240 [cudnn]=300 [bulk]=240 [mfu]=330 [ct2]=240
+declare -A LIMIT=([env]=60 [tests]=330 [quality]=400 [mini]=540 [issue43]=520 [issue63]=560 [issue63_select]=240 [cudnn]=300 [bulk]=240 [engine]=300 [mfu]=330 [ct2]=240
                   [sbs_f32]=280 [sbs_bf16]=280)
 setup || { echo "setup failed"; exit 1; }
 for group in "$@"; do

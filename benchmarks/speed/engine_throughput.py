@@ -14,13 +14,15 @@ FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
   python benchmarks/speed/engine_throughput.py --workdir W \\
       --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
       --ref ../shared/data/multi30k/test_2016_flickr.de.gz \\
-      --configs batches batches:512 slots [--flags method=greedy ...] [--repeats 3]
+      --configs batches batches:512 slots [--flags method=greedy ...] [--repeats 3] \\
+      [--precision bfloat16] [--lone 40]
 
 One JSON line per configuration: best and median seconds, sentences/s, BLEU, the lines that
 differ from the first configuration's. `--lone N` adds each configuration's latency of one
-sentence alone: the first N lines, one `translate` call each (warm, the configurations taking
-turns line by line), their p50 and p90 in ms (`lone_p50_ms`, `lone_p90_ms`), and how many of
-those lines alone translate otherwise than in the file (`lone_unlike_file`: 0 on the engine).
+sentence alone: the first N lines, one `translate` call each (each line's call made once
+untimed first, then timed, the configurations taking turns line by line), their p50 and p90
+in ms (`lone_p50_ms`, `lone_p90_ms`), and how many of those lines alone translate otherwise
+than in the file (`lone_unlike_file`: 0 on the engine).
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ def main() -> None:
   parser.add_argument("--lines", type=int, default=None)
   parser.add_argument("--configs", nargs="+", default=["batches", "batches:512", "slots"])
   parser.add_argument("--flags", nargs="*", default=[])
+  parser.add_argument("--precision", default="float32", choices=("float32", "bfloat16", "int8"),
+                      help="the Translator's (chosen when it is made)")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--lone", type=int, default=0,
                       help="also time this many lines one call each (the latency of one sentence)")
@@ -113,7 +117,7 @@ def main() -> None:
   sources = read(args.src, args.lines)
   references = read(args.ref, args.lines) if args.ref else None
   flags = parse_flags(args.flags)
-  translator = Translator.from_workdir(args.workdir)
+  translator = Translator.from_workdir(args.workdir, precision=args.precision)
   outputs, times, first_calls = {}, {config: [] for config in args.configs}, {}
   for config in args.configs:  # Warm: every program compiled (or loaded) before timing.
     outputs[config], first_calls[config] = translate(translator, sources, config, flags)
@@ -125,6 +129,9 @@ def main() -> None:
       assert translated == outputs[config], f"{config}: another run translated differently"
   lone = {config: [] for config in args.configs}
   lone_unlike = dict.fromkeys(args.configs, 0)  # Lines whose text alone is not their file's.
+  for line in sources[:args.lone]:  # Warm: the batches' programs of one row compiled.
+    for config in args.configs:
+      translate(translator, [line], config, flags)
   for index, line in enumerate(sources[:args.lone]):
     for config in args.configs:
       (translated,), seconds = translate(translator, [line], config, flags)
@@ -136,7 +143,7 @@ def main() -> None:
     bleu = (round(sacrebleu.corpus_bleu(outputs[config], [references]).score, 2)
             if references else None)
     print(json.dumps({
-        "config": config, "flags": flags, "lines": len(sources),
+        "config": config, "flags": flags, "precision": args.precision, "lines": len(sources),
         "first_call_s": round(first_calls[config], 3), "best_s": round(best, 3),
         "median_s": round(median, 3), "sentences_per_s": round(len(sources) / median, 1),
         "bleu": bleu,
