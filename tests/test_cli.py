@@ -201,6 +201,7 @@ def test_evaluate_command_scores_with_sacrebleu(trained_workdir, tmp_path, capsy
      ", constraints terms.txt (ordered), forbidding no.txt"),
     (["--precision", "int8", "--vocab_shortlist", "list.de", "--engine", "slots"],
      ", int8, shortlist list.de, engine slots"),
+    (["--engine", "slots", "--slot_group", "32"], ", engine slots (groups of 32)"),
 ])
 def test_evaluates_header_names_what_shapes_the_translations(flags, named, monkeypatch, capsys):
   """evaluate's header named the checkpoint and the beam only: the same line for a plain, a

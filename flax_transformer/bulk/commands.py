@@ -296,7 +296,8 @@ def evaluate(parameters: Parameters, *, src: str, ref: str, output: str | None =
                 length_normalization=search.length_normalization,
                 finish_rule=search.finish_rule, truncated=truncated,
                 precision=settings.precision, vocab_shortlist=settings.vocab_shortlist or None,
-                engine=settings.engine)
+                engine=settings.engine,
+                slot_group=settings.slot_group if settings.engine == "slots" else None)
   if constraints is not None or forbid is not None:
     scores.update(constraints=constraints, forbid=forbid,
                   constraint_order=search.constraint_order, unmet=unmet)

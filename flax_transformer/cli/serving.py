@@ -8,11 +8,15 @@ import argparse
 import importlib.util
 import math
 import sys
+from typing import TYPE_CHECKING
 
 from flax_transformer.cli import arguments
 from flax_transformer.cli.arguments import add_command
 from flax_transformer.errors import InputError
 from flax_transformer.runtime import log_output
+
+if TYPE_CHECKING:
+  from flax_transformer.serving import Translator
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
 SERVE_INSTALL = "pip install 'flax-transformer[serve]'"
@@ -77,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
   def announce(address: str) -> None:
     print(f"flax-transformer serve: ready at {address} (step {translator.step}, "
           f"{service.describe()}, {settings.precision}, "
-          f"{_batching(settings.engine)}); SIGTERM or Ctrl-C drains and stops.", flush=True)
+          f"{_batching(translator)}); SIGTERM or Ctrl-C drains and stops.", flush=True)
 
   if not lifecycle.serve(translator, options, service, announce=announce,
                            progress=sys.stderr.isatty()):
@@ -88,10 +92,15 @@ def run_serve(args: argparse.Namespace) -> int:
   return 0
 
 
-def _batching(engine: str) -> str:
-  """How the server batches, for its ready line."""
-  return ("the engine's slots (continuous batching)" if engine == "slots"
-          else "exact batching")
+def _batching(translator: Translator) -> str:
+  """How the server batches, for its ready line (on the engine, its group of slots)."""
+  from flax_transformer.serving import engine
+
+  settings = translator.settings
+  if settings.engine != "slots":
+    return "exact batching"
+  group = engine.group_slots(settings.slot_group, translator.platform)
+  return f"continuous batching on the engine's slots, in groups of {group}"
 
 
 def _warmup_kinds(args: argparse.Namespace) -> tuple[str, ...]:
