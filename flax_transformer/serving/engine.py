@@ -64,9 +64,10 @@ FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (
 # G by backend, where the settings' `slot_group` is 0: slots stepped (and sentences encoded)
 # together, the programs' row count. A larger G runs a full table in fewer, larger matmuls and a
 # lone sentence in more rows. Measured on a 2-core AMD EPYC (docs/performance.md, "The engine's
-# group"): G = 8, 16, 32 translate a file at 1.06, 1.21, 1.37x the best batches and one sentence
-# alone in 0.9, 1.4, 2.1x their time; 8 keeps the server's lone sentence as fast as the batches'.
-# On a GPU, 128 rows are expected to cost about what 32 cost (not measured: no device was lent).
+# group"): G = 8, 16, 32 translate a file at 1.06, 1.21-1.24, 1.33-1.37x the best batches and
+# one sentence alone in 1.0, 1.5, 2.1x their time; a server's sentences fill few slots of a group
+# (groups of 32 served 0.4-0.7x the sentences/s of 8), so a CPU keeps 8. On a GPU, 128 rows are
+# expected to cost about what 32 cost (not measured: no device was lent).
 GROUP_SLOTS = {"cpu": 8, "gpu": 32, "tpu": 32}
 
 
