@@ -81,6 +81,8 @@ def translate(parameters: Parameters, *, input: str, output: str,
   task = lambda restored: chunk_tasks.TranslationTask(restored, nbest, extra_inputs=extra_inputs,
                                                       alignments=bool(extra))
   job_settings = {**dataclasses.asdict(settings), "nbest": nbest}
+  if not settings.slot_group:  # The default is left out: a job started before it existed resumes.
+    del job_settings["slot_group"]
   if settings.vocab_shortlist:  # Its text changes the output: part of the job, not its path only.
     job_settings["vocab_shortlist_sha256"] = hashlib.sha256(
         files.to_path(settings.vocab_shortlist).read_bytes()).hexdigest()
