@@ -995,6 +995,6 @@ def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarr
   return targets, inputs, prefix, forbid, lines
 
 
-__all__ = ["ADMIT_ROWS", "MAX_SLOTS", "Engine", "Lane", "Request", "Result", "Run", "Search",
-           "Slot", "admit", "advance", "empty_table", "lane_for", "migrate", "new_slots", "run",
-           "stored_programs", "tiers"]
+__all__ = ["ADMIT_ROWS", "GROUP_SLOTS", "MAX_SLOTS", "Engine", "Lane", "Request", "Result", "Run",
+           "Search", "Slot", "admit", "advance", "empty_table", "group_slots", "lane_for",
+           "migrate", "new_slots", "run", "stored_programs", "tiers"]
