@@ -6,8 +6,11 @@ configuration that translated differently shows.
 Configurations: `batches` (the default, --batch_tokens 4096), `batches:N` (--batch_tokens N),
 `slots` (engine="slots", --batch_tokens 4096), `slots:N`, `slots[:N]@T`, the engine's first
 cache tier at T positions for the configuration's calls (`serving.engine.FIRST_TIER`, 16 by
-default), and `slots[:N][@T]/gG`, G slots stepped together (--slot_group G; the backend's
-by default, 8 on a CPU; e.g. `slots:512/g32`). Each configuration's first
+default), `slots[:N][@T]/gG`, G slots stepped together (--slot_group G; the backend's
+by default, 8 on a CPU; e.g. `slots:512/g32`), and `slots[...]/lM`, the tiers above the first
+stepped in groups of G / 2^t down to M slots instead of the backend's
+(`serving.engine.LEAST_TIER_GROUP`, 2 on a CPU; M = G: every tier in groups of G, as on a
+GPU; e.g. `slots:512/g32/l32`). Each configuration's first
 call (its programs compiled, or loaded from the persistent compilation cache:
 FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
 
@@ -46,38 +49,42 @@ def read(path: str, lines: int | None) -> list[str]:
   return text.splitlines()[:lines]
 
 
-CONFIG = re.compile(r"(batches|slots)(?::(\d+))?(?:@(\d+))?(?:/g(\d+))?")
+CONFIG = re.compile(r"(batches|slots)(?::(\d+))?(?:@(\d+))?(?:/g(\d+))?(?:/l(\d+))?")
 
 
-def parse_config(config: str) -> tuple[str, int | None, int | None, int | None]:
-  """`engine[:N][@T][/gG]` -> (engine, N, T, G), None where not given; T and G for slots only."""
+def parse_config(config: str) -> tuple[str, int | None, int | None, int | None, int | None]:
+  """`engine[:N][@T][/gG][/lM]` -> (engine, N, T, G, M), None where not given; T, G and M for
+  slots only."""
   match = CONFIG.fullmatch(config)
-  if not match or (match[1] == "batches" and (match[3] or match[4])):
-    raise SystemExit(f"--configs: {config!r} is not batches[:N] or slots[:N][@T][/gG].")
+  if not match or (match[1] == "batches" and any(match.groups()[2:])):
+    raise SystemExit(f"--configs: {config!r} is not batches[:N] or slots[:N][@T][/gG][/lM].")
   return match[1], *(None if group is None else int(group) for group in match.groups()[1:])
 
 
 def settings_of(config: str, flags: dict[str, object]) -> dict[str, object]:
   """A configuration's Translator settings (its engine, budget and group over `flags`)."""
-  engine, tokens, _, group = parse_config(config)
+  engine, tokens, _, group, _ = parse_config(config)
   return {**flags, "engine": engine, **({"batch_tokens": tokens} if tokens else {}),
           **({"slot_group": group} if group else {})}
 
 
 def translate(translator, sources: list[str], config: str, flags: dict[str, object]
               ) -> tuple[list[str], float]:
-  """`translator.translate` of `sources` in `config` (the engine's first tier set for the
-  call), and its seconds."""
+  """`translator.translate` of `sources` in `config` (the engine's first tier and its tiers'
+  least group set for the call), and its seconds."""
   from flax_transformer.serving import engine
 
-  default = engine.FIRST_TIER
-  engine.FIRST_TIER = parse_config(config)[2] or default
+  _, _, first, _, least = parse_config(config)
+  default, default_least = engine.FIRST_TIER, engine.LEAST_TIER_GROUP
+  engine.FIRST_TIER = first or default
+  if least:
+    engine.LEAST_TIER_GROUP = dict.fromkeys(("cpu", "gpu", "tpu"), least)
   try:
     start = time.perf_counter()
     translated = translator.translate(sources, **settings_of(config, flags))
     return translated, time.perf_counter() - start
   finally:
-    engine.FIRST_TIER = default
+    engine.FIRST_TIER, engine.LEAST_TIER_GROUP = default, default_least
 
 
 def parse_flags(pairs: list[str]) -> dict[str, object]:

@@ -100,7 +100,9 @@ def _batching(translator: Translator) -> str:
   if settings.engine != "slots":
     return "exact batching"
   group = engine.group_slots(settings.slot_group, translator.platform)
-  return f"continuous batching on the engine's slots, in groups of {group}"
+  least = engine.least_tier_group(group, translator.platform)
+  halved = f", halved per tier down to {least}" if least < group else ""
+  return f"continuous batching on the engine's slots, in groups of {group}{halved}"
 
 
 def _warmup_kinds(args: argparse.Namespace) -> tuple[str, ...]:

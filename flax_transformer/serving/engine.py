@@ -71,9 +71,26 @@ FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (
 GROUP_SLOTS = {"cpu": 8, "gpu": 32, "tpu": 32}
 
 
+# A lane's tier t steps its slots in groups of G / 2^t, down to this many, by backend
+# (`_tier_lanes`): fewer sentences reach a higher tier, so its groups of G held about one live
+# sentence each on a server and stepped G x beams rows for it. Measured on a 2-core AMD EPYC
+# (docs/performance.md, "The tiers' groups"): a file 1.05x as fast at G = 8, 1.07-1.09x at
+# G = 32; a server 1.10-1.20x at 8 to 32 clients; a floor of 1 or 4 gave no more. Where a
+# backend is not named, every tier keeps G: on a GPU or TPU a step of G rows is expected to
+# cost about what a step of G / 4 costs, and smaller groups are more steps in turn (not
+# measured).
+LEAST_TIER_GROUP = {"cpu": 2}
+
+
 def group_slots(slot_group: int, platform: str) -> int:
   """G of the settings' `slot_group` (8, 16 or 32; 0: `GROUP_SLOTS` of `platform`)."""
   return slot_group or GROUP_SLOTS.get(platform, GROUP_SLOTS["gpu"])
+
+
+def least_tier_group(group: int, platform: str) -> int:
+  """The smallest group of a tier above the first on `platform` (`LEAST_TIER_GROUP`; G where
+  the backend halves none) for a first tier's group of `group`."""
+  return min(group, LEAST_TIER_GROUP.get(platform, group))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,6 +530,8 @@ class Run:
   # None: one device.
   mesh: Mesh | None = None
   group: int = GROUP_SLOTS["cpu"]  # G (`lane_for`): the settings' slot_group (`group_slots`)
+  # The smallest group of a tier above the first (`least_tier_group`, `_tier_lanes`).
+  least_group: int = LEAST_TIER_GROUP["cpu"]
 
 
 class Engine:
@@ -730,7 +749,7 @@ class _LaneRun:
     self.model, self.params, self.spec = Transformer(model_config), params, spec
     self.place = _Placement(spec.mesh)
     devices = self.place.devices
-    self.lanes = _tier_lanes(lane)
+    self.lanes = _tier_lanes(lane, spec.least_group)
     self.queue: collections.deque[tuple[Any, Request]] = collections.deque()
     self.tables: list[Slot | None] = [None] * len(self.lanes)
     self.live = [np.zeros(devices * tier.slots, bool) for tier in self.lanes]
@@ -918,19 +937,27 @@ def _table_shapes(model_config: ModelConfig, lane: Lane, how: Search, params: tu
   return table_shapes(Transformer(model_config), shapes[0], lane, how, *shapes[1])
 
 
-def _tier_lanes(lane: Lane) -> list[Lane]:
-  """The lanes of `lane`'s tiers: tier t holds R / 2^t slots (at least `batching.MIN_ROWS` and
-  G: fewer sentences reach it, and its caches are 2^t times as long), in groups of G. A lane
-  of terms has one tier, its plain lane's last (L positions, its slots): a constrained search
-  runs from the source again and nearly always far past the first tiers (it stops only once
-  no alive beam can outrank its K-th finished hypothesis), so tiers there would save little
-  stepping and cost an advance and a migrate program each."""
+def _tier_lanes(lane: Lane, least_group: int) -> list[Lane]:
+  """The lanes of `lane`'s tiers: tier t holds R / 2^t slots (fewer sentences reach it, and its
+  caches are 2^t times as long), stepped in groups of G / 2^t, at least `least_group` (every
+  tier G where that is G), and at least `batching.MIN_ROWS` and its group. The groups a
+  sentence meets follow from its own length and the settings, so its bytes still do not
+  depend on what else is in flight. A lane of terms has one tier, its plain lane's last (L
+  positions, its slots, in groups of G): a constrained search runs from the source again and
+  nearly always far past the first tiers (it stops only once no alive beam can outrank its K-th
+  finished hypothesis), so tiers there would save little stepping and cost an advance and a
+  migrate program each."""
+  if lane.terms is not None:
+    rows = max(batching.MIN_ROWS, lane.group, lane.slots >> (len(tiers(lane.decode_len)) - 1))
+    return [dataclasses.replace(lane, capacity=lane.decode_len, slots=rows,
+                                admit_rows=min(lane.admit_rows, rows))]
   lanes = []
   for t, capacity in enumerate(tiers(lane.decode_len)):
-    rows = max(batching.MIN_ROWS, lane.group, lane.slots >> t)
-    lanes.append(dataclasses.replace(lane, capacity=capacity, slots=rows,
+    group = max(min(least_group, lane.group), lane.group >> t)
+    rows = max(batching.MIN_ROWS, group, lane.slots >> t)
+    lanes.append(dataclasses.replace(lane, capacity=capacity, slots=rows, group=group,
                                      admit_rows=min(lane.admit_rows, rows)))
-  return lanes if lane.terms is None else lanes[-1:]
+  return lanes
 
 
 def _placed_like(table: Slot, params: Any) -> Slot:
@@ -995,6 +1022,7 @@ def _admission(requests: Sequence[Request], taken: Sequence[int], free: np.ndarr
   return targets, inputs, prefix, forbid, lines
 
 
-__all__ = ["ADMIT_ROWS", "GROUP_SLOTS", "MAX_SLOTS", "Engine", "Lane", "Request", "Result", "Run",
-           "Search", "Slot", "admit", "advance", "empty_table", "group_slots", "lane_for",
-           "migrate", "new_slots", "run", "stored_programs", "tiers"]
+__all__ = ["ADMIT_ROWS", "GROUP_SLOTS", "LEAST_TIER_GROUP", "MAX_SLOTS", "Engine", "Lane",
+           "Request", "Result", "Run", "Search", "Slot", "admit", "advance", "empty_table",
+           "group_slots", "lane_for", "least_tier_group", "migrate", "new_slots", "run",
+           "stored_programs", "tiers"]

@@ -59,7 +59,7 @@ def spec_key(spec: engine_lib.Run) -> tuple[Any, ...]:
   return (spec.how, spec.length_penalty, spec.seed, spec.batch_tokens, spec.settings,
           None if spec.word_continues is None else id(spec.word_continues),
           None if spec.shortlist is None else id(spec.shortlist), spec.phrases,
-          spec.max_iterations, spec.group)
+          spec.max_iterations, spec.group, spec.least_group)
 
 
 class InFlight:

@@ -750,6 +750,7 @@ class Translator:
     search_settings = options.search
     how = engine.Search.of(search_settings, forced_tokens=self.forced_tokens,
                            ensemble=self.ensemble)
+    group = engine.group_slots(options.slot_group, self.platform)
     spec = engine.Run(how, search_settings.length_penalty, options.seed, options.batch_tokens,
                       search_settings,
                       word_continues=(self.word_continues if prefix_ids is not None
@@ -757,7 +758,7 @@ class Translator:
                       shortlist=shortlist,
                       phrases=(search_settings.max_constraints,
                                search_settings.max_constraint_pieces), mesh=self.mesh,
-                      group=engine.group_slots(options.slot_group, self.platform))
+                      group=group, least_group=engine.least_tier_group(group, self.platform))
     return SlotCall(spec, requests, np.asarray(real, np.int64), cut, take,
                     None if terms[0] is None else terms[1],
                     search_settings.constraint_order == "ordered")
