@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
 import random
 import threading
 import time
@@ -316,3 +317,56 @@ def test_close_drains_what_is_queued_and_takes_no_more(translator, lines):
     assert [s.hypotheses for s in future.result(0)] == _alone(translator, job)
   with pytest.raises(Closed):
     batcher.submit(jobs[0])
+
+
+def test_a_client_that_hangs_up_takes_its_sentences_out_of_the_engine(translator, lines,
+                                                                       monkeypatch):
+  """A client that closes its connection while its sentences are in the engine: the request is
+  withdrawn (`Batcher.withdraw`), its sentences leave the slots and the queue before they are
+  searched to the end, the answer no one reads is counted as a 499, and the next request gets
+  its own call's bytes. The engine's rounds wait here until the hang-up reached the batcher."""
+  import re
+  import socket
+
+  from flax_transformer.serving.inflight import InFlight
+
+  go, step = threading.Event(), InFlight.step
+
+  def gated(self):
+    assert go.wait(60)
+    return step(self)
+
+  monkeypatch.setattr(InFlight, "step", gated)
+  reports: list[BatchReport] = []
+  batcher = Batcher(translator, observe=reports.append)
+  batcher.start()
+  assert batcher.ready.wait(60)
+  address, thread, server = _serve_http(batcher)
+  chosen = lines[:20]
+  body = json.dumps({"sentences": chosen}).encode()
+  client = socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])))
+  client.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+  deadline = time.monotonic() + 30
+  while not batcher._slots.busy and time.monotonic() < deadline:  # Added; no round ran yet.
+    time.sleep(0.01)
+  assert batcher._slots.busy and batcher.queued == len(chosen)
+  client.close()
+  while not batcher._withdrawn and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert batcher._withdrawn
+  go.set()
+  while (batcher.queued or batcher._slots.busy) and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert batcher.queued == 0 and not batcher._slots.busy
+  searched = sum(report.sentences for report in reports)
+  assert searched < len(chosen), searched  # One round at most ran before it was withdrawn.
+  answer = httpx.post(f"{address}/v1/translate", json={"sentences": lines[20:23]}, timeout=60)
+  metrics = httpx.get(f"{address}/metrics", timeout=10).text
+  server.should_exit = True
+  thread.join(10)
+  assert batcher.close(10)
+  assert [[(h["text"], h["score"]) for h in t["hypotheses"]]
+          for t in answer.json()["translations"]] == translator.translate_nbest(lines[20:23], 1)
+  (count,) = re.findall(r'requests_total\{endpoint="/v1/translate",status="499"\} (\S+)', metrics)
+  assert float(count) == 1

@@ -23,6 +23,7 @@ the worker thread searches.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -151,8 +152,10 @@ def _route_line(app: fastapi.FastAPI, request: fastapi.Request, error: HTTPExcep
 
 
 # ------------------------------------------------------------------------ searching a request
-async def translated(context: Context, job: Job) -> list[Sentence]:
-  """The job's sentences, searched by the batcher (its errors as `ApiError`s)."""
+async def translated(context: Context, request: fastapi.Request, job: Job) -> list[Sentence]:
+  """The job's sentences, searched by the batcher (its errors as `ApiError`s); if the client
+  of `request` hangs up first, the job is withdrawn (`Batcher.withdraw`: its sentences leave
+  the engine's slots) and the answer, which no one reads, is a 499."""
   batcher, retry = context.batcher, {"Retry-After": str(schema.RETRY_AFTER_SECONDS)}
   if batcher.failed is not None:
     raise ApiError(500, "The server's warm-up failed; see its log.")
@@ -169,11 +172,40 @@ async def translated(context: Context, job: Job) -> list[Sentence]:
   except Error as error:
     raise ApiError(400, f"Invalid request: {error}") from None
   try:
-    return await asyncio.wrap_future(future)
+    answers = await _unless_gone(future, batcher, request)
   except BatchFailed as error:
     raise ApiError(500, f"Cannot translate text: {error}; the server logged it.") from None
   except Error as error:
     raise ApiError(400, f"Invalid request: {error}") from None
+  if answers is None:
+    raise ApiError(499, "The client closed the connection before its answer.")
+  return answers
+
+
+async def _unless_gone(future: concurrent.futures.Future, batcher: Batcher,
+                       request: fastapi.Request) -> list[Sentence] | None:
+  """`future`'s answer; None once the client hangs up first (the job withdrawn), and the job
+  withdrawn too when this task is cancelled."""
+  answer, gone = asyncio.wrap_future(future), asyncio.ensure_future(_client_gone(request))
+  try:
+    await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+  except asyncio.CancelledError:
+    batcher.withdraw(future)
+    raise
+  finally:
+    gone.cancel()
+  if not answer.done():
+    batcher.withdraw(future)
+    answer.cancel()
+    return None
+  return answer.result()
+
+
+async def _client_gone(request: fastapi.Request) -> None:
+  """Returns once the client of `request`, whose body was read, hangs up (ASGI's
+  http.disconnect; the server sends it on a closed connection or once the response is sent)."""
+  while (await request.receive())["type"] != "http.disconnect":
+    await asyncio.sleep(0.1)  # Not expected once the body was read; no busy loop if it comes.
 
 
 def _check_key(service: Service, key: Any) -> None:
@@ -206,7 +238,7 @@ async def translate(request: fastapi.Request) -> Response:
   if context.service.languages and language == target:  # LibreTranslate's rule: as it is.
     answers = [Sentence([(line, 0.0)]) for line in lines]
   else:
-    answers = await translated(context, Job(
+    answers = await translated(context, request, Job(
         tuple(lines), n=alternatives + 1,
         **languages_lib.job_pair(context.service, language, target)))
   results, alternates, truncated = _libre_texts(texts, answers, alternatives)
@@ -276,7 +308,7 @@ async def translate_v1(body: TranslateRequest, request: fastapi.Request) -> Tran
             target_prefix=None if body.target_prefix is None else tuple(body.target_prefix),
             constraints=phrases(body.constraints), forbid=phrases(body.forbid),
             alignments=body.alignments, **pair)
-  answers = await translated(context, job)
+  answers = await translated(context, request, job)
   return TranslateResponse(step=context.service.step, translations=[schema.Translation(
       truncated=answer.truncated, hypotheses=[schema.Hypothesis(
           text=text, score=score,

@@ -46,9 +46,11 @@ alone, in their turn, by `Translator.iter_nbest` as `translate` calls it. A sear
 fails the requests of its batch (on the engine: of its engine's round) only (their futures
 raise `BatchFailed`; the traceback is logged once) and the worker goes on; a request that
 `submit` refuses (a target prefix too long for its output, a bad setting) fails alone, before it
-is queued. The queue is bounded in sentences not yet answered: `submit` raises `QueueFull` at
-once when a request does not fit now, and `TooLarge` when it would not fit in an empty queue
-either.
+is queued. A job whose client went away is withdrawn (`Batcher.withdraw`): not searched if it
+had not started, and on the engine its sentences leave the slots at the next round, so a
+hung-up client's long request does not hold the slots it no longer needs. The queue is bounded
+in sentences not yet answered: `submit` raises `QueueFull` at once when a request does not fit
+now, and `TooLarge` when it would not fit in an empty queue either.
 """
 
 from __future__ import annotations
@@ -289,6 +291,7 @@ class Batcher:
     self.failed: BaseException | None = None  # The warm-up's error, if it raised.
     self._pending: collections.deque[_Piece] = collections.deque()
     self._arrived: list[_Request] = []  # Requests for the engine, not yet added to it.
+    self._withdrawn: list[concurrent.futures.Future] = []  # `withdraw`n, not yet taken off.
     self._slots = InFlight(translator)  # Only the worker thread touches it.
     self._queued = 0  # Sentences in _pending.
     self._lock = threading.Condition()
@@ -420,6 +423,18 @@ class Batcher:
       self._lock.notify_all()
     return future
 
+  def withdraw(self, future: concurrent.futures.Future) -> None:
+    """Gives up the job of `future` (its client went away): not searched yet, it never is; on
+    the engine, its sentences still queued or in slots leave them at the worker's next round
+    (`InFlight.withdraw`), freeing those slots for others, and its future raises
+    `CancelledError`. A batch already searching runs to its end. Called from any thread; a
+    future already answered is left as it is."""
+    if future.cancel():  # Not started: its pieces are skipped, its request is not added.
+      return
+    with self._lock:
+      self._withdrawn.append(future)
+      self._lock.notify_all()
+
   def close(self, timeout: float | None = None) -> bool:
     """Takes no new job, searches every queued one at once (no more waiting for batches to
     fill) and stops the worker: whether it stopped within `timeout` seconds."""
@@ -496,12 +511,14 @@ class Batcher:
       work = self._next_work()
       if work is None:
         return
-      arrived, batch = work
+      arrived, withdrawn, batch = work
       for request in arrived:
         if self._start(request):
           self._slots.add(request.call, request)
         else:  # Its client went away before it was searched.
           self._unqueue(request)
+      if withdrawn:
+        self._take_off(withdrawn)
       if batch:
         try:
           self._search(batch)
@@ -532,15 +549,17 @@ class Batcher:
                                    or self.translator.forced_tokens else None)
       engine.warm(engine.lane_of(request))
 
-  def _next_work(self) -> tuple[list[_Request], list[list[_Piece]] | None] | None:
-    """(the requests arrived for the engine, the next due batch or None), waiting while there is
-    nothing to do; None once closed and drained."""
+  def _next_work(self) -> tuple[list[_Request], list[concurrent.futures.Future],
+                                list[list[_Piece]] | None] | None:
+    """(the requests arrived for the engine, the futures withdrawn, the next due batch or None),
+    waiting while there is nothing to do; None once closed and drained."""
     with self._lock:
       while True:
         arrived, self._arrived = self._arrived, []
+        withdrawn, self._withdrawn = self._withdrawn, []
         batch, wait = self._due_batch()
-        if arrived or batch or self._slots.busy:
-          return arrived, batch
+        if arrived or withdrawn or batch or self._slots.busy:
+          return arrived, withdrawn, batch
         if not self._pending and self._closing:
           return None
         self._lock.wait(wait)
@@ -589,6 +608,17 @@ class Batcher:
         if request.dropped:
           continue
       request.future.set_result(list(request.answers))
+
+  def _take_off(self, futures: Sequence[concurrent.futures.Future]) -> None:
+    """The engine's requests of the `withdraw`n futures leave it, their futures cancelled."""
+    chosen = set(futures)
+    for request in self._slots.withdraw(lambda request: request.future in chosen):
+      with self._lock:
+        request.dropped = True
+      self._unqueue(request)
+      request.future.set_exception(concurrent.futures.CancelledError())
+      _log.info("A client went away: its request's %d sentences left the engine.",
+                len(request.call.requests))
 
   def _unqueue(self, request: _Request) -> None:
     """The request's sentences leave the queue's count (answered or failed)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,21 @@ class InFlight:
     owners[key] = _Owner(call, key)
     for position, request in enumerate(call.requests):
       engine.add(request, (key, position))
+
+  def withdraw(self, which: Callable[[Hashable], bool]) -> list[Hashable]:
+    """Takes the requests whose key `which` names off their engines (`Engine.cancel`: their
+    queued sentences dropped, their slots freed; never answered): the keys of those that were in
+    flight."""
+    gone = []
+    for key, owners in self.owners.items():
+      keys = [owner_key for owner_key in owners if which(owner_key)]
+      if keys:
+        for owner_key in keys:
+          del owners[owner_key]
+        chosen = set(keys)
+        self.engines[key].cancel(lambda caller, chosen=chosen: caller[0] in chosen)
+        gone.extend(keys)
+    return gone
 
   def step(self) -> tuple[list[tuple[Hashable, Translated]],
                           list[tuple[Hashable, BaseException]], StepReport]:
