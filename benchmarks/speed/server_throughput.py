@@ -25,8 +25,10 @@ gets the same cap per sentence). One JSON line per (system, clients), then a sum
 Servers, side by side in one run (every process up, each level run on one after the other):
 `exact`, the batcher merging requests into translate's batches (serve's default, --engine
 batches), `slots`, the batcher on the engine's slots (serve --engine slots, continuous
-batching), and `slots32`, the same in groups of 32 slots (--slot_group 32). The summary gives
-each slots server over exact at each level.
+batching), `slots32`, the same in groups of 32 slots (--slot_group 32), and `slots_whole`, the
+engine with every tier stepped in groups of G (its tiers above the first otherwise step smaller
+groups on a CPU, `serving.engine.LEAST_TIER_GROUP`; emptied in that server's process). The
+summary gives each slots server over exact at each level.
 
 On a shared machine the speed drifts: `--rounds N` alternates bulk and the servers' levels N
 times and the summary compares their medians.
@@ -58,7 +60,19 @@ REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"beam_size": 4, "length_normalization": "fairseq", "length_penalty": 1.0}
 # --servers -> serve's flags: its engine and, for slots32, its group (--slot_group).
 SERVERS = {"exact": ["--engine", "batches"], "slots": ["--engine", "slots"],
-           "slots32": ["--engine", "slots", "--slot_group", "32"]}
+           "slots32": ["--engine", "slots", "--slot_group", "32"],
+           "slots_whole": ["--engine", "slots"]}
+# Set in a server's process before the command runs.
+PATCHES = {"slots_whole": "from flax_transformer.serving import engine; "
+                          "engine.LEAST_TIER_GROUP = {}"}
+
+
+def serve_command(name: str) -> list[str]:
+  """The `flax-transformer serve` command of server `name` (with its patch, if it has one)."""
+  if name not in PATCHES:
+    return [sys.executable, "-m", "flax_transformer.cli", "serve", *SERVERS[name]]
+  run = f"{PATCHES[name]}; import sys; from flax_transformer.cli import main; sys.exit(main())"
+  return [sys.executable, "-c", run, "serve", *SERVERS[name]]
 
 
 def read_lines(path: str) -> list[str]:
@@ -212,7 +226,7 @@ def bulk(translator, lines: list[str]) -> dict:
               sentences_per_s=round(len(lines) / seconds, 1))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--input", default="../shared/data/multi30k/test_2016_flickr.en.gz")
@@ -222,7 +236,8 @@ def main() -> None:
   parser.add_argument("--servers", nargs="+", default=["exact", "slots"],
                       choices=tuple(SERVERS), help="exact: requests merged into translate's "
                       "batches (--engine batches); slots: the engine's slots (--engine slots); "
-                      "slots32: in groups of 32 (--slot_group 32).")
+                      "slots32: in groups of 32 (--slot_group 32); slots_whole: every tier "
+                      "in groups of G.")
   parser.add_argument("--max_wait_ms", type=float, default=5.0)
   parser.add_argument("--batch_tokens", type=int, default=4096)
   parser.add_argument("--precision", default="float32")
@@ -236,80 +251,114 @@ def main() -> None:
                       help="The load generator's HTTP client (httpx's pool costs CPU at many "
                       "connections, encode/httpx#3215; aiohttp's less).")
   parser.add_argument("--anchor_server", default=None, help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  if args.anchor_server:
-    anchor_server(args)
-    return
-  lines = read_lines(args.input)
-  config = json.loads((Path(args.workdir) / "config.json").read_text())
-  target = config["data"].get("target_lang") or "de"
-  common = dict(benchmark="server_throughput", input=os.path.basename(args.input),
-                client=args.client, precision=args.precision, **SETTINGS,
-                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
-  results = []
+  return parser.parse_args()
+
+
+class Run:
+  """One run's inputs and its records (each printed as a JSON line as it comes)."""
+
+  def __init__(self, args: argparse.Namespace):
+    self.args = args
+    self.lines = read_lines(args.input)
+    config = json.loads((Path(args.workdir) / "config.json").read_text())
+    self.target = config["data"].get("target_lang") or "de"
+    self.common = dict(benchmark="server_throughput", input=os.path.basename(args.input),
+                       client=args.client, precision=args.precision, **SETTINGS,
+                       date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+    self.results: list[dict] = []
+
+  def record(self, result: dict) -> None:
+    self.results.append(result)
+    print(json.dumps({**self.common, **result}), flush=True)
+
+  def level(self, address: str, clients: int) -> dict:
+    args = self.args
+    return asyncio.run(load(address, self.lines, clients, args.requests, args.max_seconds,
+                            self.target, client_kind=args.client))
+
+
+def run_servers(run: Run) -> None:
+  """Our servers side by side (with bulk `translate` in each round), then each one's memory
+  over --memory_requests and its exit status."""
+  args = run.args
   translator = None if args.skip_bulk else bulk_translator(args)
   flags = [f"--{k}={v}" for k, v in SETTINGS.items()]
-  servers = {name: start([sys.executable, "-m", "flax_transformer.cli", "serve",
+  servers = {name: start([*serve_command(name),
                           "--workdir", args.workdir, "--port", "0", "--warmup",
-                          *SERVERS[name], "--max_wait_ms", str(args.max_wait_ms),
+                          "--max_wait_ms", str(args.max_wait_ms),
                           "--batch_tokens", str(args.batch_tokens), "--max_queue", "100000",
                           "--precision", args.precision, *flags])
              for name in args.servers}
   # Rounds alternate bulk and the servers' levels, so that the machine's drift hits all.
   for _ in range(args.rounds):
     if translator is not None:
-      results.append(bulk(translator, lines[:args.requests]))
-      print(json.dumps({**common, **results[-1]}), flush=True)
+      run.record(bulk(translator, run.lines[:args.requests]))
     for clients in args.clients:
       for name, (_, address) in servers.items():
-        record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds,
-                                  target, client_kind=args.client))
-        results.append({"system": f"serve ({name})", **record})
-        print(json.dumps({**common, **results[-1]}), flush=True)
+        run.record({"system": f"serve ({name})", **run.level(address, clients)})
   for name, (process, address) in servers.items():
     if args.memory_requests:
       import psutil
 
       server = psutil.Process(process.pid)
-      record = asyncio.run(load(address, lines, 32, args.memory_requests, 10**6, target,
-                                rss=server.memory_info, client_kind=args.client))
-      print(json.dumps({**common, "system": f"serve ({name}) memory", **record}), flush=True)
+      record = asyncio.run(load(address, run.lines, 32, args.memory_requests, 10**6,
+                                run.target, rss=server.memory_info, client_kind=args.client))
+      print(json.dumps({**run.common, "system": f"serve ({name}) memory", **record}),
+            flush=True)
     print(json.dumps({"server": name, "serve_exit_status": stop(process)}), flush=True)
 
-  if not args.skip_anchor:
-    from flax_transformer.interop import export_ctranslate2
 
-    model_dir = Path(tempfile.mkdtemp(prefix="server_anchor_")) / "ct2"
-    export_ctranslate2(args.workdir, model_dir, quantization="int8")
-    process, address = start([sys.executable, __file__, "--workdir", args.workdir,
-                              "--anchor_server", str(model_dir),
-                              "--ct2_threads", str(args.ct2_threads)])
-    for clients in args.clients:
-      record = asyncio.run(load(address, lines, clients, args.requests, args.max_seconds,
-                                target, client_kind=args.client))
-      results.append({"system": "CTranslate2 int8, one request per call", **record})
-      print(json.dumps({**common, **results[-1]}), flush=True)
-    stop(process)
+def run_anchor(run: Run) -> None:
+  """CTranslate2 int8 behind the same HTTP stack, at each level."""
+  from flax_transformer.interop import export_ctranslate2
+
+  args = run.args
+  model_dir = Path(tempfile.mkdtemp(prefix="server_anchor_")) / "ct2"
+  export_ctranslate2(args.workdir, model_dir, quantization="int8")
+  process, address = start([sys.executable, __file__, "--workdir", args.workdir,
+                            "--anchor_server", str(model_dir),
+                            "--ct2_threads", str(args.ct2_threads)])
+  for clients in args.clients:
+    run.record({"system": "CTranslate2 int8, one request per call",
+                **run.level(address, clients)})
+  stop(process)
+
+
+def summary(run: Run) -> dict[str, float]:
+  """Each of our servers over exact, bulk and the anchor at each level (medians of rounds)."""
+  args = run.args
   by: dict[tuple[str, int | None], list[float]] = {}
-  for r in results:
+  for r in run.results:
     by.setdefault((r["system"], r.get("clients")), []).append(r["sentences_per_s"])
   median = {key: statistics.median(values) for key, values in by.items()}
-  summary = {}
+  ratios = {}
   for clients in args.clients:
     exact = median.get(("serve (exact)", clients))
-    for name in ("slots", "slots32"):
+    for name in ("slots", "slots32", "slots_whole"):
       slots = median.get((f"serve ({name})", clients))
       if exact and slots:
-        summary[f"{name}_over_exact_at_{clients}"] = round(slots / exact, 2)
+        ratios[f"{name}_over_exact_at_{clients}"] = round(slots / exact, 2)
     for name in args.servers:
       ours = median.get((f"serve ({name})", clients))
       if ours and not args.skip_bulk:
-        summary[f"{name}_over_bulk_at_{clients}"] = round(
+        ratios[f"{name}_over_bulk_at_{clients}"] = round(
             ours / median[("bulk translate", None)], 2)
       anchor = median.get(("CTranslate2 int8, one request per call", clients))
       if ours and anchor:
-        summary[f"{name}_over_anchor_at_{clients}"] = round(ours / anchor, 2)
-  print(json.dumps({**common, "summary": summary}), flush=True)
+        ratios[f"{name}_over_anchor_at_{clients}"] = round(ours / anchor, 2)
+  return ratios
+
+
+def main() -> None:
+  args = parse_args()
+  if args.anchor_server:
+    anchor_server(args)
+    return
+  run = Run(args)
+  run_servers(run)
+  if not args.skip_anchor:
+    run_anchor(run)
+  print(json.dumps({**run.common, "summary": summary(run)}), flush=True)
 
 
 if __name__ == "__main__":
