@@ -191,11 +191,12 @@ item_bulk() {
 
 item_engine() {
   # Issue 86 on the GPU: the engine's slots (G = 8, 16, 32; the GPU's default is 32) against the
-  # batches, bfloat16, the seed-0 workdir on test2016, with one sentence's latency alone.
+  # batches, bfloat16, the seed-0 workdir on test2016, with one sentence's latency alone; /l4:
+  # the tiers above the first in groups halved down to 4 (a GPU keeps G in every tier).
   python3 benchmarks/speed/engine_throughput.py --workdir /tmp/m30k_seed0 \
     --src "$GPU/data/multi30k/test_2016_flickr.en.gz" \
     --ref "$GPU/data/multi30k/test_2016_flickr.de.gz" \
-    --configs batches batches:1024 slots/g8 slots/g16 slots/g32 slots:1024/g32 \
+    --configs batches batches:1024 slots/g8 slots/g16 slots/g32 slots/g32/l4 slots:1024/g32 \
     --precision bfloat16 --repeats 2 --lone 20
 }
 

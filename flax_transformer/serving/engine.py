@@ -74,11 +74,11 @@ GROUP_SLOTS = {"cpu": 8, "gpu": 32, "tpu": 32}
 # A lane's tier t steps its slots in groups of G / 2^t, down to this many, by backend
 # (`_tier_lanes`): fewer sentences reach a higher tier, so its groups of G held about one live
 # sentence each on a server and stepped G x beams rows for it. Measured on a 2-core AMD EPYC
-# (docs/performance.md, "The tiers' groups"): a file 1.05x as fast at G = 8, 1.07-1.09x at
-# G = 32; a server 1.10-1.20x at 8 to 32 clients; a floor of 1 or 4 gave no more. Where a
-# backend is not named, every tier keeps G: on a GPU or TPU a step of G rows is expected to
-# cost about what a step of G / 4 costs, and smaller groups are more steps in turn (not
-# measured).
+# (docs/performance.md, "The tiers' groups"): a file level at G = 8, 1.09-1.13x as fast at
+# G = 32; a server 1.00-1.20x at 8 clients, 1.10-1.16x at 32 to 128; a least group of 1 or 4
+# gave no more. Where a backend is not named, every tier keeps G: on a GPU or TPU a step of G
+# rows is expected to cost about what a step of G / 4 costs, and smaller groups are more steps
+# in turn (not measured).
 LEAST_TIER_GROUP = {"cpu": 2}
 
 
