@@ -21,7 +21,8 @@ FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
       [--precision bfloat16] [--lone 40]
 
 One JSON line per configuration: best and median seconds, sentences/s, BLEU, the lines that
-differ from the first configuration's. `--lone N` adds each configuration's latency of one
+differ from the first configuration's. Each call's seconds go to stderr as it ends, so a long
+run shows where it is. `--lone N` adds each configuration's latency of one
 sentence alone: the first N lines, one `translate` call each (each line's call made once
 untimed first, then timed, the configurations taking turns line by line), their p50 and p90
 in ms (`lone_p50_ms`, `lone_p90_ms`), and how many of those lines alone translate otherwise
@@ -128,12 +129,14 @@ def main() -> None:
   outputs, times, first_calls = {}, {config: [] for config in args.configs}, {}
   for config in args.configs:  # Warm: every program compiled (or loaded) before timing.
     outputs[config], first_calls[config] = translate(translator, sources, config, flags)
+    _progress(f"{config}: first call {first_calls[config]:.1f} s")
   for repeat in range(args.repeats):
     order = args.configs[repeat % len(args.configs):] + args.configs[:repeat % len(args.configs)]
     for config in order:
       translated, seconds = translate(translator, sources, config, flags)
       times[config].append(seconds)
       assert translated == outputs[config], f"{config}: another run translated differently"
+      _progress(f"{config}: repeat {repeat + 1} of {args.repeats}, {seconds:.1f} s")
   lone = {config: [] for config in args.configs}
   lone_unlike = dict.fromkeys(args.configs, 0)  # Lines whose text alone is not their file's.
   for line in sources[:args.lone]:  # Warm: the batches' programs of one row compiled.
@@ -157,6 +160,10 @@ def main() -> None:
         "lines_unlike_first": sum(a != b for a, b in zip(outputs[config], first, strict=True)),
         **({**_percentiles(lone[config]), "lone_unlike_file": lone_unlike[config]}
            if lone[config] else {})}), flush=True)
+
+
+def _progress(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
 
 
 def _percentiles(milliseconds: list[float]) -> dict[str, float]:
