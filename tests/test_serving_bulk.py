@@ -248,6 +248,19 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
       "inputs"][0]["mtime_ns"],) * 2)
   assert main(args) == 0 and len(files.read_lines(str(output))) == 40
   assert "Translated 30 sentences in" in capsys.readouterr().err  # Chunk 0 was kept.
+  # On the engine, the rule of its tiers' groups (a version's, not a flag) is part of the job.
+  from flax_transformer.serving import engine
+
+  short = tmp_path / "short.txt"
+  short.write_text("a man\na red bike\n")  # One lane: one program of each kind to compile.
+  on_slots = translate_args(workdir, short, tmp_path / "slots.txt", "--chunk_lines", "1",
+                            "--method", "greedy", "--engine", "slots")
+  crash_after_chunks(monkeypatch, 1)
+  assert main(on_slots) == 1
+  monkeypatch.setattr(engine, "LEAST_TIER_GROUP", {"cpu": 2})
+  capsys.readouterr()
+  assert main(on_slots) == 2
+  assert "settings.least_tier_group: 4 in the partial run, 2 now" in capsys.readouterr().err
 
 
 def _other_params(params, seed: int):

@@ -4,7 +4,7 @@ slots that hold a live sentence, each at its one shape, so on conftest's trained
 * a sentence's hypotheses and scores are the same bytes whatever the table's size R (the
   settings' `batch_tokens`; before groups, another R moved most scores' last bits on XLA:CPU),
   at the CPU's G and at the settings' `slot_group`, in groups halved in each tier above the
-  first (down to 2 on a CPU);
+  first (down to 4 on a CPU);
 * a group with no live slot is left as it was by an `advance` call (not stepped, not copied
   over), while the live group's sentences move on.
 """
@@ -46,8 +46,8 @@ def test_a_sentences_bytes_do_not_depend_on_the_tables_size(translator, sources,
         call.requests[0])
     assert (lane.slots, lane.group) == (slots, group)
     tiers = engine._tier_lanes(lane, call.spec.least_group)
-    assert len(tiers) >= 3  # Groups of G, G / 2 and G / 4 (at least 2) are met.
-    assert [tier.group for tier in tiers] == [max(2, group >> t) for t in range(len(tiers))]
+    assert len(tiers) >= 3  # Groups of G, G / 2 and G / 4 (at least 4) are met.
+    assert [tier.group for tier in tiers] == [max(4, group >> t) for t in range(len(tiers))]
     assert {tier.group for tier in engine._tier_lanes(lane, group)} == {group}  # A GPU's.
   small = translator.translate_nbest(sources, engine="slots", batch_tokens=256,
                                      slot_group=slot_group)

@@ -83,6 +83,8 @@ def translate(parameters: Parameters, *, input: str, output: str,
   job_settings = {**dataclasses.asdict(settings), "nbest": nbest}
   if not settings.slot_group:  # The default is left out: a job started before it existed resumes.
     del job_settings["slot_group"]
+  if settings.engine == "slots":  # The engine's rule for its upper tiers' groups sets bytes too.
+    job_settings["least_tier_group"] = _least_tier_group(settings)
   if settings.vocab_shortlist:  # Its text changes the output: part of the job, not its path only.
     job_settings["vocab_shortlist_sha256"] = hashlib.sha256(
         files.to_path(settings.vocab_shortlist).read_bytes()).hexdigest()
@@ -90,6 +92,18 @@ def translate(parameters: Parameters, *, input: str, output: str,
                    inputs=[input, *(given[name] for name in extra_inputs)], output=output,
                    extra_outputs=extra, make_task=task, job_settings=job_settings,
                    chunk_lines=chunk_lines, sharing=sharing, warmup=warmup)
+
+
+def _least_tier_group(settings: TranslateConfig) -> int:
+  """The smallest group of slots the engine's tiers step at `settings` on this process's backend
+  (`serving.engine.least_tier_group`): a file job on the engine records it, so that a job resumed
+  by a version whose rule differs is refused instead of mixing bytes."""
+  import jax
+
+  from flax_transformer.serving import engine
+
+  platform = jax.default_backend()
+  return engine.least_tier_group(engine.group_slots(settings.slot_group, platform), platform)
 
 
 def score(parameters: Parameters, *, src: str, tgt: str, output: str, normalize: bool = False,

@@ -74,12 +74,15 @@ GROUP_SLOTS = {"cpu": 8, "gpu": 32, "tpu": 32}
 # A lane's tier t steps its slots in groups of G / 2^t, down to this many, by backend
 # (`_tier_lanes`): fewer sentences reach a higher tier, so its groups of G held about one live
 # sentence each on a server and stepped G x beams rows for it. Measured on a 2-core AMD EPYC
-# (docs/performance.md, "The tiers' groups"): a file level at G = 8, 1.09-1.13x as fast at
-# G = 32; a server 1.00-1.20x at 8 clients, 1.10-1.16x at 32 to 128; a least group of 1 or 4
-# gave no more. Where a backend is not named, every tier keeps G: on a GPU or TPU a step of G
-# rows is expected to cost about what a step of G / 4 costs, and smaller groups are more steps
-# in turn (not measured).
-LEAST_TIER_GROUP = {"cpu": 2}
+# (docs/performance.md, "The tiers' groups"): halved down to 4 against G in every tier, a server
+# 1.04-1.14x at 1 to 128 clients, a file of test2016 lines level at G = 8 (0.97x) and 1.08x at
+# G = 32. Down to 2 serves alike, but where outputs run long the upper tiers fill up, and groups
+# of 2 slots translated WMT14 lines at 0.92x the speed of 4's. The cost of halving at all is
+# there too: 4's 10.6 sentences/s against G's 14.2 on those lines.
+# Where a backend is not named, every tier keeps G: on a GPU or TPU a step of G rows is expected
+# to cost about what a step of G / 4 costs, and smaller groups are more steps in turn (not
+# measured).
+LEAST_TIER_GROUP = {"cpu": 4}
 
 
 def group_slots(slot_group: int, platform: str) -> int:
