@@ -9,7 +9,7 @@ cache tier at T positions for the configuration's calls (`serving.engine.FIRST_T
 default), `slots[:N][@T]/gG`, G slots stepped together (--slot_group G; the backend's
 by default, 8 on a CPU; e.g. `slots:512/g32`), and `slots[...]/lM`, the tiers above the first
 stepped in groups of G / 2^t down to M slots instead of the backend's
-(`serving.engine.LEAST_TIER_GROUP`, 2 on a CPU; M = G: every tier in groups of G, as on a
+(`serving.engine.LEAST_TIER_GROUP`, 4 on a CPU; M = G: every tier in groups of G, as on a
 GPU; e.g. `slots:512/g32/l32`). Each configuration's first
 call (its programs compiled, or loaded from the persistent compilation cache:
 FLAX_TRANSFORMER_COMPILATION_CACHE='' for none) is reported as `first_call_s`.
