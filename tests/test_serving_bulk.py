@@ -257,10 +257,13 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
                             "--method", "greedy", "--engine", "slots")
   crash_after_chunks(monkeypatch, 1)
   assert main(on_slots) == 1
-  monkeypatch.setattr(engine, "LEAST_TIER_GROUP", {"cpu": 2})
+  platform = jax.default_backend()
+  recorded = engine.least_tier_group(engine.group_slots(0, platform), platform)  # A CPU's 4.
+  monkeypatch.setattr(engine, "LEAST_TIER_GROUP", {platform: 2})
   capsys.readouterr()
   assert main(on_slots) == 2
-  assert "settings.least_tier_group: 4 in the partial run, 2 now" in capsys.readouterr().err
+  assert (f"settings.least_tier_group: {recorded} in the partial run, 2 now"
+          in capsys.readouterr().err)
 
 
 def _other_params(params, seed: int):
