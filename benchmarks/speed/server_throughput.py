@@ -28,7 +28,7 @@ batches), `slots`, the batcher on the engine's slots (serve --engine slots, cont
 batching), `slots32`, the same in groups of 32 slots (--slot_group 32), `slots_whole`, the
 engine with every tier stepped in groups of G (its tiers above the first otherwise step smaller
 groups on a CPU, `serving.engine.LEAST_TIER_GROUP`; emptied in that server's process), and
-`slots_l4`, its tiers' groups halved down to 4 slots instead of the CPU's 2. The
+`slots_l2`, its tiers' groups halved down to 2 slots instead of the CPU's 4. The
 summary gives each slots server over exact at each level.
 
 On a shared machine the speed drifts: `--rounds N` alternates bulk and the servers' levels N
@@ -62,12 +62,12 @@ SETTINGS = {"beam_size": 4, "length_normalization": "fairseq", "length_penalty":
 # --servers -> serve's flags: its engine and, for slots32, its group (--slot_group).
 SERVERS = {"exact": ["--engine", "batches"], "slots": ["--engine", "slots"],
            "slots32": ["--engine", "slots", "--slot_group", "32"],
-           "slots_whole": ["--engine", "slots"], "slots_l4": ["--engine", "slots"]}
+           "slots_whole": ["--engine", "slots"], "slots_l2": ["--engine", "slots"]}
 # Set in a server's process before the command runs.
 PATCHES = {"slots_whole": "from flax_transformer.serving import engine; "
                           "engine.LEAST_TIER_GROUP = {}",
-           "slots_l4": "from flax_transformer.serving import engine; "
-                       "engine.LEAST_TIER_GROUP = {'cpu': 4}"}
+           "slots_l2": "from flax_transformer.serving import engine; "
+                       "engine.LEAST_TIER_GROUP = {'cpu': 2}"}
 
 
 def serve_command(name: str) -> list[str]:
@@ -240,7 +240,7 @@ def parse_args() -> argparse.Namespace:
                       choices=tuple(SERVERS), help="exact: requests merged into translate's "
                       "batches (--engine batches); slots: the engine's slots (--engine slots); "
                       "slots32: in groups of 32 (--slot_group 32); slots_whole: every tier "
-                      "in groups of G; slots_l4: the tiers' groups halved down to 4.")
+                      "in groups of G; slots_l2: the tiers' groups halved down to 2.")
   parser.add_argument("--max_wait_ms", type=float, default=5.0)
   parser.add_argument("--batch_tokens", type=int, default=4096)
   parser.add_argument("--precision", default="float32")
@@ -337,7 +337,7 @@ def summary(run: Run) -> dict[str, float]:
   ratios = {}
   for clients in args.clients:
     exact = median.get(("serve (exact)", clients))
-    for name in ("slots", "slots32", "slots_whole", "slots_l4"):
+    for name in ("slots", "slots32", "slots_whole", "slots_l2"):
       slots = median.get((f"serve ({name})", clients))
       if exact and slots:
         ratios[f"{name}_over_exact_at_{clients}"] = round(slots / exact, 2)
