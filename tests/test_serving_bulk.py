@@ -237,7 +237,7 @@ def test_resuming_with_other_settings_or_input_is_refused(workdir, tmp_path, mon
   assert 'settings.search.method: "greedy" in the partial run, "beam" now' in error
   assert f"remove {output}.partial to start over" in error and error.count("\n") == 1
   assert main(args + ["--slot_group", "16"]) == 2  # The engine's group: part of the bytes.
-  assert "settings.slot_group: null in the partial run, 16 now" in capsys.readouterr().err
+  assert "settings.slot_group: not recorded in the partial run, 16 now" in capsys.readouterr().err
   with source.open("a") as f:
     f.write("one more line\n")
   assert main(args) == 2

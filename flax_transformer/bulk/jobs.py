@@ -156,17 +156,28 @@ def input_identity(path: str) -> dict[str, Any]:
           "sha256_first_last_mib": digest.hexdigest()}
 
 
+_UNRECORDED = object()  # A key that one side's manifest does not hold.
+
+
 def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-  """'key: A in OUT.partial, B now' for every leaf that differs between two JSON values."""
+  """'key: A in the partial run, B now' for every leaf that differs between two JSON values; a
+  key that only one side holds reads 'not recorded' there (a job that an older version started
+  records fewer settings)."""
   if isinstance(old, dict) and isinstance(new, dict):
     return [line for key in sorted(set(old) | set(new))
-            for line in differences(old.get(key), new.get(key), f"{prefix}{key}.")]
+            for line in differences(old.get(key, _UNRECORDED), new.get(key, _UNRECORDED),
+                                    f"{prefix}{key}.")]
   if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
     return [line for i, (a, b) in enumerate(zip(old, new, strict=True))
             for line in differences(a, b, f"{prefix}{i}.")]
   if old != new:
-    return [f"{prefix.rstrip('.')}: {json.dumps(old)} in the partial run, {json.dumps(new)} now"]
+    return [f"{prefix.rstrip('.')}: {_shown(old)} in the partial run, {_shown(new)} now"]
   return []
+
+
+def _shown(value: Any) -> str:
+  """A manifest value as the refusal line shows it: JSON, or 'not recorded'."""
+  return "not recorded" if value is _UNRECORDED else json.dumps(value)
 
 
 def read_manifest(partial: Path) -> dict[str, Any] | None:
