@@ -298,6 +298,59 @@ def test_a_signal_raises_stopped_once_and_the_handlers_come_back():
   assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_signal_within_held_imports_is_raised_as_they_end():
+  reached = []
+  with pytest.raises(stopping.Stopped) as stop, stopping.raising_on_signals(print) as outcome:
+    with outcome.held():
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.2)
+      reached.append("the rest of the block")
+    reached.append("after the block")
+  assert reached == ["the rest of the block"] and stop.value.name == "SIGINT"
+
+
+def test_a_signal_while_the_command_line_is_read_stops_before_the_command_runs(monkeypatch,
+                                                                             capsys):
+  import flax_transformer.cli as cli_module
+
+  ran = []
+  args = argparse.Namespace(command="translate", verbose=False, run=ran.append)
+
+  def parse(argv) -> argparse.Namespace:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # Held: not raised in here.
+    return args
+
+  monkeypatch.setattr(cli_module, "_parse", parse)
+  assert main(["translate"]) == 143 and not ran
+  assert capsys.readouterr().err == "flax-transformer translate: stopped by SIGTERM.\n"
+
+
+def test_a_stop_that_became_another_exception_on_its_way_up_is_still_one_line(monkeypatch,
+                                                                              capsys):
+  """CPython may put another exception in the place of the handler's `Stopped`: a SIGTERM that
+  came as the CLI imported `ssl` surfaced as "TypeError: expected a message argument", and
+  printed its traceback. Once a signal came, whatever comes up is its stop: one line, 128 +
+  signal."""
+  import flax_transformer.cli as cli_module
+
+  def stopped_then_replaced(args) -> None:
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(5)
+    except stopping.Stopped:
+      raise TypeError("expected a message argument") from None  # As CPython's import did.
+
+  args = argparse.Namespace(command="translate", verbose=False, run=stopped_then_replaced)
+  monkeypatch.setattr(cli_module, "_parse", lambda argv: args)
+  assert main(["translate"]) == 143
+  assert capsys.readouterr().err == "flax-transformer translate: stopped by SIGTERM.\n"
+  # With no signal, such an exception is a bug: its traceback and status 1, as before.
+  args.run = lambda args: int("not a number")
+  assert main(["translate"]) == 1
+  assert "Traceback" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("when", ["in_the_block", "after_the_block"])
 def test_a_signal_once_the_command_is_done_ends_the_process_with_its_status(when):
   # The signal comes as the block ends (here, on purpose) or after it, when the handlers are

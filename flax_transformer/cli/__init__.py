@@ -91,9 +91,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   # The process's own command: once it is done, a signal ends the process with its status.
   with stopping.raising_on_signals(last_words, exit_after=argv is None) as outcome:
     try:
-      args = _parse(argv)
-      outcome.status = _run(args)
-    except stopping.Stopped as stop:
+      with outcome.held():  # Imports: a stop within them is raised once they are done.
+        args = _parse(argv)
+        _import_native_libraries(args)
+      outcome.status = _run(args, outcome)
+    except (stopping.Stopped, Exception) as error:
+      stop = outcome.stop_behind(error)
+      if stop is None:
+        raise
       last_words(stop)
       if argv is None:  # Nothing more to do: not even the interpreter's exit (XLA's threads
         log_output.exit_now(stop.exit_code)  # may still run a search, and crash at its end).
@@ -102,6 +107,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   if argv is None:
     distributed.leave(status)  # One of several processes: ends here.
   return status
+
+
+def _import_native_libraries(args: argparse.Namespace) -> None:
+  """Imports NumPy, and JAX for the commands that run it (all but `data`'s), while a stop is
+  held (`stopping.Outcome.held`): a stop raised inside their C extensions' initialization, which
+  calls Python, printed NumPy's traceback (`import_array`) or aborted the process
+  (nanobind's `python_error` thrown where nothing catches it: "terminate called")."""
+  import numpy  # noqa: F401
+
+  if not args.command.startswith("data"):
+    import jax  # noqa: F401
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -117,9 +133,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
   return args
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, outcome: stopping.Outcome) -> int:
   """Runs the parsed command: 0 when done; 2 and one line on stderr for an `Error` (a problem
-  the user can fix); 1 and the traceback for anything else (a bug)."""
+  the user can fix); 1 and the traceback for anything else (a bug); raises what a signal
+  (`outcome.signal`) stopped, whatever the exception it became."""
   # stderr holds the progress line, the results' summary, warnings and errors; libraries'
   # INFO lines (orbax's "CheckpointManager created", ...) only with --verbose, and warnings
   # without the logging module's prefixes.
@@ -134,14 +151,17 @@ def _run(args: argparse.Namespace) -> int:
 
       enable_compilation_cache(args.compilation_cache_dir)
     return args.run(args)
-  except Error as error:  # A problem the user can fix: one line.
+  except Exception as error:
+    if outcome.signal is not None:  # Stopped: `main` says so (`Outcome.stop_behind`).
+      raise
+    if not isinstance(error, Error):  # A bug: its traceback, and how to report it.
+      traceback.print_exc()
+      print(bug_report(f"flax-transformer {args.command}"), file=sys.stderr)
+      return 1
+    # A problem the user can fix: one line.
     print(f"flax-transformer {args.command}: error: {in_flags(str(error), args)}",
           file=sys.stderr)
     return 2
-  except Exception:  # A bug: its traceback, and how to report it.
-    traceback.print_exc()
-    print(bug_report(f"flax-transformer {args.command}"), file=sys.stderr)
-    return 1
 
 
 _NOT_FLAGS = ("command", "run", "kept", "started", "config_overrides")

@@ -4,7 +4,9 @@
 While a command runs (`raising_on_signals`), the first signal raises `Stopped` where the main
 thread is; as it unwinds, every output writer removes its temporary file (outputs are renamed
 into place whole, and a bulk job's finished chunks stay in OUT.partial for the same command to
-resume). Then the CLI prints what was kept. Once the command is done (`exiting_on_signals`), a
+resume). Then the CLI prints what was kept. While the command line is read and the native
+libraries are imported (`Outcome.held`), the signal is raised once they are done (a second
+signal still ends the process at once). Once the command is done (`exiting_on_signals`), a
 signal while the interpreter exits (JAX's atexit clean-up, say) ends the process at once with
 the command's own status and prints nothing.
 """
@@ -49,6 +51,32 @@ class Outcome:
 
   def __init__(self) -> None:
     self.status: int | None = None
+    self.signal: int | None = None  # The first SIGINT or SIGTERM within the block.
+    self.holding = 0  # How many `held` blocks the main thread is in.
+
+  @contextlib.contextmanager
+  def held(self) -> Iterator[None]:
+    """Within the block, the first signal is noted and raised as `Stopped` as the block ends
+    (a second one still ends the process at once). For imports: a C extension that imports
+    NumPy prints the traceback of an exception raised within that import (NumPy's
+    `import_array`) before it fails, so a stop raised there printed one."""
+    self.holding += 1
+    try:
+      yield
+    finally:
+      self.holding -= 1
+    if not self.holding and self.signal is not None:
+      raise Stopped(self.signal)
+
+  def stop_behind(self, error: BaseException) -> Stopped | None:
+    """The stop that `error` is or stands for; None where no signal came. Once a signal came,
+    any exception is its stop: the interpreter may put another exception in the place of the
+    `Stopped` that the handler raised (CPython, importing `ssl` as the signal came, raised
+    "TypeError: expected a message argument" instead: the handler ran while the import
+    machinery was formatting an ImportError that `ssl` catches)."""
+    if isinstance(error, Stopped):
+      return error
+    return None if self.signal is None else Stopped(self.signal)
 
 
 @contextlib.contextmanager
@@ -76,7 +104,9 @@ def raising_on_signals(last_words: Callable[[Stopped], None], *,
     if exit_after and outcome.status is not None:  # Done: nothing left to stop.
       log_output.exit_now(outcome.status)
     first.append(signum)
-    raise Stopped(signum)
+    outcome.signal = signum
+    if not outcome.holding:
+      raise Stopped(signum)
 
   def unraisable(info: sys.UnraisableHookArgs) -> None:
     if isinstance(info.exc_value, Stopped):
