@@ -324,7 +324,10 @@ def test_one_device_eight_devices_and_two_processes_write_the_same_bytes(workdir
                                                                           monkeypatch):
   source = tmp_path / "in.txt"
   write_input(source, 160, seed=4)
-  flags = ["--chunk_lines", "48", "--batch_tokens", "96"]  # Several steps of several shapes.
+  # Several lanes of the engine (the batches' bytes across devices and processes:
+  # test_serving_precision's int8 test); its file job asks JAX's backend for its least tier
+  # group only once the processes have joined.
+  flags = ["--chunk_lines", "48", "--batch_tokens", "96", "--engine", "slots"]
   outputs = {name: tmp_path / f"{name}.txt" for name in ("eight", "one", "gloo", "files")}
   cache = tmp_path / "xla"
   # The processes compile as the product does (`cli`'s product_xla), this one with conftest's

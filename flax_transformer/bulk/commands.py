@@ -19,6 +19,7 @@ it only once its flags are parsed, so `--help` and a bad flag answer before that
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,7 +85,8 @@ def translate(parameters: Parameters, *, input: str, output: str,
   if not settings.slot_group:  # The default is left out: a job started before it existed resumes.
     del job_settings["slot_group"]
   if settings.engine == "slots":  # The engine's rule for its upper tiers' groups sets bytes too.
-    job_settings["least_tier_group"] = _least_tier_group(settings)
+    # Asked of JAX's backend once the processes have joined (`_run_bulk`): not before.
+    job_settings["least_tier_group"] = functools.partial(_least_tier_group, settings)
   if settings.vocab_shortlist:  # Its text changes the output: part of the job, not its path only.
     job_settings["vocab_shortlist_sha256"] = hashlib.sha256(
         files.to_path(settings.vocab_shortlist).read_bytes()).hexdigest()
@@ -171,7 +173,9 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
               chunk_lines: int, sharing: Sharing, warmup: bool) -> jobs.JobResult:
   """The job of `translate` or `score`: a resumable file job (its manifest keeps `command`,
   the checkpoint's identity and `job_settings`, everything that changes the output), or a
-  stream when an input or an output is '-'."""
+  stream when an input or an output is '-'. A callable in `job_settings` is a value that asks
+  JAX's backend: it is called once this process has joined the others (`jax.distributed`
+  must start before the backend does)."""
   streamed = "-" in (*inputs, output, *extra_outputs)
   processes.check_flags(sharing.num_processes, sharing.process_id,
                         sharing.coordinator_address, streamed)
@@ -190,6 +194,8 @@ def _run_bulk(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoint
                  warmup)
     return jobs.run_stream_job(chunks, task, output, extra_outputs, from_stdin=from_stdin)
   mine = processes.join(sharing.coordinator_address, sharing.num_processes, sharing.process_id)
+  job_settings = {key: value() if callable(value) else value
+                  for key, value in job_settings.items()}
   checkpoint = restore_point(opened, checkpoint, jobs.previous_step(output))
   job = jobs.plan_file_job(inputs, output, chunk_lines=chunk_lines, job={
       "command": command, "settings": job_settings,
