@@ -22,6 +22,7 @@ compares the machines with the batched searches on the toy chains.
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -178,6 +179,21 @@ def test_sentences_come_back_as_they_finish(translator, sources, monkeypatch):
   # Results came back while sentences still waited for a slot, a few at a time.
   assert sum(1 for seen, _ in yielded if seen < len(sources)) >= 5, yielded
   assert max(count for _, count in yielded) <= 8
+
+
+def test_a_second_call_of_compiled_lanes_logs_no_compile(translator, one_lane, caplog):
+  # Each call builds its own tables around the process's programs: a notebook's second call
+  # printed "Compiled the engine's programs ..." again, with nothing compiled. Beams of 3: no
+  # other test compiles them, so the first call here compiles.
+  logged = []
+  for _ in range(2):
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flax_transformer"):
+      aligned_nbest(translator, one_lane[:3], engine="slots", beam_size=3)
+    logged.append([r.getMessage() for r in caplog.records if "Compiled" in r.getMessage()])
+  assert any("the engine's programs" in line for line in logged[0]), logged
+  assert any("the engine's alignments" in line for line in logged[0]), logged
+  assert logged[1] == []
 
 
 def test_outputs_longer_than_a_tier_move_up_and_keep_their_texts(translator, one_lane,

@@ -12,6 +12,7 @@ No model, data or serving imports."""
 from flax_transformer.exports import lazy_exports
 
 _EXPORTS = {  # Public name -> its module ("module:attribute"), imported on first use.
+    "CalledPrograms": "compilation_cache:CalledPrograms",
     "CompilationCacheError": "compilation_cache:CompilationCacheError",
     "DistributedError": "distributed:DistributedError",
     "GIB": "accelerators:GIB",

@@ -32,6 +32,7 @@ loaded from this cache or found in memory (`counted_compiles`, from JAX's monito
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -39,7 +40,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any, TextIO
 
 import jax
@@ -223,6 +224,30 @@ def counted_compiles() -> Iterator[CompileEvents]:
 
 
 COMPILE_NOTICE_SECONDS = 2.0  # A wait this long for a program to compile gets a line.
+
+
+class CalledPrograms:
+  """The keys of the programs this process has called, the `bound` most recent: a call of a
+  key seen before compiles nothing, so it shows no `compiling` line and logs nothing, however
+  many runs or calls build their own tables around it. Bounded: a server's requests can ask for
+  ever new settings."""
+
+  def __init__(self, bound: int):
+    self.bound = bound
+    self._keys: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
+
+  def __contains__(self, key: Hashable) -> bool:
+    return key in self._keys
+
+  def record(self, key: Hashable) -> bool:
+    """Records a call of `key` that returned; whether it was the first (it compiled or loaded
+    its program then)."""
+    first = key not in self._keys
+    self._keys[key] = None
+    self._keys.move_to_end(key)
+    if len(self._keys) > self.bound:
+      self._keys.popitem(last=False)
+    return first
 
 
 @contextlib.contextmanager

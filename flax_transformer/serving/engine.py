@@ -58,6 +58,9 @@ from flax_transformer.serving import batching, programs
 Array = jax.Array
 PyTree = Any
 _log = logging.getLogger(__name__)
+# The (model config, mesh, lane, search) whose `advance` this process has called: a later run of
+# them (each `translate` call makes its own tables) compiles nothing, and says nothing.
+_SEEN_TIERS = compilation_cache.CalledPrograms(4096)
 MAX_SLOTS = 128  # Most slots of a lane (lane_for).
 ADMIT_ROWS = 32  # Most sentences one admit call encodes.
 FIRST_TIER = 16  # Positions of a new sentence's cache; tiers double from here (`tiers`).
@@ -764,7 +767,7 @@ class _LaneRun:
     self.data = (self.place.whole(words), self.place.whole(spec.shortlist))
     self.seed = self.place.whole(jax.random.key_data(jax.random.key(spec.seed)))
     self.alpha = self.place.whole(np.float32(spec.length_penalty))
-    self.compiled: set[int] = set()
+    self.program_key = (model_config, spec.mesh)
 
   @property
   def busy(self) -> bool:
@@ -877,7 +880,8 @@ class _LaneRun:
     iterations = np.int32(self.spec.max_iterations if bounded else 1 << 30)
     what = (f"the engine's search of sources of {lane.length} tokens ({lane.slots} slots, "
             f"cache of {lane.capacity})")
-    with (compilation_cache.compiling(what) if tier not in self.compiled
+    seen = (*self.program_key, lane, self.spec.how)
+    with (compilation_cache.compiling(what) if seen not in _SEEN_TIERS
           else contextlib.nullcontext()):
       table, complete, full, sequences, scores = self.programs[1](
           self.params, self._table(tier), self.place.rows(live),
@@ -885,8 +889,7 @@ class _LaneRun:
           self.place.whole(iterations), self.alpha, *self.data, lane=lane, how=self.spec.how)
     self.tables[tier] = table
     complete, full = np.asarray(complete), np.asarray(full)
-    if tier not in self.compiled:
-      self.compiled.add(tier)
+    if _SEEN_TIERS.record(seen):  # The call above traced and compiled (or loaded) it.
       _log.info("Compiled the engine's programs for sources of %d tokens (%d slots, cache of %d "
                 "of %d positions) in %.2f s (or loaded them from the persistent compilation "
                 "cache).", lane.length, lane.slots, lane.capacity, lane.decode_len,

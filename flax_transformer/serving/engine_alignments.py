@@ -45,6 +45,9 @@ from flax_transformer.serving import engine
 
 Array = jax.Array
 _log = logging.getLogger(__name__)
+# (program, rows, hypotheses) of the alignment passes this process has called: a later run's
+# first call of one compiles nothing, and says nothing.
+_SEEN_SHAPES = compilation_cache.CalledPrograms(4096)
 
 
 def align(model: Transformer, params: Any, inputs: Array, sequences: Array, *,
@@ -86,7 +89,6 @@ class Aligner:
     self.requests, self.take = requests, take
     self.program = program(model_config, spec.mesh, ensemble)
     self.devices = 1 if spec.mesh is None else spec.mesh.shape[sharding.DATA_AXIS]
-    self.compiled: set[tuple[int, int, int]] = set()
 
   def __call__(self, results: Sequence[engine.Result]) -> list[np.ndarray]:
     """f32 [n, T, S] per result, in the order of `results`: each sentence aligned in rows of
@@ -123,11 +125,11 @@ class Aligner:
       sequences[row] = result.sequences[:self.take, :tier]  # Zeros after: none is cut.
     start = time.perf_counter()
     what = f"the engine's alignments of sources of {length} tokens ({rows} rows)"
-    with (compilation_cache.compiling(what) if shape not in self.compiled
+    seen = (self.program, inputs.shape, sequences.shape)
+    with (compilation_cache.compiling(what) if seen not in _SEEN_SHAPES
           else contextlib.nullcontext()):
       aligned = np.asarray(self.program(self.params, self._rows(inputs), self._rows(sequences)))
-    if shape not in self.compiled:
-      self.compiled.add(shape)
+    if _SEEN_SHAPES.record(seen):  # The call above traced and compiled (or loaded) it.
       _log.info("Compiled the engine's alignments of sources of %d tokens (%d rows, outputs "
                 "of up to %d) in %.2f s (or loaded them from the persistent compilation cache).",
                 length, rows, tier, time.perf_counter() - start)

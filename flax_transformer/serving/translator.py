@@ -49,7 +49,6 @@ in one program (`decoding.bridge`, "Ensembles").
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -178,10 +177,8 @@ _row_keys_jit = jax.jit(_row_keys)
 # Its own logger: the CLI says the facts it logs (truncated sentences) itself, once per command.
 _log = logging.getLogger(__name__)
 # (search function, settings, rows, length, output length) of the searches called in this
-# process, the most recent _MAX_SEEN: a first call is timed and logged (compiling, or loading
-# from the cache). Bounded: a server's requests can ask for ever new settings.
-_SEEN_SHAPES: collections.OrderedDict[tuple[Any, ...], None] = collections.OrderedDict()
-_MAX_SEEN = 4096
+# process: a first call is timed and logged (compiling, or loading from the cache).
+_SEEN_SHAPES = compilation_cache.CalledPrograms(4096)
 
 
 @functools.cache
@@ -993,12 +990,7 @@ class Translator:
           else contextlib.nullcontext()):
       outputs = self.search_fn(params, self._place(inputs), rng, length_penalty, *optional,
                                settings=settings, max_decode_len=decode_len, **static)
-    if shape in _SEEN_SHAPES:
-      _SEEN_SHAPES.move_to_end(shape)
-    else:  # The call above traced and compiled (or loaded) it.
-      _SEEN_SHAPES[shape] = None
-      if len(_SEEN_SHAPES) > _MAX_SEEN:
-        _SEEN_SHAPES.popitem(last=False)
+    if _SEEN_SHAPES.record(shape):  # The call above traced and compiled (or loaded) it.
       _log.info("Compiled the %s search of [%d x %d] sentences (output length %d) in %.2f s "
                    "(or loaded it from the persistent compilation cache).",
                    options.search.method, len(inputs), step.length, decode_len,
