@@ -209,7 +209,8 @@ def packed_matmul_int32(x: Array, packed: Array, features: int) -> Array:
   int32 [..., R, F], exact (the same bits as `matmul_int32(x, w)`), on oneDNN's matmul
   primitive without repacking. CPU only."""
   out = jax.ShapeDtypeStruct((*x.shape[:-1], features), jnp.int32)
-  call = jax.ffi.ffi_call(PACKED_TARGET, out, vmap_method="sequential")
+  # Under vmap the packed weights get size-1 leading axes and x's batch is one product's rows.
+  call = jax.ffi.ffi_call(PACKED_TARGET, out, vmap_method="expand_dims")
   return call(x, packed, k=np.int64(x.shape[-1]), n=np.int64(features))
 
 

@@ -12,10 +12,16 @@
 // `variant` 0 runs oneDNN's matmul primitive (brgemm: AMX tiles where the CPU has them, VNNI
 // elsewhere), its plans cached per shape; 1 runs the BLAS-like dnnl_gemm_s8s8s32 (no plan).
 //
-//   FtInt8MatmulPacked(x int8 [*b, M, K], packed uint8 [P]; k, n) -> int32 [*b, M, N]
+//   FtInt8MatmulPacked(x int8 [*b, M, K], packed uint8 [*1, P]; k, n) -> int32 [*b, M, N]
 //
 // runs the matmul primitive on weights packed once into its own layout (`FtInt8Pack`, when a
 // model is loaded), the same int32 products without the repacking of every call.
+//
+// Where the weights have no batch of their own (every leading axis of w is 1, and always for
+// packed weights), x's batch is folded into its rows: one product of [b x M, K], not b products
+// of M rows. Under the engine's vmap over slots a dense layer's x is [G slots, rows, K], and a
+// product of each slot's few rows (a beam's 4) alone costs oneDNN's per-call overhead G times.
+// The int32 results are exact either way.
 // Built and loaded by flax_transformer/model/int8_kernel.py.
 
 #include <algorithm>
@@ -140,9 +146,11 @@ ffi::Error Int8MatmulPacked(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::U8> packed,
   auto x_dims = x.dimensions();
   auto y_dims = y->dimensions();
   const size_t rank = x_dims.size();
-  if (rank < 2 || y_dims.size() != rank || packed.dimensions().size() != 1) {
+  auto packed_dims = packed.dimensions();  // [P], or [1, ..., P] under vmap's expand_dims.
+  if (rank < 2 || y_dims.size() != rank || packed_dims.size() < 1 ||
+      !std::all_of(packed_dims.begin(), packed_dims.end() - 1, [](int64_t d) { return d == 1; })) {
     return ffi::Error::InvalidArgument(
-        "int8 packed matmul: x [*b, M, K], packed weights [P] and y [*b, M, N] only");
+        "int8 packed matmul: x [*b, M, K], packed weights [*1, P] and y [*b, M, N] only");
   }
   const int64_t m = x_dims[rank - 2];
   if (x_dims[rank - 1] != k || y_dims[rank - 2] != m || y_dims[rank - 1] != n) {
@@ -164,14 +172,12 @@ ffi::Error Int8MatmulPacked(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::U8> packed,
     }
     using tag = dnnl::memory::format_tag;
     using dt = dnnl::memory::data_type;
-    const MatmulPlan& plan = PackedPlan(m, k, n);
+    const int64_t rows = batch * m;  // x's batch folded into its rows (x is row-major).
     dnnl::memory w_memory(w_desc, Engine(), const_cast<uint8_t*>(packed.typed_data()));
-    for (int64_t b = 0; b < batch; ++b) {
-      dnnl::memory x_memory({{m, k}, dt::s8, tag::ab}, Engine(),
-                            const_cast<int8_t*>(x.typed_data()) + b * m * k);
-      dnnl::memory y_memory({{m, n}, dt::s32, tag::ab}, Engine(), y->typed_data() + b * m * n);
-      Run(plan, x_memory, w_memory, y_memory);
-    }
+    dnnl::memory x_memory({{rows, k}, dt::s8, tag::ab}, Engine(),
+                          const_cast<int8_t*>(x.typed_data()));
+    dnnl::memory y_memory({{rows, n}, dt::s32, tag::ab}, Engine(), y->typed_data());
+    Run(PackedPlan(rows, k, n), x_memory, w_memory, y_memory);
   } catch (const dnnl::error& error) {
     return ffi::Error::Internal(std::string("int8 packed matmul (oneDNN): ") + error.what());
   }
@@ -204,7 +210,14 @@ ffi::Error Int8Matmul(ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::S8> w,
     std::fill_n(y->typed_data(), batch * m * n, 0);
     return ffi::Error::Success();
   }
+  const auto one = [](int64_t d) { return d == 1; };
+  const bool shared = std::all_of(w_dims.begin(), w_dims.end() - 2, one);
+  const bool whole = std::equal(x_dims.begin(), x_dims.end() - 2, y_dims.begin());
   try {
+    if (shared && whole) {  // One set of weights for every batch row: one product of b x M rows.
+      Product(x.typed_data(), w.typed_data(), y->typed_data(), batch * m, k, n, variant);
+      return ffi::Error::Success();
+    }
     for (int64_t b = 0; b < batch; ++b) {
       // b's index along each leading axis (the last varies fastest), and the operands' offsets.
       int64_t rest = b, x_offset = 0, w_offset = 0, x_stride = 1, w_stride = 1;
