@@ -191,6 +191,13 @@ def test_a_compile_over_two_seconds_says_what_it_compiled_or_loaded(tmp_path):
                           else "Compiled the toy in "), again
   assert said(60.0) == "" and said(0.0, stream=io.StringIO()) == ""
   assert said(0.0, fail=True) == "\r\033[KCompiling the toy...\r\033[K"  # Erased for the stop.
+  # A wait inside another (attention's translation around the engine's own): one line, the
+  # outer one's; after both, a wait speaks again.
+  terminal = Terminal()
+  with compiling("the outer", stream=terminal, after=0.0):
+    assert said(0.0, stream=terminal) == "\r\033[KCompiling the outer..."
+  assert terminal.getvalue().count("\n") == 1 and "the toy" not in terminal.getvalue()
+  assert said(0.0).endswith("Found the toy compiled earlier in this process in 0.0 s.\n")
 
 
 _COMPILE_LINE = re.compile(r"(Compiled|Loaded|Found) the \w+ search of \[\d+ x \d+\] sentences.* "

@@ -262,11 +262,27 @@ def compiling(what: str, *, bar: Any = None, stream: TextIO | None = None,
     Loaded the beam search of [128 x 8] sentences from the persistent compilation cache in 2.3 s.
 
   A shorter call, or another stream (a pipe, a log file), prints nothing: the line is for a
-  person waiting at a terminal. A call that raises (Ctrl-C) erases the line."""
+  person waiting at a terminal. A call that raises (Ctrl-C) erases the line. Inside another
+  `compiling` of this thread (a command's wait around the search's own: `attention`'s
+  translation), only the outer one speaks: one line per wait."""
   stream = sys.stderr if stream is None else stream
-  if not stream.isatty():
+  if not stream.isatty() or getattr(_SPEAKING, "active", False):
     yield
     return
+  _SPEAKING.active = True
+  try:
+    with _notice(what, bar, stream, after):
+      yield
+  finally:
+    _SPEAKING.active = False
+
+
+_SPEAKING = threading.local()  # Whether this thread is inside a `compiling` that shows its line.
+
+
+@contextlib.contextmanager
+def _notice(what: str, bar: Any, stream: TextIO, after: float | None) -> Iterator[None]:
+  """`compiling`'s line on a terminal."""
   lock, shown, finished, began = threading.Lock(), [], [], time.perf_counter()
 
   def announce() -> None:
