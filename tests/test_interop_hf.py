@@ -433,12 +433,14 @@ def test_a_target_prefix_follows_the_language_token(imported, sentences):
   assert all(np.isfinite(scores))
 
 
-def _many_language_server(imported, **options):
+def _many_language_server(imported, engine: str | None = None, **options):
   """`serve_app` over a Translator of no language pair: a server of every pair of the model, as
-  `serve` runs one without --source_lang/--target_lang (`options`: the Service's defaults)."""
+  `serve` runs one without --source_lang/--target_lang (`options`: the Service's defaults;
+  `engine`: the Translator's, else the default)."""
   from flax_transformer.server import Service
 
-  translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED)
+  translator = Translator.from_workdir(imported.workdir, grow_cache="no", **SERVED,
+                                       **({"engine": engine} if engine else {}))
   return hf_imports.serve_app(translator, Service(options.get("source"), options.get("target"),
                                                   languages=tuple(translator.languages)))
 
@@ -472,7 +474,8 @@ def test_the_server_searches_requests_into_two_languages_together(imported, sent
     pytest.skip("one family is enough")
   pytest.importorskip("fastapi", reason="needs the [serve] extra")
   source, target_a, target_b = imported.codes
-  batcher, app, reports = _many_language_server(imported)
+  # In batches: "one search" is a merged batch's report (the engine reports its rounds).
+  batcher, app, reports = _many_language_server(imported, engine="batches")
   lines = sentences[:3]
   libre = hf_imports.posts(app, [("/translate", {"q": lines, "source": source, "target": target})
                                   for target in (target_a, target_b)])

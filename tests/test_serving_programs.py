@@ -34,11 +34,14 @@ def stored_in(tmp_path, monkeypatch):
 
 
 def _translator(tokenizer, search_fn=None, **settings) -> Translator:
+  """A tiny model's Translator in batches (this module's search programs; a call's
+  engine="slots" runs the engine's, whatever the default)."""
   config = ModelConfig.tiny(tokenizer.vocab_size, max_len=32, dropout_rate=0.0,
                             attention_dropout_rate=0.0)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = Transformer(config).init(jax.random.key(2), tokens, tokens)["params"]
-  return Translator(config, params, tokenizer, TranslateConfig().replace(**settings),
+  return Translator(config, params, tokenizer,
+                    TranslateConfig().replace(**{"engine": "batches", **settings}),
                     search_fn=search_fn)
 
 

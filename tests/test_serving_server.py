@@ -38,6 +38,13 @@ def translator(trained_workdir) -> Translator:
 
 
 @pytest.fixture(scope="module")
+def batches_translator(trained_workdir) -> Translator:
+  """In batches whatever the default: the tests of the batches' own machinery (their programs,
+  a batch's failure, `observe` of a batch); the engine's: test_serving_batcher_engine.py."""
+  return Translator.from_workdir(trained_workdir, batch_tokens=BATCH_TOKENS, engine="batches")
+
+
+@pytest.fixture(scope="module")
 def sentences() -> list[str]:
   """Synthetic English sentences (the buckets of 8 and 16 tokens: two shapes per search)."""
   rng = random.Random(60)
@@ -342,12 +349,13 @@ def test_a_beam_over_the_servers_limit_is_400_and_its_own_beam_is_allowed(transl
   assert [answer.status_code for answer in allowed] == [200, 200]
 
 
-def test_requests_of_ever_new_settings_keep_at_most_max_programs_others(translator):
+def test_requests_of_ever_new_settings_keep_at_most_max_programs_others(batches_translator):
   """Each sampling top_k is a program of its own: a server bounded to one besides its own
   answers every top_k as translate does, keeps its own settings' program and one other (the
   last), and /metrics says so; a top_k whose program was dropped answers alike again."""
   from flax_transformer.serving import programs
 
+  translator = batches_translator
   shared = translator.search_fn  # Its own store: the module's translator stays unbounded.
   own_store = programs.StoredPrograms(shared.jitted, shared.name)
   bounded = Translator(translator.model_config, translator.params, translator.tokenizer,
@@ -476,8 +484,8 @@ def test_after_a_warm_up_no_request_of_a_warm_kind_compiles(tokenizer, tmp_path)
   program; what /health says is compiled on first use (constraints) does. Plain --warmup warms
   the server's settings and names the others. The tiny model of max_len 16: 2 shapes."""
   translator = Translator.from_workdir(serving_workdir(tmp_path / "workdir", tokenizer, 16),
-                                       batch_tokens=64)
-  batcher = Batcher(translator, max_programs=64)
+                                       batch_tokens=64, engine="batches")  # The engine's warm-up:
+  batcher = Batcher(translator, max_programs=64)  # test_serving_batcher_engine.py.
   batcher.start(warmup=WARM_KINDS)
   assert batcher.ready.wait(600) and batcher.failed is None
   app = make_app(batcher, Service("en", "de", step=translator.step))
@@ -554,9 +562,11 @@ class _Exploding:
     return self.inner.iter_nbest(sentences, *args, **kwargs)
 
 
-def test_a_failing_batch_answers_500_to_its_requests_only(translator, sentences, caplog):
+def test_a_failing_batch_answers_500_to_its_requests_only(batches_translator, sentences,
+                                                          caplog):
   """The batch with the bad sentence answers 500 to its requests (one traceback logged), the
   others get translate's answers, and the server keeps serving."""
+  translator = batches_translator
   batcher, app = _serve(_Exploding(translator), max_wait_ms=30)
   good = sentences[:40]
 
@@ -653,10 +663,11 @@ def _observed_search(translator, lines: list[str]):
   return job["future"], seen
 
 
-def test_a_search_is_observed_before_its_requests_are_answered(translator, sentences):
+def test_a_search_is_observed_before_its_requests_are_answered(batches_translator, sentences):
   """`observe` (the /metrics counts) sees each search while its request is still unanswered,
   for a search that succeeds and for one that fails: a client that reads /metrics after its
   answer finds its search counted."""
+  translator = batches_translator
   future, seen = _observed_search(translator, sentences[:3])
   assert [s.hypotheses[0][0] for s in future.result()] == translator.translate(sentences[:3])
   assert seen and set(seen) == {(False, False)}, seen  # One search per bucket.

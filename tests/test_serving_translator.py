@@ -100,7 +100,8 @@ def test_grow_cache_setting_reaches_the_search_and_changes_no_translation(tokeni
   texts = sentences(6, seed=3)  # One batch of 8 rows: "auto" keeps the cache fixed there.
   results = {}
   for grow in ("yes", "no", "auto"):
-    translator = Translator(config, params, tokenizer, TranslateConfig().replace(grow_cache=grow))
+    translator = Translator(config, params, tokenizer,  # The batches' cache (the engine's
+                            TranslateConfig().replace(grow_cache=grow, engine="batches"))  # tiers)
     results[grow] = translator.translate_nbest(texts, n=2)
     assert set(seen) == {grow == "yes"}
     seen.clear()
