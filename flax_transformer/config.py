@@ -342,11 +342,12 @@ class TranslateConfig:
       "output token (before any target prefix). evaluate: also BLEU on lc.norm.tok text for a "
       "two-letter code (de, de_DE), or without a code for the workdir's data.target_lang.")
   engine: Literal["batches", "slots"] = checked_field(
-      "batches", doc="batches: sentences of similar length searched together, each batch "
-      "until its longest sentence ends; slots: one table of slots per source length, each "
-      "sentence's slot refilled as soon as it is done (continuous batching; a sentence's "
-      "output then never depends on the other sentences, nor on the number of devices). "
-      "What still runs in batches: docs/design.md, \"The engine\".")
+      "slots", doc="slots: one table of slots per source length, each sentence's slot "
+      "refilled as soon as it is done (continuous batching; a sentence's output never "
+      "depends on the other sentences, nor on the number of devices); batches: sentences of "
+      "similar length searched together, each batch until its longest sentence ends (a job "
+      "started in batches resumes in batches). What still runs in batches: docs/design.md, "
+      "\"The engine\".")
   slot_group: int = checked_field(
       0, (lambda v: v in SLOT_GROUPS, f"one of {', '.join(map(str, SLOT_GROUPS))}"),
       "engine slots: slots stepped together (G; each group steps at G x beam rows). Larger "

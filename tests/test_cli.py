@@ -199,9 +199,11 @@ def test_evaluate_command_scores_with_sacrebleu(trained_workdir, tmp_path, capsy
     (["--precision", "bfloat16"], ", bfloat16"),
     (["--constraints", "terms.txt", "--constraint_order", "ordered", "--forbid", "no.txt"],
      ", constraints terms.txt (ordered), forbidding no.txt"),
-    (["--precision", "int8", "--vocab_shortlist", "list.de", "--engine", "slots"],
-     ", int8, shortlist list.de, engine slots"),
-    (["--engine", "slots", "--slot_group", "32"], ", engine slots (groups of 32)"),
+    (["--precision", "int8", "--vocab_shortlist", "list.de", "--engine", "batches"],
+     ", int8, shortlist list.de, engine batches"),
+    (["--engine", "slots"], ""),  # The default.
+    (["--slot_group", "32"], ", engine slots (groups of 32)"),
+    (["--engine", "batches", "--slot_group", "32"], ", engine batches"),  # No slots to group.
 ])
 def test_evaluates_header_names_what_shapes_the_translations(flags, named, monkeypatch, capsys):
   """evaluate's header named the checkpoint and the beam only: the same line for a plain, a

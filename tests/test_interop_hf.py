@@ -484,7 +484,8 @@ def test_the_server_searches_requests_into_two_languages_together(imported, sent
                                                   "target_lang": target})
                                for target in (target_a, target_b)])
   batcher.close(10)
-  alone = {target: imported.translator.translate_nbest(lines, 2, target_lang=target, **SERVED)
+  alone = {target: imported.translator.translate_nbest(lines, 2, target_lang=target,
+                                                       engine="batches", **SERVED)
            for target in (target_a, target_b)}  # Each pair in a call of its own.
   assert [h[0][0] for h in alone[target_a]] != [h[0][0] for h in alone[target_b]]
   for target, answer in zip((target_a, target_b), libre, strict=True):

@@ -223,7 +223,7 @@ def test_stored_programs_of_every_method_on_a_mesh_translate_as_jitted(tokenizer
   tokens = jnp.ones((1, 4), jnp.int32)
   params = Transformer(config).init(jax.random.key(3), tokens, tokens)["params"]
   mesh = local_mesh()
-  settings = TranslateConfig().replace(method=method, seed=4, top_k=5)
+  settings = TranslateConfig().replace(method=method, seed=4, top_k=5, engine="batches")
   stored = Translator(config, params, tokenizer, settings, mesh=mesh)
   assert isinstance(stored.search_fn, programs.StoredPrograms) and mesh.size == jax.device_count()
   assert mesh.size == 8 or jax.default_backend() != "cpu"  # conftest's 8 CPU devices.

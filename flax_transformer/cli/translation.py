@@ -91,6 +91,8 @@ def _measured(scores: dict, args: argparse.Namespace) -> str:
   """What `evaluate` scored, in one line: the checkpoint(s), the search, and what else shapes
   the translations: constraints and forbidden phrases, the precision, the vocabulary shortlist
   and the engine (as the scores name them, else as the flags do; a default left unsaid)."""
+  from flax_transformer.config import TranslateConfig
+
   checkpoint = scores["checkpoint"]
   if isinstance(checkpoint, list):
     what = f"an ensemble of {len(checkpoint)} checkpoints ({', '.join(checkpoint)})"
@@ -111,9 +113,11 @@ def _measured(scores: dict, args: argparse.Namespace) -> str:
     parts.append(given("precision"))
   if given("vocab_shortlist"):
     parts.append(f"shortlist {given('vocab_shortlist')}")
-  if given("engine") not in (None, "batches"):
-    group = given("slot_group")
-    parts.append(f"engine {given('engine')}" + (f" (groups of {group})" if group else ""))
+  default = TranslateConfig().engine
+  engine = given("engine") or default
+  group = given("slot_group") if engine == "slots" else 0
+  if engine != default or group:
+    parts.append(f"engine {engine}" + (f" (groups of {group})" if group else ""))
   return ", ".join(parts) + ":"
 
 
