@@ -767,7 +767,10 @@ class _LaneRun:
     self.data = (self.place.whole(words), self.place.whole(spec.shortlist))
     self.seed = self.place.whole(jax.random.key_data(jax.random.key(spec.seed)))
     self.alpha = self.place.whole(np.float32(spec.length_penalty))
-    self.program_key = (model_config, spec.mesh)
+    # What makes a program new besides the lane and search: an ensemble's stacked weights, int8
+    # or bfloat16 weights, a shortlist, all called through the same jitted functions.
+    self.avals = (_abstract(params), _abstract(self.data))
+    self.program_key = (model_config, spec.mesh, *self.avals)
 
   @property
   def busy(self) -> bool:
@@ -833,9 +836,8 @@ class _LaneRun:
   def _table(self, tier: int) -> Slot:
     if self.tables[tier] is None:
       lane = self.lanes[tier]
-      self.tables[tier] = self.place.zeros(
-          _table_shapes(self.model.config, lane, self.spec.how, _abstract(self.params),
-                        _abstract(self.data)), lane.slots, self.params)
+      shapes = _table_shapes(self.model.config, lane, self.spec.how, *self.avals)
+      self.tables[tier] = self.place.zeros(shapes, lane.slots, self.params)
     return self.tables[tier]
 
   def _free(self, tier: int) -> list[np.ndarray]:
