@@ -66,12 +66,20 @@ def translator(opened: Workdir, settings: TranslateConfig, checkpoint: Checkpoin
   """The command's `Translator` of `checkpoint` (chosen by `restore_point`) over this
   process's devices; `warmup`: its searches compiled first (`Translator.compile`, a progress
   bar); `fingerprint`: with the trained params' fingerprint (`Translator.trained_sha256`)."""
+  import jax
+
   from flax_transformer.runtime import sharding
   from flax_transformer.serving.translator import Translator
 
+  mesh = sharding.local_mesh()
+  if mesh.size == 1 and jax.process_count() == 1:
+    # One device: no mesh, as a `Translator` of the Python API searches by default, so that a
+    # command and a notebook on the same host call (and cache) the same programs. The bytes are
+    # the same on a mesh (tests/test_serving_engine_devices.py).
+    mesh = None
   restored = Translator.restore(opened, settings, checkpoint.step,
-                                checkpoint=checkpoint.paths or None,
-                                mesh=sharding.local_mesh(), fingerprint=fingerprint)
+                                checkpoint=checkpoint.paths or None, mesh=mesh,
+                                fingerprint=fingerprint)
   if warmup:
     restored.compile()
   return restored
