@@ -356,18 +356,18 @@ def test_two_processes_share_a_gs_job_and_the_last_merges_under_the_lease(
   """Two processes without jax.distributed split a gs:// -> gs:// job: each does its chunks,
   and the one that ends last merges, holding OUT.partial's merge lease (a bucket has no flock);
   the output equals this process's (8 devices: the same bytes as 2 x 2, the test above), and
-  OUT.partial (lease included) is gone."""
+  OUT.partial (lease included) is gone. The processes run on one device each, as the commands
+  do on a CPU host (no mesh), twice as fast as on 2 of the fake devices."""
   folder = storage_folder("gs", request, tmp_path_factory, "bulk_two")
   source, output, reference = folder / "in.txt", folder / "out.txt", tmp_path / "ref.txt"
   write_input(source, 160, seed=4)
   flags = ["--chunk_lines", "48", "--batch_tokens", "96"]
-  cache = tmp_path / "xla"
   capsys.readouterr()
   assert main(translate_args(workdir, source, reference, *flags)) == 0
   error = capsys.readouterr().err
   assert error.splitlines()[-1].startswith("Translated 160 sentences in "), error[-3000:]
   runs = [cli(*translate_args(workdir, source, output, *flags), "--num_processes", "2",
-              "--process_id", str(i), devices=2, cache=cache, stderr=subprocess.PIPE)
+              "--process_id", str(i), devices=1, stderr=subprocess.PIPE)
           for i in range(2)]
   errors = [run.communicate(timeout=300)[1] for run in runs]
   assert [run.returncode for run in runs] == [0, 0], "\n".join(e[-3000:] for e in errors)
@@ -390,7 +390,9 @@ def uninterrupted_job(workdir, tmp_path_factory) -> Path:
   source, reference = folder / "in.txt", folder / "ref.txt"
   write_input(source, KILLED_JOB_LINES, seed=5)
   # The session's compilation cache (conftest's): the killed jobs load the programs it compiles.
-  run = cli(*translate_args(workdir, source, reference, *KILLED_JOB_FLAGS),
+  # One device, as a CPU host runs a job (the bytes on 8 devices and 2 processes: the test
+  # above); 8 fake devices on 2 cores made each of these processes take twice as long.
+  run = cli(*translate_args(workdir, source, reference, *KILLED_JOB_FLAGS), devices=1,
             stderr=subprocess.PIPE)
   log = run.communicate(timeout=300)[1]
   assert run.returncode == 0, log[-3000:]
@@ -411,7 +413,8 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir,
   partial, rng = jobs.partial_dir(str(output)), random.Random(0)
   before: dict[str, tuple[int, int]] = {}
   for target in sorted(rng.sample(range(1, num_chunks - 1), 3)):  # [2, 13, 14], then 0.08-0.15 s.
-    run = cli(*translate_args(workdir, source, output, *flags), stderr=subprocess.DEVNULL)
+    run = cli(*translate_args(workdir, source, output, *flags), devices=1,
+              stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while len(list(partial.glob("chunk_??????"))) < target and run.poll() is None:
       assert time.monotonic() < deadline, "no chunks written"
@@ -427,7 +430,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_the_same_bytes(kind, workdir,
     assert len(chunks) >= target
     before = chunks
   kept = jobs.kept_lines(str(output))  # Lines of the chunks in flight, kept as they finished.
-  run = cli(*translate_args(workdir, source, output, *flags), stderr=subprocess.PIPE)
+  run = cli(*translate_args(workdir, source, output, *flags), devices=1, stderr=subprocess.PIPE)
   log = run.communicate(timeout=300)[1]
   assert run.returncode == 0, log[-3000:]
   done = len(before)

@@ -17,6 +17,7 @@ from flax_transformer.conventions import PAD_ID
 from flax_transformer.decoding import Ranking, SearchProblem, beam_search, bridge, greedy_search
 from flax_transformer.model.config import ModelConfig
 from flax_transformer.model.transformer import Transformer
+from flax_transformer.runtime.sharding import local_mesh
 
 import random_workdir
 
@@ -155,21 +156,24 @@ def test_cli_translates_with_an_ensemble_and_refuses_mismatched_members(workdirs
   source = tmp_path / "in.txt"
   source.write_text("\n".join(SENTENCES) + "\n")
   a, b = str(first / "checkpoints" / "0"), str(second / "checkpoints" / "0")
+  # The references search on the CLI's mesh (this process's 8 devices), so they call the
+  # programs the CLI compiled (the bytes on 1 device: test_serving_engine_devices).
+  mesh = local_mesh()
   assert cli_main(["translate", "--checkpoint", a, "--checkpoint", b, "--input", str(source),
                    "--output", str(tmp_path / "out.txt"), "--beam_size", "2"]) == 0
-  expected = Translator.from_checkpoints([a, b], beam_size=2).translate(SENTENCES)
+  expected = Translator.from_checkpoints([a, b], beam_size=2, mesh=mesh).translate(SENTENCES)
   assert (tmp_path / "out.txt").read_text().splitlines() == expected
   # A step folder alone is a checkpoint too (it used to be refused as "not averaged").
   assert cli_main(["translate", "--workdir", str(first), "--checkpoint", a, "--input",
                    str(source), "--output", str(tmp_path / "one.txt")]) == 0
   assert (tmp_path / "one.txt").read_text().splitlines() == Translator.from_workdir(
-      first).translate(SENTENCES)
+      first, mesh=mesh).translate(SENTENCES)
   # score and evaluate take the ensemble too.
   assert cli_main(["score", "--checkpoint", a, "--checkpoint", b, "--src", str(source), "--tgt",
                    str(source), "--output", str(tmp_path / "scores.txt")]) == 0
   np.testing.assert_allclose(
       [float(v) for v in (tmp_path / "scores.txt").read_text().split()],
-      Translator.from_checkpoints([a, b]).score(SENTENCES, SENTENCES), atol=2e-6)
+      Translator.from_checkpoints([a, b], mesh=mesh).score(SENTENCES, SENTENCES), atol=2e-6)
   capsys.readouterr()
   assert cli_main(["evaluate", "--checkpoint", a, "--checkpoint", b, "--src", str(source),
                    "--ref", str(tmp_path / "out.txt"), "--beam_size", "2", "--json"]) == 0
