@@ -11,6 +11,8 @@ slots that hold a live sentence, each at its one shape, so on conftest's trained
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -72,3 +74,62 @@ def test_advance_steps_only_the_groups_with_a_live_slot(translator, sources):
   for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
     np.testing.assert_array_equal(new[8:], old[8:])  # Group 1: untouched.
   assert (after.step[:8] > before.step[:8]).all()  # Group 0: stepped.
+
+
+def test_packing_gathers_the_live_slots_into_the_fewest_groups():
+  """Against brute force on random tables: after the moves the live slots fill the fewest
+  groups, with the fewest moves (every live slot outside the densest groups moves, no other),
+  each from a live slot to a free one; `most` bounds the moves, the emptiest groups going
+  first."""
+  rng = np.random.default_rng(0)
+  for _ in range(300):
+    group = int(rng.choice([4, 8]))
+    live = rng.random(group * int(rng.integers(1, 9))) < rng.random()
+    moves = engine.packing(live, group, most=live.size)
+    after = live.copy()
+    for away, to in moves:
+      assert after[away] and not after[to]
+      after[away], after[to] = False, True
+    counts = live.reshape(-1, group).sum(axis=1)
+    need = -(-int(live.sum()) // group)
+    assert after.sum() == live.sum()
+    assert np.count_nonzero(after.reshape(-1, group).sum(axis=1)) == max(
+        need, 0 if moves else np.count_nonzero(counts))
+    if np.count_nonzero(counts) > need:
+      assert len(moves) == live.sum() - np.sort(counts)[::-1][:need].sum()
+    else:
+      assert moves == []
+  live = np.array([1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0], bool)
+  assert engine.packing(live, 4, most=8) == [(14, 3), (16, 4)]  # Into groups 0 and 1.
+  live[17] = True  # Group 3 now the emptiest: it goes first.
+  assert engine.packing(live, 4, most=1) == [(14, 3)]
+
+
+def test_a_packed_sentence_keeps_its_bytes(translator, sources, monkeypatch):
+  """The 16 sources 7 times over in a lane of 64 slots (8 groups of 8), admitted 32 at a time
+  as slots free up, in `advance` calls of 4 loop iterations (each call but those before an
+  admission packs first): packing moves some sentences into other groups, and every
+  sentence's n-best and scores are the bytes of a run that moves none, and a moved sentence's
+  those of it alone."""
+  lines, settings = sources * 7, {"engine": "slots", "batch_tokens": 2048}
+  moved = []
+  pack, start = engine._LaneRun._pack, engine.Engine.__init__
+
+  def short_calls(self, model_config, params, spec):
+    start(self, model_config, params, dataclasses.replace(spec, max_iterations=4))
+
+  def counted(self, tier):
+    owners = self.owner[tier].copy()
+    moves = pack(self, tier)
+    moved.extend(owners[moves[moves[:, 1] < self.lanes[tier].slots, 0]].tolist())
+    return moves
+
+  monkeypatch.setattr(engine.Engine, "__init__", short_calls)
+  monkeypatch.setattr(engine._LaneRun, "_pack", counted)
+  packed = translator.translate_nbest(lines, **settings)
+  assert len(moved) >= 8, moved
+  assert packed == translator.translate_nbest(sources, **settings) * 7
+  monkeypatch.setattr(engine._LaneRun, "_pack", engine._LaneRun._no_moves)
+  assert translator.translate_nbest(lines, **settings) == packed
+  for i in sorted({moved[0], moved[-1]}):  # Request indices: the sentences' own.
+    assert translator.translate_nbest([lines[i]], **settings) == [packed[i]]

@@ -355,21 +355,24 @@ def _terms_shapes(lane: Lane, rows: int, beams: int) -> Terms | None:
 
 
 def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free: Array,
-            want_total: Array, max_iterations: Array, length_penalty: Array,
+            moves: Array, want_total: Array, max_iterations: Array, length_penalty: Array,
             word_continues: Array | None, shortlist: Array | None, *, lane: Lane, how: Search,
             axis: str | None = None) -> tuple[Slot, Array, Array, Array, Array]:
-  """Steps the slots k positions per iteration, G at a time (`Lane.group`: each group of the
-  table that holds a live slot not yet complete, sliced out, stepped at its one shape [G, ...]
-  and written back; the other groups are not touched, so an iteration costs what the occupied
-  groups cost, and a slot's bytes depend on G, not on R nor on the load), while fewer than
-  `want_total` slots are free
-  (complete, or not `live` bool [R]; counting at most `want_free` int32 [1] of this device's),
-  some live slot is neither complete nor full (its cache's C positions written,
-  `Lane.capacity`), no live slot is full, and fewer than `max_iterations` iterations ran: on
-  the devices of the mesh axis `axis` (each with its own table, live and want_free, under
-  `jax.shard_map`), over all of them. Returns (the table, complete bool [R], full bool [R],
-  sequences int32 [R, K, L], scores float32 [R, K]): every slot's ranked hypotheses, read
-  where complete; a full slot moves to the next tier (`migrate`) before its lane steps again."""
+  """First copies slot moves[m, 0] to slot moves[m, 1] (int32 [E, 2]; R: no move) within the
+  table (`packing`: the host gathers its live slots into fewer groups, and `live` is already
+  theirs). Then steps the slots k positions per iteration, G at a time (`Lane.group`: each
+  group of the table that holds a live slot not yet complete, sliced out, stepped at its one
+  shape [G, ...] and written back; the other groups are not touched, so an iteration costs
+  what the occupied groups cost, and a slot's bytes depend on G, not on R, on its place in the
+  table nor on the load), while fewer than `want_total` slots are free (complete, or not
+  `live` bool [R]; counting at most `want_free` int32 [1] of this device's), some live slot is
+  neither complete nor full (its cache's C positions written, `Lane.capacity`), no live slot
+  is full and fewer than `max_iterations` iterations ran: on the devices of the mesh axis
+  `axis` (each with its own table, live, want_free and moves, under `jax.shard_map`), over all
+  of them. Returns (the table, complete bool [R], full bool [R], sequences int32 [R, K, L],
+  scores float32 [R, K]): every slot's ranked hypotheses, read where complete; a full slot
+  moves to the next tier (`migrate`) before its lane steps again."""
+  table = _moved(table, moves, lane.slots)
   machine = _machine(how, length_penalty, lane)
   columns = None
   if shortlist is not None:  # Gathered once per call, read by every step of every slot.
@@ -412,6 +415,38 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   if shortlist is not None:  # Indices into the shortlist -> vocabulary ids.
     sequences = bridge.full_ids(sequences, jnp.asarray(shortlist, jnp.int32))
   return (table, *flags(table), sequences, scores)
+
+
+def _moved(table: Slot, moves: Array, slots_count: int) -> Slot:
+  """`table` with slot moves[m, 0] copied to slot moves[m, 1] (int32 [E, 2]; R: none), every
+  leaf of it; the table untouched where no move is given."""
+  def move(table: Slot) -> Slot:
+    return jax.tree.map(lambda x: x.at[moves[:, 1]].set(x[moves[:, 0]], mode="drop"), table)
+
+  return jax.lax.cond(jnp.any(moves[:, 1] < slots_count), move, lambda table: table, table)
+
+
+def packing(live: np.ndarray, group: int, most: int) -> list[tuple[int, int]]:
+  """Up to `most` moves (from, to) that gather the live slots of bool [R] into the fewest
+  groups of `group`: the ceil(live / G) groups that hold the most live slots are kept (the
+  first of equals), and the live slots of the others, the emptiest first, go to the kept
+  groups' free slots. A slot's bytes do not depend on its place (`advance`), and a group with no
+  live slot is not stepped: after these moves the lane steps only the groups it needs."""
+  counts = live.reshape(-1, group).sum(axis=1)
+  need = -(-int(counts.sum()) // group)
+  if np.count_nonzero(counts) <= need:
+    return []
+  order = np.argsort(-counts, kind="stable")
+  kept = np.zeros(counts.size, bool)
+  kept[order[:need]] = True
+  in_kept = np.repeat(kept, group)
+  holes = np.flatnonzero(in_kept & ~live)
+  emptiest = np.argsort(counts, kind="stable")
+  rank = np.empty_like(emptiest)
+  rank[emptiest] = np.arange(emptiest.size)
+  away = np.flatnonzero(~in_kept & live)
+  away = away[np.argsort(rank[away // group], kind="stable")]
+  return list(zip(away[:most].tolist(), holes[:most].tolist(), strict=False))
 
 
 def _step_groups(table: Slot, busy: Array, step: Any, group: int) -> Slot:
@@ -489,7 +524,7 @@ def _programs(model_config: ModelConfig, mesh: Mesh | None = None
 
   admit_fn, advance_fn, migrate_fn = functions
   jits = (over(admit_fn, (whole, *[rows] * 7, whole, whole, whole), rows, split),
-          over(advance_fn, (whole, rows, rows, rows, *[whole] * 5), rows,
+          over(advance_fn, (whole, rows, rows, rows, rows, *[whole] * 5), rows,
                (split, *[replicated] * 4), axis=sharding.DATA_AXIS),
           over(migrate_fn, (rows,) * 4, rows, split))
   return _stored(model_config, mesh, jits)
@@ -807,10 +842,11 @@ class _LaneRun:
     if self.live[0].any() and queue:  # The first tier runs until the next admission can fill it.
       tier, rows = 0, self.lanes[0].admit_rows
       want = [rows] * devices, min(rows * devices, len(queue))
+      yield from self._advance(tier, *want, bounded=not patient, pack=False)
     else:  # Nothing waits: the lowest tier that holds sentences runs until it is free.
       tier = next(t for t, live in enumerate(self.live) if live.any())
-      want = [self.lanes[tier].slots] * devices, self.lanes[tier].slots * devices
-    yield from self._advance(tier, *want, bounded=not (patient and queue))
+      slots = self.lanes[tier].slots
+      yield from self._advance(tier, [slots] * devices, slots * devices, bounded=True)
     if not patient:  # A server's round: every tier above moves too, so none starves.
       for above in range(tier + 1, len(self.lanes)):
         if self.live[above].any():
@@ -873,13 +909,16 @@ class _LaneRun:
         self.seed, *self.data,
         lane=lane, how=self.spec.how)
 
-  def _advance(self, tier: int, want: Sequence[int], want_total: int, bounded: bool = False
-               ) -> Iterator[list[Result]]:
+  def _advance(self, tier: int, want: Sequence[int], want_total: int, bounded: bool = False,
+               pack: bool = True) -> Iterator[list[Result]]:
     """One `advance` call on `tier`, until `want_total` slots are free (counting at most
-    want[d] of device d's); yields what completed, then moves its full slots up."""
+    want[d] of device d's); yields what completed, then moves its full slots up. `pack`: its
+    live slots are first gathered into the fewest groups (`packing`); not where an admission
+    fills the free slots first."""
     lane, live = self.lanes[tier], self.live[tier]
     start = time.perf_counter()
     iterations = np.int32(self.spec.max_iterations if bounded else 1 << 30)
+    moves = self._pack(tier) if pack else self._no_moves(tier)
     what = (f"the engine's search of sources of {lane.length} tokens ({lane.slots} slots, "
             f"cache of {lane.capacity})")
     seen = (*self.program_key, lane, self.spec.how)
@@ -887,8 +926,9 @@ class _LaneRun:
           else contextlib.nullcontext()):
       table, complete, full, sequences, scores = self.programs[1](
           self.params, self._table(tier), self.place.rows(live),
-          self.place.rows(np.asarray(want, np.int32)), self.place.whole(np.int32(want_total)),
-          self.place.whole(iterations), self.alpha, *self.data, lane=lane, how=self.spec.how)
+          self.place.rows(np.asarray(want, np.int32)), self.place.rows(moves),
+          self.place.whole(np.int32(want_total)), self.place.whole(iterations), self.alpha,
+          *self.data, lane=lane, how=self.spec.how)
     self.tables[tier] = table
     complete, full = np.asarray(complete), np.asarray(full)
     if _SEEN_TIERS.record(seen):  # The call above traced and compiled (or loaded) it.
@@ -904,6 +944,26 @@ class _LaneRun:
     moving = np.flatnonzero(live & full)
     if moving.size:
       yield from self._migrate(tier, moving)
+
+  def _no_moves(self, tier: int) -> np.ndarray:
+    """`advance`'s moves int32 [D x E, 2] that move nothing."""
+    lane = self.lanes[tier]
+    moves = np.zeros((self.place.devices * lane.admit_rows, 2), np.int32)
+    moves[:, 1] = lane.slots
+    return moves
+
+  def _pack(self, tier: int) -> np.ndarray:
+    """`advance`'s moves that gather each device's live slots of `tier` into its fewest
+    groups (`packing`, at most E per device), the live slots and their owners moved with them."""
+    lane, moves = self.lanes[tier], self._no_moves(tier)
+    live, owner = self.live[tier], self.owner[tier]
+    for d in range(self.place.devices):
+      mine = slice(d * lane.slots, (d + 1) * lane.slots)
+      for m, (away, to) in enumerate(packing(live[mine], lane.group, lane.admit_rows)):
+        moves[d * lane.admit_rows + m] = away, to
+        live[mine][to], owner[mine][to] = True, owner[mine][away]
+        live[mine][away], owner[mine][away] = False, None
+    return moves
 
   def _migrate(self, tier: int, rows: np.ndarray) -> Iterator[list[Result]]:
     """Moves the full slots `rows` of `tier` to the next tier on their devices, E per device
