@@ -370,8 +370,7 @@ def advance(model: Transformer, params: Any, table: Slot, live: Array, want_free
   is full and fewer than `max_iterations` iterations ran: on the devices of the mesh axis
   `axis` (each with its own table, live, want_free and moves, under `jax.shard_map`), over all
   of them. Returns (the table, complete bool [R], full bool [R], sequences int32 [R, K, L],
-  scores float32 [R, K]): every slot's ranked hypotheses, read where complete; a full slot
-  moves to the next tier (`migrate`) before its lane steps again."""
+  scores float32 [R, K]): every slot's ranked hypotheses, read where complete."""
   table = _moved(table, moves, lane.slots)
   machine = _machine(how, length_penalty, lane)
   columns = None
